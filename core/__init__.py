@@ -1,0 +1,1 @@
+"""Shared core: types, the KV cache, the block-forward engine, attention backends, model loading."""

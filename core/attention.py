@@ -1,0 +1,72 @@
+"""Attention views: how a block of new queries sees [cache | block].
+
+A *view* is handed to every layer of one forward. `attend(layer, q, k, v)` gets
+q `[1, H, n, d]` and k/v `[1, H_kv, L + n, d]` (cache slots then the block) and returns `[1, H, n, d]`.
+`kv_read(cache_len)` reports how many cached entries one layer/KV-head reads (hardware-independent
+cost, recorded per forward).
+
+- `CausalView`: every query sees the whole cache plus the block causally (vanilla, prefill).
+- `MaskView`: an arbitrary boolean visibility `[n, L + n]` or per-head `[H, n, L + n]` (tree / Jacobi /
+  fumble layouts). Dense SDPA with a mask: the reference every sparse path is tested against.
+Sparse views (FlexAttention block masks, KV-policy restricted views) live next to their users and
+follow the same two-method shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+         is_causal: bool = False) -> torch.Tensor:
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+class CausalView:
+    """Whole cache visible; causal inside the block."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self._mask: torch.Tensor | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n, total = q.shape[2], k.shape[2]
+        if n == 1:
+            return sdpa(q, k, v, None, self.scale)
+        if total == n:  # empty cache: plain causal
+            return sdpa(q, k, v, None, self.scale, is_causal=True)
+        if self._mask is None or self._mask.shape != (n, total):
+            self._mask = causal_block_mask(n, total - n, q.device)
+        return sdpa(q, k, v, self._mask, self.scale)
+
+    def kv_read(self, cache_len: int) -> int:
+        return cache_len
+
+
+def causal_block_mask(n: int, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean `[n, cache_len + n]`: all cache, causal over the block."""
+    mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=device)
+    mask[:, cache_len:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+class MaskView:
+    """Dense SDPA with an explicit visibility mask (True = may attend)."""
+
+    def __init__(self, mask: torch.Tensor, scale: float) -> None:
+        self.mask = mask if mask.dim() == 2 else mask.unsqueeze(0)
+        self.scale = scale
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = self.mask
+        if mask.dim() == 3 and mask.shape[0] != q.shape[1]:  # per-KV-head mask -> per query head
+            mask = mask.repeat_interleave(q.shape[1] // mask.shape[0], dim=0)
+        return sdpa(q, k, v, mask, self.scale)
+
+    def kv_read(self, cache_len: int) -> int:
+        block = self.mask[..., :cache_len]
+        seen = block.reshape(-1, block.shape[-2], cache_len).any(dim=-2)  # [heads, cache_len]
+        return int(seen.sum(dim=-1).float().mean().item())

@@ -1,0 +1,111 @@
+"""The one primitive every decoder shares: `step` (one forward over a block) and `commit`.
+
+`step(tokens, position_ids, view, logits_rows)` runs the target model over a block of new tokens,
+each with its own position id, with the visibility the `view` gives it over [cache | block], and
+stages the block's KV in the cache. `commit(keep)` keeps the KV of the accepted block rows (in
+order) and forgets the rest. Decoders never touch model internals or the cache layout otherwise.
+
+The forward is written out here (gpt-fast style) over the HF modules' weights: fused QKV and
+gate/up projections, our own static KV cache, no per-step mask or cache-object allocation.
+`core/hf_compat.py` is the only place that knows the HF module names (Llama and Qwen2 layouts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from core.attention import CausalView
+from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
+from core.kv_cache import KVCache
+
+
+class Engine:
+    """Owns the model weights and the KV cache for batch size 1."""
+
+    def __init__(self, model: torch.nn.Module, prefill_chunk: int = 1024) -> None:
+        self.model = model
+        self.w: DecoderWeights = extract_weights(model)
+        cfg = self.w
+        self.device = cfg.device
+        self.dtype = cfg.dtype
+        self.scale = cfg.head_dim**-0.5
+        self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype, cfg.device)
+        self.prefill_chunk = prefill_chunk
+        self.max_positions = cfg.max_positions
+        self.prefill_hooks: list = []  # callables(layer, q, k_all, cache_len) run during prefill (SnapKV etc.)
+
+    # ------------------------------------------------------------------------------------------
+    def reset(self, capacity: int) -> None:
+        self.cache.reset(capacity)
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Fill the empty cache with `token_ids` (chunked); return the last row's logits [vocab]."""
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device)
+        view = CausalView(self.scale)
+        logits = None
+        for lo in range(0, ids.numel(), self.prefill_chunk):
+            chunk = ids[lo : lo + self.prefill_chunk]
+            pos = torch.arange(lo, lo + chunk.numel(), device=self.device)
+            logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=self.prefill_hooks)
+            self.cache.commit(torch.arange(chunk.numel()))
+        assert logits is not None
+        return logits[0]
+
+    @torch.inference_mode()
+    def step(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        view,
+        logits_rows: Sequence[int] | torch.Tensor | None = None,
+        hooks: Sequence = (),
+    ) -> torch.Tensor:
+        """One forward over a block. Returns float logits for `logits_rows` (all rows if None)."""
+        w = self.w
+        cache = self.cache
+        n = tokens.numel()
+        cache.stage_positions(position_ids)
+        cos, sin = rope_cos_sin(self.model, position_ids, self.dtype)
+        h = w.embed(tokens)  # [n, hidden]
+        H, Hkv, d = w.n_heads, w.n_kv_heads, w.head_dim
+        q_size, kv_size = H * d, Hkv * d
+        cache_len = cache.length
+        for li, layer in enumerate(w.layers):
+            x = layer.ln1(h)
+            qkv = torch.nn.functional.linear(x, layer.wqkv, layer.bqkv)
+            q = qkv[:, :q_size].view(n, H, d).transpose(0, 1)
+            k = qkv[:, q_size : q_size + kv_size].view(n, Hkv, d).transpose(0, 1)
+            v = qkv[:, q_size + kv_size :].view(n, Hkv, d).transpose(0, 1)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_all, v_all = cache.write(li, k, v)
+            for hook in hooks:
+                hook(li, q, k_all, cache_len)
+            o = view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
+            h = h + torch.nn.functional.linear(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
+            x = layer.ln2(h)
+            gu = torch.nn.functional.linear(x, layer.wgu)
+            g, u = gu.chunk(2, dim=-1)
+            h = h + torch.nn.functional.linear(w.act(g) * u, layer.wdown)
+        if logits_rows is not None:
+            rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
+            h = h.index_select(0, rows)
+        return w.lm_head(w.norm(h)).float()
+
+    def commit(self, keep: Sequence[int] | torch.Tensor) -> None:
+        self.cache.commit(keep)
+
+    def crop(self, length: int) -> None:
+        self.cache.crop(length)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,105 @@
+"""Everything that depends on transformers' module layout (pinned: transformers==5.23.0).
+
+The engine reads weights from a loaded `LlamaForCausalLM` / `Qwen2ForCausalLM` and reuses the
+model's own rotary embedding (so every RoPE scaling type HF supports - llama3, yarn, dynamic - is
+exact), RMSNorm modules, activation, embedding and LM head. Nothing else in the project imports
+transformers model internals; `tests/test_hf_compat.py` pins this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
+
+
+@dataclass
+class LayerWeights:
+    ln1: torch.nn.Module
+    ln2: torch.nn.Module
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    wgu: torch.Tensor
+    wdown: torch.Tensor
+
+
+@dataclass
+class DecoderWeights:
+    layers: list[LayerWeights]
+    embed: torch.nn.Module
+    norm: torch.nn.Module
+    lm_head: torch.nn.Module
+    act: Any
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def extract_weights(model: torch.nn.Module) -> DecoderWeights:
+    cfg = model.config
+    arch = getattr(cfg, "model_type", "?")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"model type {arch!r} is not supported by the engine (supported: {sorted(SUPPORTED_ARCHS)})")
+    inner = model.model
+    layers = []
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        if getattr(a, "q_norm", None) is not None:
+            raise ValueError("q/k-norm attention (Qwen3-style) is not supported by the engine")
+        wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dim=0).detach()
+        bqkv = None
+        if a.q_proj.bias is not None:
+            bqkv = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        if a.o_proj.bias is not None or getattr(m.down_proj, "bias", None) is not None:
+            raise ValueError("output/MLP biases are not supported by the engine")
+        layers.append(
+            LayerWeights(
+                ln1=layer.input_layernorm,
+                ln2=layer.post_attention_layernorm,
+                wqkv=wqkv,
+                bqkv=bqkv,
+                wo=a.o_proj.weight.detach(),
+                wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0).detach(),
+                wdown=m.down_proj.weight.detach(),
+            )
+        )
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    p = next(model.parameters())
+    return DecoderWeights(
+        layers=layers,
+        embed=inner.embed_tokens,
+        norm=inner.norm,
+        lm_head=model.lm_head,
+        act=layers and inner.layers[0].mlp.act_fn,
+        n_layers=len(layers),
+        n_heads=cfg.num_attention_heads,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        vocab_size=cfg.vocab_size,
+        max_positions=int(getattr(cfg, "max_position_embeddings", 1 << 30)),
+        dtype=p.dtype,
+        device=p.device,
+    )
+
+
+def rope_cos_sin(model: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype):
+    """cos/sin `[n, head_dim]` for the given positions, from the model's own rotary embedding."""
+    probe = torch.empty(0, dtype=dtype, device=position_ids.device)
+    cos, sin = model.model.rotary_emb(probe, position_ids.unsqueeze(0))
+    return cos[0], sin[0]
+
+
+def strip_gguf_quantization(model: torch.nn.Module) -> None:
+    """A GGUF-loaded model refuses `save_pretrained`; drop the quantizer markers (weights are float)."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config

@@ -1,0 +1,93 @@
+"""The one KV cache every decoder shares.
+
+Our engine owns its cache (no transformers `Cache` object is involved), so this module is the only
+place that knows the physical layout. Layout: one preallocated tensor per K and V,
+`[n_layers, n_kv_heads, capacity, head_dim]`, keys stored AFTER RoPE, so entries can be moved
+physically (compaction on commit, FAFO's compressed-region swaps) without changing attention.
+
+Slots `[0, length)` hold committed entries; a forward stages its block at `[length, length + n)`;
+`commit(keep)` compacts the kept block rows to `[length, length + len(keep))` and forgets the rest.
+`slot_pos[s]` is the logical (RoPE) position of the entry in slot `s`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.dtype, self.device = dtype, device
+        self.capacity = 0
+        self.length = 0
+        self.staged = 0
+        self.k = self.v = torch.empty(0)
+        self.slot_pos = torch.empty(0, dtype=torch.long)
+
+    def reset(self, capacity: int) -> None:
+        """Forget everything; make room for `capacity` entries (reallocates only to grow)."""
+        if capacity > self.capacity:
+            shape = (self.n_layers, self.n_kv_heads, capacity, self.head_dim)
+            self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.slot_pos = torch.zeros(capacity, dtype=torch.long, device=self.device)
+            self.capacity = capacity
+        self.length = 0
+        self.staged = 0
+
+    def bytes_per_entry(self) -> int:
+        """Bytes of K+V for one cached position over all layers and KV heads."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k.element_size()
+
+    # --- staging (called by the engine inside a forward) ---------------------------------------
+    def stage_positions(self, position_ids: torch.Tensor) -> None:
+        n = position_ids.numel()
+        if self.length + n > self.capacity:
+            raise RuntimeError(
+                f"KV cache overflow: {self.length} cached + {n} new > capacity {self.capacity}"
+            )
+        self.staged = n
+        self.slot_pos[self.length : self.length + n] = position_ids
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the block's K/V ([kv_heads, n, d]) for `layer`; return views over cache + block."""
+        lo, hi = self.length, self.length + k.shape[1]
+        self.k[layer, :, lo:hi] = k
+        self.v[layer, :, lo:hi] = v
+        return self.k[layer, :, :hi], self.v[layer, :, :hi]
+
+    # --- commit / rollback ------------------------------------------------------------------------
+    def commit(self, keep: list[int] | torch.Tensor) -> None:
+        """Keep staged block rows `keep` (block-relative, in order), drop the other staged rows."""
+        keep_t = torch.as_tensor(keep, dtype=torch.long)
+        m = keep_t.numel()
+        if m and (keep_t.min() < 0 or keep_t.max() >= self.staged):
+            raise IndexError(f"commit index out of the staged block (size {self.staged}): {keep}")
+        if m and not torch.equal(keep_t, torch.arange(m)):
+            src = (keep_t + self.length).to(self.device)
+            dst = torch.arange(self.length, self.length + m, device=self.device)
+            self.k[:, :, dst] = self.k[:, :, src]
+            self.v[:, :, dst] = self.v[:, :, src]
+            self.slot_pos[dst] = self.slot_pos[src]
+        self.length += m
+        self.staged = 0
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first `length` committed entries."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+        self.staged = 0
+
+    def swap_slots(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Exchange the entries in committed slots `a[i]` and `b[i]` (all layers). Used by layouts
+        that keep a selected set in a fixed region (FAFO's compressed head region)."""
+        ka, kb = self.k[:, :, a].clone(), self.k[:, :, b].clone()
+        self.k[:, :, a], self.k[:, :, b] = kb, ka
+        va, vb = self.v[:, :, a].clone(), self.v[:, :, b].clone()
+        self.v[:, :, a], self.v[:, :, b] = vb, va
+        pa, pb = self.slot_pos[a].clone(), self.slot_pos[b].clone()
+        self.slot_pos[a], self.slot_pos[b] = pb, pa

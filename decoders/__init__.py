@@ -1,0 +1,1 @@
+"""Decoders: one file per method, all built on `core.engine.Engine.step/commit`."""

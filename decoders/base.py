@@ -1,0 +1,72 @@
+"""What every decoder shares: engine + KV policy + sampler, and the output bookkeeping."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.engine import Engine
+from core.sampling import Sampler
+from core.types import Counts, HarnessError
+from kv_policies.base import KVPolicy
+from kv_policies.full import FullKV
+
+
+class BaseDecoder:
+    """Subclasses implement `_decode` (everything after prefill) and set `lossless`/`max_block`."""
+
+    lossless: bool = True
+    name: str = "base"
+
+    def __init__(self, engine: Engine, kv: KVPolicy | None = None, sampler: Sampler | None = None) -> None:
+        self.engine = engine
+        self.kv = kv or FullKV()
+        self.sampler = sampler or Sampler()
+        self.kv.attach(engine)
+
+    def max_block(self) -> int:
+        """Largest number of query tokens one step may stage (sizes the cache)."""
+        return 1
+
+    def params(self) -> dict:
+        return {}
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int], counts: Counts) -> list[int]:
+        if max_new_tokens <= 0:
+            raise HarnessError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if not prompt_ids:
+            raise HarnessError("empty prompt")
+        eng = self.engine
+        need = len(prompt_ids) + max_new_tokens
+        if need > eng.max_positions:
+            raise HarnessError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model "
+                f"context ({eng.max_positions}); lower max_new_tokens or truncate the task's inputs"
+            )
+        eng.reset(need + self.max_block() + 1)
+        self.kv.reset(len(prompt_ids))
+        logits = eng.prefill(prompt_ids)
+        self.kv.after_prefill(eng)
+        first = self.sampler.pick(logits)
+        counts.prefill_done(len(prompt_ids))
+        out = [first]
+        if first in stop_ids or max_new_tokens == 1:
+            return out
+        self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
+        return out
+
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        raise NotImplementedError
+
+
+def extend_output(out: list[int], new: Sequence[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[int, bool]:
+    """Append `new` to `out` up to a stop token (kept) or the length limit. Returns (appended, done)."""
+    n = 0
+    for tok in new:
+        if len(out) >= max_new_tokens:
+            return n, True
+        out.append(int(tok))
+        n += 1
+        if tok in stop_ids:
+            return n, True
+    return n, len(out) >= max_new_tokens

@@ -1,0 +1,38 @@
+"""Vanilla autoregressive decoding: one token per target forward (greedy or sampled).
+
+With a lossy KV policy (`kv=streaming|quest|snapkv|h2o`) this is the lossy baseline: decode steps
+attend only to what the policy selects.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.types import Counts
+from decoders.base import BaseDecoder, extend_output
+
+
+class Vanilla(BaseDecoder):
+    name = "vanilla"
+
+    @property
+    def lossless(self) -> bool:  # type: ignore[override]
+        return self.kv.lossless
+
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        eng = self.engine
+        tok = torch.empty(1, dtype=torch.long, device=eng.device)
+        pos = torch.empty(1, dtype=torch.long, device=eng.device)
+        position = len(prompt)
+        done = False
+        while not done:
+            tok[0] = out[-1]
+            pos[0] = position
+            view = self.kv.decode_view(eng, 1)
+            logits = eng.step(tok, pos, view)
+            eng.commit([0])
+            self.kv.after_commit(eng, 1)
+            position += 1
+            n, done = extend_output(out, [self.sampler.pick(logits[0])], max_new_tokens, stop_ids)
+            counts.step(1, 0, 0, n, view.kv_read(eng.length - 1))

