@@ -1,0 +1,46 @@
+"""`RestrictedView`: a block layout where some query rows see only a KV policy's selection.
+
+Dense SDPA with a per-KV-head boolean mask: the reference path every sparse backend must equal.
+`block_mask` `[n, n]` gives visibility inside the block; `restricted` `[n]` marks rows that see only
+`policy.visible(...)` of the cache, the other rows see the whole cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from core.attention import sdpa
+
+
+class RestrictedView:
+    def __init__(self, policy: Any, scale: float, block_mask: torch.Tensor, restricted: torch.Tensor) -> None:
+        self.policy, self.scale = policy, scale
+        self.block_mask = block_mask
+        self.restricted = restricted
+        self._read: list[int] = []
+
+    @classmethod
+    def all_rows(cls, policy: Any, engine: Any, n_block: int) -> RestrictedView:
+        dev = engine.device
+        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
+        return cls(policy, engine.scale, tril, torch.ones(n_block, dtype=torch.bool, device=dev))
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n, total = q.shape[2], k.shape[2]
+        cache_len = total - n
+        h, hkv = q.shape[1], k.shape[1]
+        rows = self.restricted.nonzero().squeeze(1)
+        vis = self.policy.visible(layer, q[0, :, rows], k[0, :, :cache_len], cache_len)  # [hkv, L]
+        self._read.append(int(vis.sum().item()) // hkv)
+        mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
+        mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
+        mask[:, :, cache_len:] = self.block_mask
+        if h != hkv:
+            mask = mask.repeat_interleave(h // hkv, dim=0)
+        return sdpa(q, k, v, mask.unsqueeze(0), self.scale)
+
+    def kv_read(self, cache_len: int) -> int:
+        """Mean over layers of cached entries read per KV head by the restricted rows."""
+        return round(sum(self._read) / len(self._read)) if self._read else cache_len
