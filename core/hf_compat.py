@@ -55,10 +55,8 @@ def extract_weights(model: torch.nn.Module) -> DecoderWeights:
         a, m = layer.self_attn, layer.mlp
         if getattr(a, "q_norm", None) is not None:
             raise ValueError("q/k-norm attention (Qwen3-style) is not supported by the engine")
-        wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], dim=0).detach()
-        bqkv = None
-        if a.q_proj.bias is not None:
-            bqkv = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        wqkv = _fuse([a.q_proj, a.k_proj, a.v_proj], "weight")
+        bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj], "bias") if a.q_proj.bias is not None else None
         if a.o_proj.bias is not None or getattr(m.down_proj, "bias", None) is not None:
             raise ValueError("output/MLP biases are not supported by the engine")
         layers.append(
@@ -68,7 +66,7 @@ def extract_weights(model: torch.nn.Module) -> DecoderWeights:
                 wqkv=wqkv,
                 bqkv=bqkv,
                 wo=a.o_proj.weight.detach(),
-                wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight], dim=0).detach(),
+                wgu=_fuse([m.gate_proj, m.up_proj], "weight"),
                 wdown=m.down_proj.weight.detach(),
             )
         )
@@ -89,6 +87,27 @@ def extract_weights(model: torch.nn.Module) -> DecoderWeights:
         dtype=p.dtype,
         device=p.device,
     )
+
+
+def _fuse(modules: list[torch.nn.Module], attr: str) -> torch.Tensor:
+    """Concatenate the modules' `attr` along dim 0 and re-point each module at a view of the result,
+    so the fused tensor does not double the memory (the HF model keeps working on the same storage)."""
+    parts = [getattr(m, attr) for m in modules]
+    storage = parts[0].untyped_storage().data_ptr()
+    if parts[0].is_contiguous() and all(
+        p.untyped_storage().data_ptr() == storage
+        and p.data_ptr() == parts[0].data_ptr() + sum(q.numel() for q in parts[:i]) * p.element_size()
+        for i, p in enumerate(parts)
+    ):
+        base = parts[0].detach()
+        total = sum(p.shape[0] for p in parts)
+        return base.as_strided((total, *parts[0].shape[1:]), parts[0].stride())  # already fused
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    offset = 0
+    for m, p in zip(modules, parts):
+        setattr(m, attr, torch.nn.Parameter(fused[offset : offset + p.shape[0]], requires_grad=False))
+        offset += p.shape[0]
+    return fused
 
 
 def rope_cos_sin(model: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype):

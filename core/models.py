@@ -47,9 +47,23 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(name: str) -> torch.dtype:
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 GEMMs are 2-7x faster than fp32 there; elsewhere bf16 is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA and on CPUs with native bf16, float32 otherwise."""
+    if name == "auto":
+        if device is not None and device.type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if name not in DTYPES:
-        raise HarnessError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16")
+        raise HarnessError(f"unknown dtype {name!r}; use one of auto, float32, bfloat16, float16")
     return DTYPES[name]
 
 
@@ -105,7 +119,8 @@ def tiny_model(arch: str, seed: int = 0, vocab_size: int = 260, hidden_size: int
 def load_model(source: str, name: str, dtype: str = "float32", device: str = "auto", arch: str = "llama",
                seed: int = 0, revision: str | None = None, tiny: dict | None = None) -> LoadedModel:
     """source: 'packaged' (name = key of PACKAGED_GGUF), 'hub' (name = hub id or local folder), 'tiny'."""
-    dev, dt = pick_device(device), resolve_dtype(dtype)
+    dev = pick_device(device)
+    dt = resolve_dtype(dtype, dev)
     if dt == torch.float16 and dev.type == "cpu":
         raise HarnessError("float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32")
     if source == "tiny":

@@ -1,0 +1,33 @@
+"""Hydra entry point: compose the config, run it, print one clear line on a user error.
+
+    python run.py                                   # SmolLM2 + vanilla + full KV on MT-Bench
+    python run.py decoder=fafo kv=quest task=mtbench
+    python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from core.types import HarnessError
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from runners.runner import run
+
+    with open_dict(cfg):
+        cfg.choices = {k: v for k, v in HydraConfig.get().runtime.choices.items() if "/" not in k}
+    try:
+        run(cfg)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The one runner (timing, records, audit, W&B mirror)."""

@@ -1,0 +1,84 @@
+"""Losslessness audit: compare a decoder's greedy output with vanilla greedy on the same prompt.
+
+Vanilla outputs are cached per (model, dtype, max_new_tokens, prompt digest) in
+`results/vanilla_cache/`, so a sweep computes each reference once. At the first divergence the
+audit records vanilla's top-2 logit gap there: a gap below ~1e-4 means a numerical near-tie
+(floating-point non-associativity between block and single-token forwards), not a bug.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from core.engine import Engine
+from core.types import Counts
+from decoders.vanilla import Vanilla
+
+
+def digest(ids: list[int]) -> str:
+    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+class VanillaAudit:
+    def __init__(self, engine: Engine, cache_dir: Path, model_key: str) -> None:
+        self.engine = engine
+        self.reference = Vanilla(engine)  # full KV, greedy; shares the run's engine (one cache, one weight copy)
+        self.path = cache_dir / f"{model_key}.jsonl"
+        self.known: dict[str, list[int]] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                    self.known[row["key"]] = row["ids"]
+                except (json.JSONDecodeError, KeyError):
+                    continue  # a torn last line from a crash: recomputed on demand
+
+    @staticmethod
+    def _key(prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> str:
+        return f"{digest(prompt)}-{max_new_tokens}-{digest(sorted(stop_ids))}"
+
+    def record(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int], ids: list[int]) -> None:
+        """Store a reference output (the runner does this when the run itself is vanilla + full KV)."""
+        key = self._key(prompt, max_new_tokens, stop_ids)
+        if self.known.get(key) == ids:
+            return
+        self.known[key] = list(ids)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "ids": list(ids)}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def vanilla_ids(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+        key = self._key(prompt, max_new_tokens, stop_ids)
+        if key not in self.known:
+            hooks, self.engine.prefill_hooks = self.engine.prefill_hooks, []  # no policy side effects
+            try:
+                ids = self.reference.generate(prompt, max_new_tokens, stop_ids, Counts(keep_steps=False))
+            finally:
+                self.engine.prefill_hooks = hooks
+            self.record(prompt, max_new_tokens, stop_ids, ids)
+        return self.known[key]
+
+    def compare(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int]
+                ) -> tuple[bool, int | None, float | None]:
+        """(matches, first divergence index, vanilla top-2 logit gap at that index)."""
+        ref = self.vanilla_ids(prompt, max_new_tokens, stop_ids)
+        if out == ref:
+            return True, None, None
+        i = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+        if i >= len(ref):
+            return False, i, None
+        return False, i, self.top2_gap(prompt + ref[:i])
+
+    @torch.inference_mode()
+    def top2_gap(self, context: list[int]) -> float:
+        self.engine.reset(len(context) + 1)
+        logits = self.engine.prefill(context)
+        top = torch.topk(logits.float(), 2).values
+        return float(top[0] - top[1])

@@ -1,0 +1,108 @@
+"""Tidy records, written atomically as parquet. The single source of truth (W&B only mirrors).
+
+A run directory `results/runs/<run_id>/` holds:
+- `runs.parquet`     one row: provenance + every parameter + status
+- `parts/<sample>.parquet`, `parts/<sample>.steps.parquet`, `parts/<sample>.scores.parquet`
+                     written atomically per finished sample (all its turns): the resume unit
+- `samples.parquet`, `steps.parquet`, `scores.parquet`   consolidated at the end
+- `COMPLETE`         written last; a complete directory is skipped by a rerun of the same command.
+A crashed run resumes from its parts: finished samples are skipped, none is duplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SAMPLE_COLUMNS = {
+    "run_id": "string", "sample_id": "string", "turn": "int64", "category": "string",
+    "prompt_tokens": "int64", "new_tokens": "int64", "prefill_s": "float64", "decode_s": "float64",
+    "wall_s": "float64", "forwards": "int64", "drafted": "int64", "accepted": "int64", "committed": "int64",
+    "tau": "float64", "tok_s": "float64", "decode_tok_s": "float64", "peak_mem_mb": "float64",
+    "kv_cache_mb": "float64", "kv_read_mb": "float64", "output_digest": "string", "output_text": "string",
+    "matches_vanilla": "boolean", "first_divergence": "Int64", "divergence_gap": "float64", "error": "string",
+}
+STEP_COLUMNS = {
+    "run_id": "string", "sample_id": "string", "turn": "int64", "step": "int64", "block_tokens": "int64",
+    "drafted": "int64", "accepted": "int64", "committed": "int64", "kv_attended": "int64",
+}
+SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
+
+
+def typed_frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(columns))
+    extra = [c for c in (rows[0] if rows else {}) if c not in columns]
+    for c in extra:  # e.g. output_ids (list column)
+        df[c] = [r.get(c) for r in rows]
+    return df.astype(columns)
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def run_id_for(identity: dict[str, Any]) -> str:
+    """Stable id from what defines the run (model, decoder, kv, task, seed, limits)."""
+    blob = json.dumps(identity, sort_keys=True, default=str)
+    readable = "-".join(str(identity.get(k, "")) for k in ("task", "decoder", "kv"))
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', readable)}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+
+
+def safe_name(sample_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id) + "-" + hashlib.sha1(sample_id.encode()).hexdigest()[:6]
+
+
+class RunDir:
+    def __init__(self, root: Path, run_id: str) -> None:
+        self.path = root / run_id
+        self.parts = self.path / "parts"
+
+    @property
+    def complete(self) -> bool:
+        return (self.path / "COMPLETE").exists()
+
+    def done_samples(self) -> set[str]:
+        if not self.parts.exists():
+            return set()
+        done = set()
+        for p in self.parts.glob("*.samples.parquet"):
+            done.update(pd.read_parquet(p, columns=["sample_id"])["sample_id"].astype(str))
+        return done
+
+    def write_run(self, row: dict[str, Any]) -> None:
+        write_parquet_atomic(pd.DataFrame([row]), self.path / "runs.parquet")
+
+    def write_sample(self, sample_id: str, samples: list[dict], steps: list[dict], scores: list[dict]) -> None:
+        stem = safe_name(sample_id)
+        # steps/scores first: the samples part is the commit marker of a finished sample
+        write_parquet_atomic(typed_frame(steps, STEP_COLUMNS), self.parts / f"{stem}.steps.parquet")
+        write_parquet_atomic(typed_frame(scores, SCORE_COLUMNS), self.parts / f"{stem}.scores.parquet")
+        write_parquet_atomic(typed_frame(samples, SAMPLE_COLUMNS), self.parts / f"{stem}.samples.parquet")
+
+    def consolidate(self) -> dict[str, pd.DataFrame]:
+        out = {}
+        for table, cols in (("samples", SAMPLE_COLUMNS), ("steps", STEP_COLUMNS), ("scores", SCORE_COLUMNS)):
+            frames = [pd.read_parquet(p) for p in sorted(self.parts.glob(f"*.{table}.parquet"))]
+            frames = [f for f in frames if len(f)]
+            df = pd.concat(frames, ignore_index=True) if frames else typed_frame([], cols)
+            if table == "samples":
+                done = set(df["sample_id"])
+                df = df.sort_values(["sample_id", "turn"], ignore_index=True)
+            elif len(df):  # drop steps/scores orphaned by a crash between part writes
+                df = df[df["sample_id"].isin(done)].reset_index(drop=True)
+            write_parquet_atomic(df, self.path / f"{table}.parquet")
+            out[table] = df
+        return out
+
+    def mark_complete(self) -> None:
+        (self.path / "COMPLETE").write_text("complete\n")
+

@@ -1,0 +1,72 @@
+"""Clocks and memory probes. The runner is the only caller: decoders never time themselves."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SampleClock:
+    """Times one generation: start -> prefill done (stamped by the decoder's counts hook) -> end."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.t0 = self.t_prefill = self.t_end = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        reset_peak_memory(self.device)
+        self.t0 = self.t_prefill = time.perf_counter()
+
+    def prefill_done(self) -> None:
+        synchronize(self.device)
+        self.t_prefill = time.perf_counter()
+
+    def stop(self) -> None:
+        synchronize(self.device)
+        self.t_end = time.perf_counter()
+
+    @property
+    def prefill_s(self) -> float:
+        return self.t_prefill - self.t0
+
+    @property
+    def decode_s(self) -> float:
+        return self.t_end - self.t_prefill
+
+    @property
+    def wall_s(self) -> float:
+        return self.t_end - self.t0
+
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif _CLEAR_REFS.exists():
+        try:
+            _CLEAR_REFS.write_text("5")  # resets the process's peak RSS (VmHWM) on Linux
+        except OSError:
+            pass
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: max allocated since the last reset. CPU: peak resident set size (VmHWM)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if _STATUS.exists():
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

