@@ -41,3 +41,79 @@ def test_pg19_missing_local_file_is_one_line(tmp_path) -> None:
     bad.write_text('{"text": "fine"}\n{"txt": 1}\n')
     with pytest.raises(HarnessError, match=r"bad.jsonl:2"):
         PG19(context_length=64, data_path=str(bad)).load()
+
+
+# --- GSM8K -------------------------------------------------------------------------------------------
+def test_gsm8k_contract() -> None:
+    from tasks.gsm8k import DEFAULT_FILE, GSM8K
+
+    if not DEFAULT_FILE.exists():
+        pytest.skip(f"{DEFAULT_FILE} not present")
+    task = GSM8K(limit=5)
+    samples = task.load()
+    assert len(samples) == 5 and samples[0].reference == "18" and not samples[0].raw_prompt
+    ids = task.prompt_ids(samples[0], 0, [], TOK)
+    assert ids[-1] == TOK.assistant_id and "Janet" in TOK.decode(ids)
+    assert task.score(samples[0], ["16 - 3 - 4 = 9 eggs, 9 * 2 = 18.\n#### 18"]) == {"accuracy": 1.0}
+    assert task.score(samples[0], ["The answer is $18.00."]) == {"accuracy": 1.0}
+    assert task.score(samples[0], ["She makes 9 dollars.\n#### 9"]) == {"accuracy": 0.0}
+    assert task.score(samples[0], [""]) == {"accuracy": 0.0}
+    assert len(GSM8K().load()) == 1319
+
+
+def test_gsm8k_broken_rows_and_missing_file(tmp_path) -> None:
+    from tasks.gsm8k import GSM8K
+
+    with pytest.raises(HarnessError, match="not found"):
+        GSM8K(data_path=str(tmp_path / "none.jsonl"), source="local").load()
+    bad = tmp_path / "test.jsonl"
+    bad.write_text('{"question": "q?", "answer": "x\\n#### 3"}\n{"question": "q2?", "answer": "no marker"}\n')
+    with pytest.raises(HarnessError, match=r"test.jsonl:2"):
+        GSM8K(data_path=str(bad)).load()
+    bad.write_text('{"question": "q?", "answer": "#### 3"}\n{not json\n')
+    with pytest.raises(HarnessError, match=r"test.jsonl:2"):
+        GSM8K(data_path=str(bad)).load()
+
+
+def test_gsm8k_hub_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.gsm8k import GSM8K
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(HarnessError, match="task.data_path") as err:
+        GSM8K(source="hub").load()
+    assert "\n" not in str(err.value)
+
+
+# --- AIME 2024 -----------------------------------------------------------------------------------------
+def test_aime24_contract(tmp_path) -> None:
+    from tasks.aime24 import AIME24
+
+    task = AIME24()
+    samples = task.load()
+    assert len(samples) == 30 and samples[0].reference == "204"
+    assert "\\boxed{}" in TOK.decode(task.prompt_ids(samples[0], 0, [], TOK))
+    assert task.score(samples[0], ["... so the walk takes \\boxed{204} minutes."]) == {"accuracy": 1.0}
+    assert task.score(samples[0], ["\\boxed{240}"]) == {"accuracy": 0.0}
+    assert len(AIME24(limit=3).load()) == 3
+    bad = tmp_path / "en.json"
+    bad.write_text('[{"question": "q", "answer": "seven", "data_source": "AIME2024", "data_source_id": 0}]')
+    with pytest.raises(HarnessError, match=r"en.json:0"):
+        AIME24(data_path=str(bad)).load()
+
+
+# --- HumanEval (contract; the sandbox has its own test file) ------------------------------------------
+def test_humaneval_contract(tmp_path) -> None:
+    from tasks.humaneval import HumanEval
+
+    task = HumanEval(timeout_s=5.0)
+    samples = task.load()
+    assert len(samples) == 164 and all(s.raw_prompt for s in samples)
+    ids = task.prompt_ids(samples[0], 0, [], TOK)  # raw prompt: BOS + the prompt bytes, no chat markers
+    assert ids[0] == TOK.bos_token_id and TOK.user_id not in ids and TOK.decode(ids) == samples[0].turns[0]
+    assert task.score(samples[1], [samples[1].reference["canonical_solution"]]) == {"pass@1": 1.0}
+    assert task.score(samples[1], ["    return []\n"]) == {"pass@1": 0.0}
+    bad = tmp_path / "he.jsonl"
+    bad.write_text('{"task_id": "X/0", "prompt": "def f():\\n"}\n')
+    with pytest.raises(HarnessError, match=r"he.jsonl:1"):
+        HumanEval(data_path=str(bad)).load()
