@@ -1,0 +1,206 @@
+"""FAFO, "Fumble Around and Find Out" (FAFO v000 = papers/000, §4; seed-specs §1.3).
+
+Lossless n-gram candidate-pool decoding in ONE target forward per step over the block
+`[x_last | m candidates (Find Out) | n fumble streams (Fumble Around)]` (layout in
+`decoders.fafo_layout`):
+
+- **Fumble Around** (§4.2, Eq. 1): n streams of k tokens, column-wise (App. E). A stream token sees
+  only the compressed region of the cache, chosen by the run's KV policy (`self.kv`: streaming,
+  quest, snapkv, h2o; with kv=full it sees the whole cache), plus x_last and its own stream's earlier
+  tokens. The argmax at each stream's last row is its next token (greedy, also when sampling [H]);
+  every step each stream appends it and drops its oldest token.
+- **Prefix caching** (§4.2, Alg. 2, App. F): each stream keeps its last k discarded tokens; its new
+  k-gram goes into the CPU pool under every suffix (1..k) of that buffer, at most n guesses per key,
+  least recently used evicted (`decoders.ngram_pool.NGramPool`).
+- **Find Out** (§4.3, Alg. 3-4): up to m candidates retrieved by the longest suffix of the decoded
+  sequence first, backing off to shorter suffixes; verified against the FULL cache in the same
+  forward. Greedy: the longest accepted candidate plus the bonus token; sampling: multi-candidate
+  verification of one-hot drafts (both `decoders.verify`), lossless in distribution.
+- **One KV cache**: `engine.commit` keeps only x_last's and the accepted candidate tokens' KV (computed
+  against the full cache, so exact); fumble rows' KV is never kept (recomputed every step).
+
+Harness choices for what the paper leaves open ([H], seed-specs §1.3), all logged by `params()`:
+streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
+positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
+by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
+`FAFO2Forward` is the Table 1 ablation: a compressed forward over [x_last | streams] updates the
+pool, then a second, full-cache forward verifies [x_last | candidates].
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from core.types import Counts
+from decoders.base import BaseDecoder, extend_output
+from decoders.fafo_layout import FafoLayout, LayoutCache
+from decoders.fafo_views import ViewFactory
+from decoders.ngram_pool import NGramPool
+from decoders.verify import Verdict, verify_logits
+
+
+class FumbleStreams:
+    """n sliding windows of k tokens plus each stream's buffer of its last k discarded tokens."""
+
+    def __init__(self, init: torch.Tensor) -> None:
+        self.win = init.clone()  # long [n, k]
+        n, k = init.shape
+        self.disc = torch.zeros(n, k, dtype=torch.long)
+        self.n_disc = 0
+
+    def flat_columns(self) -> torch.Tensor:
+        """Column-wise token order: token r of every stream, then token r + 1, ... (App. E)."""
+        return self.win.t().reshape(-1)
+
+    def advance(self, new_tokens: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+        """Append each stream's new token, drop its oldest; return (discard buffers, new k-grams)."""
+        k = self.win.shape[1]
+        self.disc = torch.cat([self.disc[:, 1:], self.win[:, :1]], dim=1)
+        self.n_disc = min(self.n_disc + 1, k)
+        self.win = torch.cat([self.win[:, 1:], new_tokens.view(-1, 1).to(self.win.dtype)], dim=1)
+        return self.disc[:, k - self.n_disc :].tolist(), self.win.tolist()
+
+
+class FAFO(BaseDecoder):
+    """FAFO with guess length k, n fumble streams and up to m verified candidates per step."""
+
+    name = "fafo"
+    lossless = True  # verification always reads the full cache, whatever the KV policy
+
+    def __init__(self, engine, kv=None, sampler=None, k: int = 6, n: int = 40, m: int | None = None,
+                 stream_positions: str = "rebase", fumble_sees_last: bool = True,
+                 pool_from_prompt: bool = False, backend: str = "dense", seed: int = 0) -> None:
+        m = n if m is None else m
+        if k < 1 or n < 1 or m < 0:
+            raise ValueError(f"fafo needs k >= 1, n >= 1, m >= 0; got k={k} n={n} m={m}")
+        if stream_positions not in ("rebase", "slide"):
+            raise ValueError(f"stream_positions must be 'rebase' or 'slide', got {stream_positions!r}")
+        super().__init__(engine, kv, sampler)
+        self.k, self.n, self.m = k, n, m
+        self.stream_positions = stream_positions
+        self.fumble_sees_last = fumble_sees_last
+        self.pool_from_prompt = pool_from_prompt
+        self.seed = seed
+        self.layouts = LayoutCache(k, fumble_sees_last, engine.device)
+        self.views = ViewFactory(engine, self.kv, backend)
+
+    def params(self) -> dict:
+        return {"k": self.k, "n": self.n, "m": self.m, "stream_positions": self.stream_positions,
+                "fumble_sees_last": self.fumble_sees_last, "pool_from_prompt": self.pool_from_prompt,
+                "backend": self.views.backend, "seed": self.seed, "two_forward": False}
+
+    def max_block(self) -> int:
+        return 1 + (self.m + self.n) * self.k
+
+    # --- shared pieces ------------------------------------------------------------------------
+    def _start(self, prompt: list[int], out: list[int]) -> tuple[FumbleStreams, NGramPool, list[int]]:
+        rng = random.Random(self.seed)
+        init = torch.tensor([[rng.choice(prompt) for _ in range(self.k)] for _ in range(self.n)],
+                            dtype=torch.long)
+        pool = NGramPool(capacity=self.n, max_key_len=self.k)  # App. F: n entries per key
+        seq = list(prompt) + out  # committed tokens + the root (last element)
+        if self.pool_from_prompt:
+            pool.add_sequence(seq, self.k)
+        return FumbleStreams(init), pool, seq
+
+    def _candidates(self, pool: NGramPool, seq: list[int]) -> torch.Tensor:
+        guesses = pool.lookup(seq, self.m) if self.m else []
+        return torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
+
+    def _block(self, lay: FafoLayout, root: int, cands: torch.Tensor, streams: FumbleStreams | None,
+               p: int, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.engine.device
+        parts = [torch.tensor([root], dtype=torch.long), cands.reshape(-1)]
+        if streams is not None and lay.n:
+            parts.append(streams.flat_columns())
+        tokens = torch.cat(parts).to(dev)
+        pos = lay.offsets + torch.where(lay.is_stream, base, p)
+        return tokens, pos
+
+    def _finish_step(self, verdict: Verdict, seq: list[int], out: list[int], pool: NGramPool,
+                     max_new_tokens: int, stop_ids: set[int]) -> tuple[int, bool]:
+        """Commit the verdict's KV rows, extend the output. Returns (tokens appended, done)."""
+        eng = self.engine
+        rows = verdict.flat_rows(0, 1, self.k)
+        eng.commit(rows)
+        self.kv.after_commit(eng, len(rows))
+        before = len(seq)
+        n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+        seq.extend(verdict.tokens[:n_new])
+        if self.pool_from_prompt:  # [H] ablation: generated text's n-grams too (like LADE's option)
+            pool.add_sequence(seq, self.k, start=before - self.k + 1)
+        return n_new, done
+
+    def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: torch.Tensor) -> None:
+        for disc, gram in zip(*streams.advance(new_tokens)):
+            pool.add_suffix_keys(disc, gram)
+
+    def _next_base(self, base: int, p_new: int) -> int:
+        return p_new if self.stream_positions == "rebase" else base + 1
+
+    # --- the decode loop ----------------------------------------------------------------------
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        eng = self.engine
+        streams, pool, seq = self._start(prompt, out)
+        base = len(seq) - 1
+        done = False
+        while not done:
+            root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            cands = self._candidates(pool, seq)
+            lay = self.layouts.get(cands.shape[0], self.n)
+            tokens, pos = self._block(lay, root, cands, streams, p, base)
+            view = self.views.fused(lay, cache_len)
+            logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
+            preds = logits.argmax(dim=-1).cpu()
+            nv = lay.n_verify
+            verdict = verify_logits(self.sampler, logits[:nv], cands, 1, preds[:nv])
+            n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
+            # x_last and the candidates read the whole cache: the union read is the full cache
+            counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
+            self._grow_pool(pool, streams, preds[nv:])
+            base = self._next_base(base, len(seq) - 1)
+
+
+class FAFO2Forward(FAFO):
+    """FAFO-2forward (Table 1): a compressed forward over [x_last | streams] grows the pool, then a
+    full-cache forward verifies [x_last | candidates]. Two sequential forwards per step; the step is
+    counted once (tau per decoding step, as the paper's Table 1 reports it), with both forwards'
+    tokens and KV reads summed."""
+
+    name = "fafo_2forward"
+
+    def params(self) -> dict:
+        return {**super().params(), "two_forward": True}
+
+    def max_block(self) -> int:
+        return 1 + max(self.m, self.n) * self.k
+
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        eng = self.engine
+        streams, pool, seq = self._start(prompt, out)
+        base = len(seq) - 1
+        empty = torch.zeros(0, self.k, dtype=torch.long)
+        done = False
+        while not done:
+            root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            # forward A: fumble on the compressed view only (x_last included), nothing kept
+            lay_a = self.layouts.get(0, self.n)
+            tokens, pos = self._block(lay_a, root, empty, streams, p, base)
+            view_a = self.views.compressed(lay_a, cache_len)
+            logits = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:])
+            eng.commit([])
+            self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
+            # forward B: verification against the full cache
+            cands = self._candidates(pool, seq)
+            lay_b = self.layouts.get(cands.shape[0], 0)
+            tokens, pos = self._block(lay_b, root, cands, None, p, base)
+            logits = eng.step(tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows)
+            verdict = verify_logits(self.sampler, logits, cands, 1)
+            n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
+            counts.step(lay_a.size + lay_b.size, cands.numel(), verdict.accepted, n_new,
+                        view_a.kv_read(cache_len) + cache_len)
+            base = self._next_base(base, len(seq) - 1)
