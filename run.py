@@ -8,12 +8,31 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from core.types import HarnessError
+
+
+CONF = Path(__file__).resolve().parent / "conf"
+
+
+def check_group_choices(argv: list[str]) -> None:
+    """Fail fast, in one line, on `group=option` overrides that name no config file."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        group = CONF / key
+        if not sep or "." in key or not group.is_dir() or value in ("", "null"):
+            continue
+        options = sorted(p.stem for p in group.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice.startswith(("glob(", "range(")):
+                continue
+            if choice not in options:
+                sys.exit(f"error: unknown {key} {choice!r}; available: {', '.join(options)}")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -30,4 +49,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:])
     main()

@@ -20,10 +20,11 @@ from typing import Any
 
 import pandas as pd
 
+# nullable ints: a failed (sample, turn) row has an error and no measurements
 SAMPLE_COLUMNS = {
     "run_id": "string", "sample_id": "string", "turn": "int64", "category": "string",
-    "prompt_tokens": "int64", "new_tokens": "int64", "prefill_s": "float64", "decode_s": "float64",
-    "wall_s": "float64", "forwards": "int64", "drafted": "int64", "accepted": "int64", "committed": "int64",
+    "prompt_tokens": "Int64", "new_tokens": "Int64", "prefill_s": "float64", "decode_s": "float64",
+    "wall_s": "float64", "forwards": "Int64", "drafted": "Int64", "accepted": "Int64", "committed": "Int64",
     "tau": "float64", "tok_s": "float64", "decode_tok_s": "float64", "peak_mem_mb": "float64",
     "kv_cache_mb": "float64", "kv_read_mb": "float64", "output_digest": "string", "output_text": "string",
     "matches_vanilla": "boolean", "first_divergence": "Int64", "divergence_gap": "float64", "error": "string",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -38,6 +39,19 @@ def _params(node: Any) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
 
 
+def build(node: Any, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate`, but a HarnessError raised by the target surfaces as itself."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, HarnessError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
 def stop_ids_for(tokenizer: Any, model: Any) -> set[int]:
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
@@ -56,20 +70,22 @@ class Runner:
         if run.get("threads"):
             torch.set_num_threads(int(run.threads))
         torch.manual_seed(int(run.seed))
-        self.lm = instantiate(cfg.model)
+        self.lm = build(cfg.model)
         self.engine = Engine(self.lm.model, prefill_chunk=int(run.prefill_chunk))
         s = cfg.sampling
         self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
-        self.kv = instantiate(cfg.kv)
-        self.decoder = instantiate(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
-        self.task: Task = instantiate(cfg.task, limit=run.limit)
-        if run.max_new_tokens:
+        self.kv = build(cfg.kv)
+        self.decoder = build(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
+        self.task: Task = build(cfg.task, limit=run.limit)
+        if run.max_new_tokens is not None:
             self.task.max_new_tokens = int(run.max_new_tokens)
         if self.task.max_new_tokens <= 0:
             raise HarnessError(f"max_new_tokens must be positive, got {self.task.max_new_tokens}")
         self.stop_ids = set() if getattr(self.task, "ignore_eos", False) else stop_ids_for(self.lm.tokenizer, self.lm.model)
-        self.names = {k: cfg.get("choices", {}).get(k) or str(cfg[k].get("_target_", k)).rsplit(".", 1)[-1]
-                      for k in ("model", "decoder", "kv", "task")}
+        fallback = {"model": self.lm.name, "decoder": getattr(self.decoder, "name", "decoder"),
+                    "kv": getattr(self.kv, "name", "kv"), "task": getattr(self.task, "name", "task")}
+        choices = cfg.get("choices") or {}
+        self.names = {k: str(choices.get(k) or fallback[k]) for k in fallback}
         self.identity = {
             "model": self.names["model"], "model_name": self.lm.name, "dtype": str(self.lm.dtype).replace("torch.", ""),
             "device": self.lm.device.type, "decoder": self.names["decoder"], "decoder_params": _params(cfg.decoder),
@@ -156,7 +172,8 @@ class Runner:
                 bar.update(self.task.n_turns(sample) - turn)
                 break
             rows.append({**base, **row})
-            steps += [{**base, "step": i, **vars(st)} for i, st in enumerate(counts.steps)]
+            key = {k: base[k] for k in ("run_id", "sample_id", "turn")}
+            steps += [{**key, "step": i, **vars(st)} for i, st in enumerate(counts.steps)]
             history.append(tok.decode(out, skip_special_tokens=True))
             bar.update(1)
         scores = []

@@ -1,0 +1,26 @@
+"""A task defined outside tasks/ (external tasks plug in through `task._target_`)."""
+
+from __future__ import annotations
+
+from core.types import Sample
+from tasks.base import Task
+
+
+class FakeTask(Task):
+    name = "fake"
+    version = "1"
+
+    def __init__(self, n: int = 3, broken: str | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.n, self.broken = n, broken
+
+    def _load(self) -> list[Sample]:
+        return [Sample(f"s{i}", [f"question {i}", f"follow-up {i}"], "cat", reference=str(i)) for i in range(self.n)]
+
+    def prompt_ids(self, sample, turn, history, tokenizer):
+        if sample.sample_id == self.broken and turn == 1:
+            raise ValueError("broken sample: turn 2 cannot be rendered")
+        return super().prompt_ids(sample, turn, history, tokenizer)
+
+    def score(self, sample, outputs):
+        return {"length": float(sum(len(o) for o in outputs))}

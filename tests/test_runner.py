@@ -1,0 +1,113 @@
+"""The runner: records schema, resume without loss or duplicates, failing samples, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS
+from runners.runner import Runner
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_cfg(tmp_path: Path, *overrides: str):
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny_llama", "task._target_=tests.fake_task.FakeTask",
+                                           "run.max_new_tokens=6", "run.limit=null", "run.warmup=false",
+                                           f"run.out_dir={tmp_path}", *overrides])
+    return cfg
+
+
+def test_records_schema(tmp_path):
+    path = Runner(make_cfg(tmp_path)).run()
+    assert (path / "COMPLETE").exists()
+    samples = pd.read_parquet(path / "samples.parquet")
+    assert list(samples.columns[: len(SAMPLE_COLUMNS)]) == list(SAMPLE_COLUMNS)
+    assert len(samples) == 6 and samples["error"].isna().all()
+    assert (samples["new_tokens"] == 6).all() and (samples["tau"] == 1.0).all()
+    assert (samples["forwards"] == 5).all() and samples["matches_vanilla"].all()
+    assert (samples["prefill_s"] > 0).all() and (samples["decode_s"] > 0).all()
+    steps = pd.read_parquet(path / "steps.parquet")
+    assert list(steps.columns) == list(STEP_COLUMNS) and len(steps) == 6 * 5
+    scores = pd.read_parquet(path / "scores.parquet")
+    assert list(scores.columns) == list(SCORE_COLUMNS) and set(scores["metric"]) == {"length"}
+    runs = pd.read_parquet(path / "runs.parquet")
+    assert runs.loc[0, "status"] == "complete" and runs.loc[0, "git_sha"]
+    assert runs.loc[0, "decoder"] == "vanilla" and "transformers" in runs.loc[0, "versions"]
+
+
+def test_rerun_skips_complete_and_resume_adds_only_missing(tmp_path):
+    path = Runner(make_cfg(tmp_path)).run()
+    before = pd.read_parquet(path / "samples.parquet")
+    assert Runner(make_cfg(tmp_path)).run() == path  # complete: nothing redone
+    # simulate a crash after the first two samples: drop the last part and the completion marker
+    (path / "COMPLETE").unlink()
+    (path / "samples.parquet").unlink()
+    parts = sorted((path / "parts").glob("*.samples.parquet"))
+    kept_mtime = parts[0].stat().st_mtime_ns
+    for p in (path / "parts").glob("s2-*"):
+        p.unlink()
+    Runner(make_cfg(tmp_path)).run()
+    after = pd.read_parquet(path / "samples.parquet")
+    assert parts[0].stat().st_mtime_ns == kept_mtime  # finished samples were not recomputed
+    assert len(after) == len(before) and not after.duplicated(["sample_id", "turn"]).any()
+    assert after["output_digest"].tolist() == before["output_digest"].tolist()
+
+
+def test_crash_mid_run_then_resume(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    orig = Runner._generate
+
+    def crashing(self, prompt):
+        calls["n"] += 1
+        if calls["n"] == 4:  # second sample, second turn
+            raise KeyboardInterrupt
+        return orig(self, prompt)
+
+    monkeypatch.setattr(Runner, "_generate", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(make_cfg(tmp_path)).run()
+    monkeypatch.setattr(Runner, "_generate", orig)
+    path = Runner(make_cfg(tmp_path)).run()
+    samples = pd.read_parquet(path / "samples.parquet")
+    assert sorted(samples["sample_id"].unique()) == ["s0", "s1", "s2"]
+    assert len(samples) == 6 and not samples.duplicated(["sample_id", "turn"]).any()
+
+
+def test_failing_sample_is_recorded_and_run_goes_on(tmp_path):
+    path = Runner(make_cfg(tmp_path, "+task.broken=s1")).run()
+    samples = pd.read_parquet(path / "samples.parquet")
+    bad = samples[samples["error"].notna()]
+    assert list(bad["sample_id"]) == ["s1"] and "broken sample" in bad["error"].iloc[0]
+    assert set(samples[samples["error"].isna()]["sample_id"]) == {"s0", "s1", "s2"}  # s1 turn 1 kept
+    scores = pd.read_parquet(path / "scores.parquet")
+    assert set(scores["sample_id"]) == {"s0", "s2"}
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "run.py"), f"run.out_dir={tmp_path}", *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["decoder=nope"], "unknown decoder 'nope'"),
+        (["model=hf", "model.name=/nonexistent/model"], "cannot load model"),
+        (["model=tiny_llama", "run.max_new_tokens=5000"], "exceeds the model context"),
+        (["model=tiny_llama", "run.max_new_tokens=0"], "max_new_tokens must be positive"),
+        (["model=tiny_llama", "task.data_path=/nonexistent/q.jsonl"], "not found"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(tmp_path, args, message):
+    res = _cli(tmp_path, *args)
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    assert message in last and last.startswith("error:")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
