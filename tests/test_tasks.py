@@ -117,3 +117,55 @@ def test_humaneval_contract(tmp_path) -> None:
     bad.write_text('{"task_id": "X/0", "prompt": "def f():\\n"}\n')
     with pytest.raises(HarnessError, match=r"he.jsonl:1"):
         HumanEval(data_path=str(bad)).load()
+
+
+# --- Multi-IF (offline IFBench stand-in) --------------------------------------------------------------
+MIF_ROWS = (
+    '{"key": "a", "prompt": "Describe your morning. Include exactly 2 numbers in the response.", '
+    '"instruction_id_list": ["count:numbers"], "kwargs": [{"N": 2.0, "small_n": null}]}\n'
+    '{"key": "b", "prompt": "Describe a cat. Use at least 5 unique words in the response.", '
+    '"instruction_id_list": ["count:unique_word_count"], "kwargs": [{"N": 5}]}\n'
+    '{"key": "c", "prompt": "Describe a dog. Please use an emoji at the end of every sentence.", '
+    '"instruction_id_list": ["format:emoji"], "kwargs": [{}]}\n'
+)
+
+
+def test_multi_if_standin_contract(tmp_path) -> None:
+    from tasks.multi_if import MultiIF
+
+    task = MultiIF(source="package", limit=4)
+    samples = task.load()
+    assert len(samples) == 4 and all(len(s.turns) == 3 for s in samples)
+    for s in samples:  # cumulative constraints: each turn adds one instruction, none repeated
+        ids = [[c[0] for c in turn] for turn in s.reference["checks"]]
+        assert ids[1][:-1] == ids[0] and ids[2][:-1] == ids[1] and len(set(ids[2])) == len(ids[2])
+    ids = task.prompt_ids(samples[0], 1, ["my first answer"], TOK)
+    assert ids.count(TOK.user_id) == 2 and "my first answer" in TOK.decode(ids)
+    assert task.score(samples[0], ["", "", ""])["accuracy"] == 0.0
+
+    path = tmp_path / "ifbench.jsonl"
+    path.write_text(MIF_ROWS)
+    task = MultiIF(data_path=str(path), n_turns=2)
+    first = task.load()[0]
+    assert [c[0] for c in first.reference["checks"][-1]] == ["count:numbers", "format:emoji"]
+    assert "emoji at the end of every sentence" in first.turns[1]
+    gold = ["I woke at 7 and left at 8 today.", "I woke at 7 and left at 8 today 😀."]
+    assert task.score(first, gold) == {
+        "turn1_accuracy": 1.0,
+        "turn2_accuracy": 1.0,
+        "accuracy": 1.0,
+        "instruction_accuracy": 1.0,
+    }
+    wrong = task.score(first, ["I woke at 7, 8 and 9.", "I woke at 7 and left at 8 today."])
+    assert wrong["accuracy"] == 0.0 and wrong["instruction_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_multi_if_broken_row(tmp_path) -> None:
+    from tasks.multi_if import MultiIF
+
+    path = tmp_path / "ifbench.jsonl"
+    path.write_text(
+        MIF_ROWS + '{"key": "d", "prompt": "x", "instruction_id_list": ["no:such"], "kwargs": [{}]}\n'
+    )
+    with pytest.raises(HarnessError, match=r"ifbench.jsonl:4"):
+        MultiIF(data_path=str(path)).load()
