@@ -1,0 +1,52 @@
+"""Load every run under `results/runs/` into tidy DataFrames (samples joined with their run row)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+RUN_KEYS = ["run_id", "model", "model_name", "dtype", "device_name", "decoder", "kv", "task", "lossless",
+            "max_new_tokens", "seed", "status", "git_sha"]
+
+
+def _flatten(prefix: str, blob: str) -> dict:
+    try:
+        params = json.loads(blob) if isinstance(blob, str) else {}
+    except json.JSONDecodeError:
+        return {}
+    return {f"{prefix}.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
+            for k, v in params.items() if k != "_target_"}
+
+
+def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.DataFrame:
+    rows = []
+    for path in sorted(Path(root).glob("runs/*/runs.parquet")):
+        run = pd.read_parquet(path).iloc[0].to_dict()
+        if complete_only and not (path.parent / "COMPLETE").exists():
+            continue
+        run.update(_flatten("decoder", run.get("decoder_params")))
+        run.update(_flatten("kv", run.get("kv_params")))
+        run["path"] = str(path.parent)
+        rows.append(run)
+    return pd.DataFrame(rows)
+
+
+def load_table(root: Path | str, table: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`samples`, `steps` or `scores` of every (complete) run, with the run's columns joined on."""
+    runs = load_runs(root) if runs is None else runs
+    frames = []
+    for _, run in runs.iterrows():
+        p = Path(run["path"]) / f"{table}.parquet"
+        if p.exists():
+            frames.append(pd.read_parquet(p))
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    extra = [c for c in runs.columns if c == "run_id" or c not in df.columns]
+    return df.merge(runs[extra], on="run_id", how="left")
+
+
+def load_samples(root: Path | str = "results") -> pd.DataFrame:
+    return load_table(root, "samples")
