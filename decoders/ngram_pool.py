@@ -1,0 +1,100 @@
+"""An n-gram candidate pool with per-key LRU eviction and longest-suffix-first retrieval.
+
+The pool maps a *key* (a tuple of 1..`max_key_len` tokens) to at most `capacity` continuations
+(tuples of tokens), most recently used last. Inserting a continuation that is already stored under
+the key refreshes it (moves it to the most-recent end); inserting a new one beyond `capacity`
+evicts the least recently used.
+
+- Lookahead Decoding (Fu et al. 2024, Sec. 3.1 "n-gram pool"; LADE's `token_map`): keys are single
+  tokens, continuations are (N-1)-grams, `capacity` = G guesses per key.
+- FAFO (App. F / Alg. 2-3): keys are the 1..k most recent discarded tokens of a fumble stream,
+  continuations are k-grams, `capacity` = n entries per key; retrieval backs off from the longest
+  matching suffix of the decoded sequence to shorter ones until enough candidates are found.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+Gram = tuple[int, ...]
+
+
+class NGramPool:
+    """Per-key LRU store of token continuations."""
+
+    def __init__(self, capacity: int, max_key_len: int = 1) -> None:
+        if capacity <= 0:
+            raise ValueError(f"pool capacity per key must be positive, got {capacity}")
+        if max_key_len <= 0:
+            raise ValueError(f"max_key_len must be positive, got {max_key_len}")
+        self.capacity = capacity
+        self.max_key_len = max_key_len
+        self._store: dict[Gram, OrderedDict[Gram, None]] = {}
+
+    def __len__(self) -> int:
+        """Number of keys holding at least one continuation."""
+        return len(self._store)
+
+    def n_entries(self) -> int:
+        return sum(len(v) for v in self._store.values())
+
+    def clear(self) -> None:
+        self._store.clear()
+
+    # --- insertion -------------------------------------------------------------------------------
+    def add(self, key: Iterable[int], value: Iterable[int]) -> None:
+        """Store `value` under `key` as the most recently used entry (LRU eviction beyond capacity)."""
+        k, v = tuple(key), tuple(value)
+        if not 0 < len(k) <= self.max_key_len:
+            raise ValueError(f"key length {len(k)} outside 1..{self.max_key_len}")
+        entries = self._store.get(k)
+        if entries is None:
+            entries = self._store[k] = OrderedDict()
+        if v in entries:
+            entries.move_to_end(v)
+            return
+        entries[v] = None
+        if len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def add_suffix_keys(self, context: Sequence[int], value: Iterable[int]) -> None:
+        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2)."""
+        v = tuple(value)
+        for m in range(1, min(self.max_key_len, len(context)) + 1):
+            self.add(context[len(context) - m :], v)
+
+    def add_sequence(self, tokens: Sequence[int], gram_len: int, start: int = 0) -> None:
+        """Insert every n-gram of `tokens` keyed by the token(s) just before it.
+
+        Each position i >= max(start, 1) with a full continuation `tokens[i:i+gram_len]` is stored
+        under the keys `tokens[i-m:i]`, m = 1..max_key_len (only m <= i). Used to seed the pool from
+        the prompt (LADE's POOL_FROM_PROMPT) and to add n-grams of newly generated text.
+        """
+        for i in range(max(start, 1), len(tokens) - gram_len + 1):
+            value = tuple(tokens[i : i + gram_len])
+            for m in range(1, min(self.max_key_len, i) + 1):
+                self.add(tokens[i - m : i], value)
+
+    # --- retrieval -------------------------------------------------------------------------------
+    def get(self, key: Iterable[int]) -> list[Gram]:
+        """Continuations stored under `key`, most recently used first."""
+        entries = self._store.get(tuple(key))
+        return list(reversed(entries)) if entries else []
+
+    def lookup(self, context: Sequence[int], limit: int) -> list[Gram]:
+        """Up to `limit` distinct continuations, longest matching suffix of `context` first.
+
+        For m = min(max_key_len, len(context)) down to 1, the entries under `context[-m:]` are
+        taken most recently used first, skipping continuations already taken.
+        """
+        out: list[Gram] = []
+        seen: set[Gram] = set()
+        for m in range(min(self.max_key_len, len(context)), 0, -1):
+            for v in self.get(context[len(context) - m :]):
+                if v not in seen:
+                    seen.add(v)
+                    out.append(v)
+                    if len(out) >= limit:
+                        return out
+        return out

@@ -1,0 +1,135 @@
+"""Verification of several equal-length candidate k-grams computed in one forward.
+
+Shared by the n-gram decoders (Lookahead, FAFO, prompt lookup). The block of one forward holds the
+last committed token (the *root*) and g candidates `cands[j] = (a_j1 .. a_jk)`, each candidate
+causal within itself and seeing the full cache plus the root. Row (j, t) of the block yields the
+target distribution after the prefix + a_j1..a_jt.
+
+- `greedy_verify`: accept candidate tokens while each equals the argmax at the previous position;
+  keep the longest accepted prefix over all candidates (the first one on ties), then append the
+  bonus token (argmax after the last accepted token). This is seed-specs Sec. 0 "greedy verification"
+  applied to every candidate; the output equals vanilla greedy token for token.
+- `sample_verify`: Lookahead's multi-candidate sampling verification (Fu et al. 2024, Sec. 3.3,
+  after SpecInfer): the candidates are one-hot drafts, so a token x is accepted with probability
+  p(x); on rejection p(x) is set to 0 and p renormalised, and the next candidate that shares the
+  accepted prefix (and proposes a different token) is tried. When no candidate survives, the bonus
+  token is sampled from the residual p. Lossless in distribution: with one-hot drafts, "accept x
+  w.p. p(x), else sample from p with x removed" draws exactly from p, at every depth.
+
+Both return a `Verdict`: the committed tokens (accepted + bonus), the winning candidate and how
+many of its tokens were accepted, from which `commit_rows` gives the block rows whose KV to keep
+(the root's row and the accepted candidate tokens' rows; the bonus token's KV is computed when it
+is fed as the next root).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from core.sampling import Sampler
+
+
+@dataclass
+class Verdict:
+    candidate: int  # index of the candidate whose prefix was accepted; -1 when none was
+    accepted: int  # candidate tokens accepted (bonus excluded)
+    tokens: list[int]  # the accepted tokens followed by the bonus token
+
+    def commit_rows(self, root_row: int, cand_rows: Sequence[Sequence[int]] | torch.Tensor) -> list[int]:
+        """Block rows to keep: the root, then candidate `self.candidate`'s first `accepted` rows.
+
+        `cand_rows[j][t]` is the block row of candidate j's token t."""
+        if self.accepted == 0:
+            return [root_row]
+        rows = cand_rows[self.candidate]
+        return [root_row, *(int(r) for r in rows[: self.accepted])]
+
+    def flat_rows(self, root_row: int, first_cand_row: int, k: int) -> list[int]:
+        """`commit_rows` for the usual layout where candidate j token t sits at `first + j*k + t`."""
+        if self.accepted == 0:
+            return [root_row]
+        base = first_cand_row + self.candidate * k
+        return [root_row, *range(base, base + self.accepted)]
+
+
+def greedy_verify(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) -> Verdict:
+    """Longest greedy-accepted candidate prefix plus the bonus token.
+
+    cands: long [g, k] candidate tokens; root_pred: argmax at the root row; cand_pred: long [g, k],
+    `cand_pred[j, t]` = argmax at the row of candidate j's token t. g may be 0.
+    """
+    g = cands.shape[0]
+    if g == 0 or cands.shape[1] == 0:
+        return Verdict(-1, 0, [int(root_pred)])
+    prev = torch.cat([torch.full_like(cands[:, :1], int(root_pred)), cand_pred[:, :-1]], dim=1)
+    lengths = (cands == prev).long().cumprod(dim=1).sum(dim=1)
+    best = int(lengths.argmax())  # first maximum on ties
+    n = int(lengths[best])
+    if n == 0:
+        return Verdict(-1, 0, [int(root_pred)])
+    tokens = [int(t) for t in cands[best, :n].tolist()]
+    return Verdict(best, n, [*tokens, int(cand_pred[best, n - 1])])
+
+
+def sample_verify(
+    cands: torch.Tensor,
+    root_probs: torch.Tensor,
+    cand_probs: Callable[[int, int], torch.Tensor],
+    sampler: Sampler,
+) -> Verdict:
+    """Multi-candidate verification of one-hot drafts under sampling (lossless in distribution).
+
+    cands: long [g, k]; root_probs: the sampler's distribution at the root row ([vocab], after
+    temperature / top-k / top-p); `cand_probs(j, t)` gives that distribution at the row of
+    candidate j's token t (called lazily, only for the rows the walk reaches). Uniforms and the
+    bonus draw come from `sampler.generator`.
+    """
+    table = cands.tolist()
+    k = cands.shape[1] if cands.dim() == 2 else 0
+    alive = list(range(len(table)))
+    p = root_probs.float().clone()
+    accepted: list[int] = []
+    depth = 0
+    while alive and depth < k:
+        token = None
+        tried: set[int] = set()
+        for j in alive:
+            x = table[j][depth]
+            if x in tried:  # already rejected at this depth: p(x) is now 0
+                continue
+            tried.add(x)
+            px = float(p[x])
+            rest = float(p.sum()) - px
+            u = float(torch.rand((), generator=sampler.generator))
+            if u < px or rest <= 0.0:
+                token = x
+                break
+            p[x] = 0.0
+            p = p / p.sum()
+        if token is None:
+            break
+        accepted.append(token)
+        alive = [j for j in alive if table[j][depth] == token]
+        p = cand_probs(alive[0], depth).float().clone()  # never modify the caller's tensor
+        depth += 1
+    bonus = sampler.sample_from(p)
+    if not accepted:
+        return Verdict(-1, 0, [bonus])
+    return Verdict(alive[0], len(accepted), [*accepted, bonus])
+
+
+def verify_logits(sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, first: int,
+                  preds: torch.Tensor | None = None) -> Verdict:
+    """Verify `cands` [g, k] from one forward's logits rows: the root's at row 0, candidate j
+    token t's at row `first + j*k + t`. Greedy (argmax; `preds` = precomputed argmax of every row)
+    or sampling verification, following the sampler."""
+    g, k = cands.shape
+    if sampler.greedy:
+        if preds is None:
+            preds = logits.argmax(dim=-1).cpu()
+        return greedy_verify(cands, int(preds[0]), preds[first : first + g * k].reshape(g, k))
+    return sample_verify(cands, sampler.probs(logits[0]),
+                         lambda j, t: sampler.probs(logits[first + j * k + t]), sampler)

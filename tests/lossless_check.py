@@ -1,0 +1,82 @@
+"""Shared checks for lossless decoders: greedy token equality up to numerical near-ties, and a
+chi-square goodness-of-fit test for sampling-mode decoders.
+
+A lossless decoder may diverge from vanilla greedy only where vanilla's own top-2 logits are closer
+than `NEAR_TIE` (fp32 noise from a different block shape can flip such an argmax); after the first
+divergence the continuations legitimately differ, so nothing later is compared.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+NEAR_TIE = 1e-4
+
+
+@dataclass
+class Divergence:
+    index: int  # first output position where the two token streams differ
+    gap: float  # vanilla's top-1 minus top-2 logit at that position
+
+
+def first_divergence(ref: Sequence[int], got: Sequence[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if a != b:
+            return i
+    return None if len(ref) == len(got) else min(len(ref), len(got))
+
+
+def top2_gap(engine, prompt: Sequence[int], prefix: Sequence[int]) -> float:
+    """Vanilla's top-1 minus top-2 logit for the token after `prompt + prefix` (fresh prefill)."""
+    ids = list(prompt) + list(prefix)
+    engine.reset(len(ids) + 1)
+    top = engine.prefill(ids).topk(2).values
+    return float(top[0] - top[1])
+
+
+def check_lossless(engine, prompt: Sequence[int], ref: Sequence[int],
+                   got: Sequence[int]) -> Divergence | None:
+    """None when identical; a Divergence (asserted to be a near-tie) otherwise."""
+    i = first_divergence(ref, got)
+    if i is None:
+        return None
+    gap = top2_gap(engine, prompt, ref[:i])
+    assert gap < NEAR_TIE, (
+        f"output diverges from vanilla at token {i} (vanilla {ref[i:i + 4]}, got {got[i:i + 4]}) "
+        f"but vanilla's top-2 logit gap there is {gap:.3g} >= {NEAR_TIE}: not a numerical near-tie"
+    )
+    return Divergence(i, gap)
+
+
+def chi_square_pvalue(samples: Sequence[tuple], probs: dict[tuple, float],
+                      min_expected: float = 5.0) -> float:
+    """Goodness of fit of `samples` to the exact distribution `probs` (outcome -> probability).
+
+    Cells with expected count below `min_expected` are pooled into one cell (merged into the
+    smallest other cell if still too small); an outcome absent from `probs` (probability 0) that
+    is observed anyway gives p = 0.
+    """
+    n = len(samples)
+    counts = Counter(samples)
+    big = {o: p * n for o, p in probs.items() if p * n >= min_expected}
+    rest_expected = n - sum(big.values())
+    rest_observed = n - sum(counts[o] for o in big)
+    if rest_expected <= 1e-9 and rest_observed:
+        return 0.0
+    cells = [(counts[o], e) for o, e in big.items()]
+    if rest_expected > 1e-9:
+        if rest_expected < min_expected and cells:  # too small to stand alone: merge into the smallest cell
+            i = min(range(len(cells)), key=lambda c: cells[c][1])
+            cells[i] = (cells[i][0] + rest_observed, cells[i][1] + rest_expected)
+        else:
+            cells.append((rest_observed, rest_expected))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    if df <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64)))

@@ -1,0 +1,61 @@
+"""The n-gram pool (decoders/ngram_pool.py): per-key LRU, back-off retrieval."""
+
+from __future__ import annotations
+
+import pytest
+
+from decoders.ngram_pool import NGramPool
+
+
+def test_lru_eviction_and_refresh() -> None:
+    pool = NGramPool(capacity=2)
+    pool.add((1,), (10, 11))
+    pool.add((1,), (20, 21))
+    assert pool.get((1,)) == [(20, 21), (10, 11)]  # most recently used first
+    pool.add((1,), (10, 11))  # refresh: now most recent
+    pool.add((1,), (30, 31))  # evicts the least recently used, (20, 21)
+    assert pool.get((1,)) == [(30, 31), (10, 11)]
+    assert pool.n_entries() == 2 and len(pool) == 1
+    assert pool.get((2,)) == []
+
+
+def test_key_length_is_checked() -> None:
+    pool = NGramPool(capacity=1, max_key_len=2)
+    with pytest.raises(ValueError):
+        pool.add((1, 2, 3), (4,))
+    with pytest.raises(ValueError):
+        pool.add((), (4,))
+    with pytest.raises(ValueError):
+        NGramPool(capacity=0)
+
+
+def test_lookup_backs_off_longest_suffix_first_without_duplicates() -> None:
+    pool = NGramPool(capacity=3, max_key_len=3)
+    pool.add((7,), (1, 1))
+    pool.add((7,), (2, 2))
+    pool.add((5, 7), (3, 3))
+    pool.add((5, 7), (2, 2))
+    pool.add((4, 5, 7), (9, 9))
+    pool.add((6, 5, 7), (8, 8))  # different 3-token key: not retrieved for context ending 4 5 7
+    assert pool.lookup([0, 4, 5, 7], limit=10) == [(9, 9), (2, 2), (3, 3), (1, 1)]
+    assert pool.lookup([0, 4, 5, 7], limit=2) == [(9, 9), (2, 2)]
+    assert pool.lookup([7], limit=10) == [(2, 2), (1, 1)]  # short context: only the 1-token key
+    assert pool.lookup([3], limit=10) == []
+
+
+def test_add_suffix_keys_stores_under_every_suffix() -> None:
+    pool = NGramPool(capacity=4, max_key_len=3)
+    pool.add_suffix_keys([1, 2, 3, 4], (8, 9))
+    assert pool.get((4,)) == pool.get((3, 4)) == pool.get((2, 3, 4)) == [(8, 9)]
+    assert pool.get((1, 2, 3, 4)) == [] and pool.n_entries() == 3
+
+
+def test_add_sequence_keys_each_gram_by_its_predecessors() -> None:
+    pool = NGramPool(capacity=8, max_key_len=2)
+    pool.add_sequence([1, 2, 3, 4, 5], gram_len=2)
+    assert pool.get((1,)) == [(2, 3)]
+    assert pool.get((1, 2)) == [(3, 4)] and pool.get((2,)) == [(3, 4)]
+    assert pool.get((3, 4)) == [] and pool.get((4,)) == []  # no full 2-gram after 4
+    pool2 = NGramPool(capacity=8)
+    pool2.add_sequence([1, 2, 3, 4, 5], gram_len=2, start=3)  # only grams starting at index >= 3
+    assert pool2.get((3,)) == [(4, 5)] and pool2.n_entries() == 1
