@@ -43,7 +43,7 @@ class MultiIF(Task):
         super().__init__(**kw)
         if not 1 <= n_turns <= 3:
             raise HarnessError(f"task multi_if: n_turns must be 1..3, got {n_turns}")
-        self.n_turns, self.language = n_turns, language
+        self.max_turns, self.language = n_turns, language
 
     # --- data --------------------------------------------------------------------------------
     def _load(self) -> list[Sample]:
@@ -81,7 +81,7 @@ class MultiIF(Task):
             given = [(iid, kw, prompt) for iid, kw in checks]
             turns, per_turn = [prompt], [list(given)]
             start = (i * 37 + 11) % max(len(portable), 1)  # deterministic spread over the file's instructions
-            while len(turns) < self.n_turns:
+            while len(turns) < self.max_turns:
                 iid, kw = _pick(portable, start, {g[0] for g in given}, path)
                 _, description = ifcheck.build(iid, kw, "")
                 turns.append(FOLLOW_UP.format(instruction=description.strip()))
@@ -109,7 +109,7 @@ class MultiIF(Task):
                 continue
             try:
                 turns, per_turn = [], []
-                for t in range(1, self.n_turns + 1):
+                for t in range(1, self.max_turns + 1):
                     if not row.get(f"turn_{t}_prompt"):
                         break
                     content = json.loads(row[f"turn_{t}_prompt"])["content"]

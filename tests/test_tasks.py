@@ -284,3 +284,4 @@ def test_every_task_config_instantiates(offline_hub: None) -> None:
             assert "\n" not in str(exc) and ("source=package" in str(exc) or "ruler_" in str(exc)), path
         else:
             assert len(samples) == 1, path
+            assert task.n_turns(samples[0]) == len(samples[0].turns), path  # no attribute shadows a method
