@@ -1,0 +1,30 @@
+"""The W&B mirror: offline mode writes a local run; a W&B failure never breaks the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners.runner import Runner
+from tests.test_runner import make_cfg
+
+
+def test_wandb_offline_mirror(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = make_cfg(tmp_path, "wandb.enabled=true", "wandb.mode=offline", f"wandb.dir={tmp_path}", "+task.n=1")
+    path = Runner(cfg).run()
+    assert (path / "COMPLETE").exists()
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run written"
+
+
+def test_wandb_failure_does_not_break_the_run(tmp_path, monkeypatch, capsys):
+    wandb = pytest.importorskip("wandb")
+
+    def boom(*a, **k):
+        raise RuntimeError("wandb is down")
+
+    monkeypatch.setattr(wandb, "init", boom)
+    path = Runner(make_cfg(tmp_path, "wandb.enabled=true", "+task.n=1")).run()
+    assert (path / "COMPLETE").exists()
+    assert "wandb is down" in capsys.readouterr().err
