@@ -7,45 +7,219 @@ the current block (dynamic policies such as Quest score pages with it); `k_cache
 `[n_kv_heads, cache_len, head_dim]` (post-RoPE keys, slots in physical order; the logical position
 of slot s is `engine.cache.slot_pos[s]`).
 
-Decoders combine it with their block layout through `kv_policies.view.RestrictedView`:
+Policies reason in LOGICAL positions (0 .. cache_len-1, the token's index in the sequence, which is
+also its RoPE position): subclasses implement `select(layer, q, k_cache, cache_len) -> bool
+[n_kv_heads, cache_len]` over logical positions, and `visible` maps that onto physical slots. The
+physical layout may be permuted by a compressed region (`core.compressed_region`, FAFO §4.4 / App. H);
+keys are post-RoPE, so a permutation of cached entries never changes attention. Only freshly committed
+entries (slots `>= ` the last length a policy saw) are guaranteed to sit at slot == position; anything
+older is found through `physical(layer, positions)`.
+
+Decoders combine a policy with their block layout through `restricted_view(engine, block_mask,
+restricted, backend)`:
 - vanilla + policy (the lossy baseline): every decode row is restricted (`decode_view`);
 - FAFO: only the fumble rows are restricted (verification rows see the full cache);
 - TriForce / SFI: the draft / sparse rows are restricted.
-Hooks: `attach(engine)` once, `reset(prompt_len)` per generation, `after_prefill(engine)` (static
-selections such as SnapKV), `after_commit(engine, n_new)` (sliding windows, accumulated scores).
+`backend="dense"` is `kv_policies.view.RestrictedView` (SDPA with a mask, the reference);
+`flex` / `sliced` / `flash` keep the selection in a block-aligned region at the head of the KV
+tensors (`core.compressed_region.CompressedRegion`) and skip the rest for real.
+
+Hooks: `attach(engine)` once, `reset(prompt_len)` per generation, `on_prefill(layer, q, k_all,
+cache_len)` (registered in `engine.prefill_hooks`: SnapKV's observation window, H2O's prefill scores),
+`after_prefill(engine)` (static selections such as SnapKV), `observe(layer, q)` (queries of the
+restricted rows, for accumulated scores), `after_commit(engine, n_new)` (sliding windows, H2O).
+
+A budget counts cached entries per KV head; the block's own tokens are always visible on top of it.
+A budget at or above the context keeps everything, and the decode view is then exactly the full
+(`CausalView`) path, so the output equals `kv=full` token for token.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from typing import Any
 
 import torch
+
+from core.types import HarnessError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("dense", "flex", "sliced", "flash")
+
+# name -> "module:Class"; `build_policy` gives the one-line error for anything else
+REGISTRY = {
+    "full": "kv_policies.full:FullKV",
+    "streaming": "kv_policies.streaming:StreamingLLM",
+    "quest": "kv_policies.quest:Quest",
+    "snapkv": "kv_policies.snapkv:SnapKV",
+    "h2o": "kv_policies.h2o:H2O",
+}
+
+
+def build_policy(name: str, **params: Any) -> KVPolicy:
+    """Instantiate a policy by name (the Hydra configs in conf/kv/ do the same through `_target_`)."""
+    if name not in REGISTRY:
+        raise HarnessError(f"unknown KV policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)(**params)
+
+
+def check_budget(name: str, budget: int, fixed: int, fixed_what: str) -> int:
+    """Validate a token budget against the part of it that is always kept (sinks, recent, window)."""
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+        raise HarnessError(f"kv={name}: budget must be a positive integer, got {budget!r}")
+    if budget <= fixed:
+        raise HarnessError(
+            f"kv={name}: budget ({budget}) must exceed {fixed_what} ({fixed}) so that something is left "
+            "to select"
+        )
+    return budget
+
+
+def check_backend(name: str, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise HarnessError(f"kv={name}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
 
 
 class KVPolicy:
     name: str = "base"
     lossless: bool = False  # True only when every entry stays visible (FullKV)
+    shared: bool = False  # True: the same selection for every layer and KV head (StreamingLLM)
+    budget: int | None = None  # cached entries per KV head (None = unbounded)
+    backend: str = "dense"  # decode_view's attention backend (see BACKENDS)
 
+    engine: Any = None
+    region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
+    _noted_large: bool = False
+
+    # --- hooks ---------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
+        """Bind to `engine`; an engine serves one policy at a time, so an earlier policy's prefill
+        hook is removed and this policy's `on_prefill` (if it has one) is registered."""
         self.engine = engine
+        hooks = getattr(engine, "prefill_hooks", None)
+        if hooks is None:
+            return
+        hooks[:] = [h for h in hooks if not isinstance(getattr(h, "__self__", None), KVPolicy)]
+        if type(self).on_prefill is not KVPolicy.on_prefill:
+            hooks.append(self.on_prefill)
+
+    def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
+        """In each prefill chunk: q `[n_heads, chunk, d]`, keys `[n_kv_heads, cache_len + chunk, d]`."""
 
     def reset(self, prompt_len: int) -> None:
-        pass
+        self.region = None
+        self._note_large_budget(prompt_len)
 
     def after_prefill(self, engine: Any) -> None:
         pass
 
-    def visible(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def decode_view(self, engine: Any, n_block: int) -> Any:
-        """View for a block whose rows all see the policy's selection (plus the block causally)."""
-        from kv_policies.view import RestrictedView
-
-        return RestrictedView.all_rows(self, engine, n_block)
+    def observe(self, layer: int, q: torch.Tensor) -> None:
+        """Queries `[n_heads, rows, head_dim]` of the rows restricted to this policy (every layer)."""
 
     def after_commit(self, engine: Any, n_new: int) -> None:
         pass
 
     def params(self) -> dict:
         return {}
+
+    # --- selection -----------------------------------------------------------------------------
+    def keeps_all(self, layer: int, cache_len: int) -> bool:
+        """True when this layer's selection is every cached entry (budget >= context, dense layers)."""
+        return self.budget is None or cache_len <= self.budget
+
+    def max_selected(self, capacity: int) -> int:
+        """Upper bound on entries selected per KV head for any cache length <= capacity."""
+        return capacity if self.budget is None else min(self.budget, capacity)
+
+    def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
+        """bool `[n_kv_heads, cache_len]` over logical positions; True = the restricted rows may see it."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def visible(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
+        """The selection as a mask over physical slots `[n_kv_heads, cache_len]`."""
+        hkv = k_cache.shape[0]
+        if self.keeps_all(layer, cache_len):
+            return torch.ones(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
+        sel = self.select(layer, q, k_cache, cache_len)
+        return sel.gather(1, self.logical_of_slots(layer, hkv, cache_len, k_cache.device))
+
+    # --- layout helpers ------------------------------------------------------------------------
+    def logical_of_slots(self, layer: int, hkv: int, cache_len: int, device: Any = "cpu") -> torch.Tensor:
+        """long `[n_kv_heads, cache_len]`: the logical position held by each physical slot."""
+        if self.region is not None:
+            return self.region.positions(layer, cache_len)
+        if self.engine is not None and self.engine.cache.capacity >= cache_len:
+            return self.engine.cache.slot_pos[:cache_len].expand(hkv, cache_len)
+        return torch.arange(cache_len, device=device).expand(hkv, cache_len)
+
+    def physical(self, layer: int, positions: torch.Tensor, hkv: int) -> torch.Tensor:
+        """long `[n_kv_heads, m]`: the slot holding each logical position `positions [m]` (or
+        `[n_kv_heads, m]`), per KV head."""
+        pos = positions if positions.dim() == 2 else positions.expand(hkv, -1)
+        if self.region is not None:
+            return self.region.slots_of(layer, pos)
+        if self.engine is not None:
+            sp = self.engine.cache.slot_pos
+            n = int(pos.max().item()) + 1 if pos.numel() else 0
+            if n and not torch.equal(sp[:n], torch.arange(n, device=sp.device)):
+                inv = torch.empty(n, dtype=torch.long, device=sp.device)
+                inv[sp[:n]] = torch.arange(n, device=sp.device)
+                return inv[pos]
+        return pos
+
+    def gather_keys(self, layer: int, k_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Keys `[n_kv_heads, m, head_dim]` of logical `positions` from physical `k_cache`."""
+        hkv, _, d = k_cache.shape
+        slots = self.physical(layer, positions, hkv)
+        return k_cache.gather(1, slots.unsqueeze(-1).expand(-1, -1, d))
+
+    # --- views ---------------------------------------------------------------------------------
+    def restricted_view(self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor,
+                        backend: str | None = None) -> Any:
+        """A view where `restricted` rows see only this policy's selection of the cache (plus the block
+        through `block_mask [n, n]`) and the other rows the whole cache."""
+        backend = backend or self.backend
+        if backend == "dense":
+            from kv_policies.view import RestrictedView
+
+            return RestrictedView(self, engine.scale, block_mask, restricted)
+        return self.region_for(engine, backend).view(block_mask, restricted)
+
+    def region_for(self, engine: Any, backend: str) -> Any:
+        """The compressed region laying out this policy's selection in `engine`'s cache (created once
+        per generation; `reset` drops it)."""
+        from core.compressed_region import CompressedRegion
+
+        reg = self.region
+        if reg is None or reg.cache is not engine.cache or reg.backend != backend:
+            if reg is not None:
+                reg.restore()
+            reg = CompressedRegion(self, engine, backend=backend)
+        return reg
+
+    def decode_view(self, engine: Any, n_block: int) -> Any:
+        """View for a block whose rows all see the policy's selection (plus the block causally)."""
+        cache_len = engine.length
+        n_layers = engine.cache.n_layers
+        if all(self.keeps_all(li, cache_len) for li in range(n_layers)):
+            from core.attention import CausalView
+            from kv_policies.view import ObservedCausalView
+
+            if type(self).observe is KVPolicy.observe:
+                return CausalView(engine.scale)
+            return ObservedCausalView(engine.scale, self)
+        dev = engine.device
+        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
+        return self.restricted_view(engine, tril, torch.ones(n_block, dtype=torch.bool, device=dev))
+
+    # --- misc ----------------------------------------------------------------------------------
+    def _note_large_budget(self, prompt_len: int) -> None:
+        if self.budget is not None and self.budget >= prompt_len and not self._noted_large:
+            self._noted_large = True
+            log.info("kv=%s: budget %d >= prompt length %d: every entry is kept until the context outgrows "
+                     "the budget (exactly like kv=full until then)", self.name, self.budget, prompt_len)

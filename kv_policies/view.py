@@ -3,6 +3,9 @@
 Dense SDPA with a per-KV-head boolean mask: the reference path every sparse backend must equal.
 `block_mask` `[n, n]` gives visibility inside the block; `restricted` `[n]` marks rows that see only
 `policy.visible(...)` of the cache, the other rows see the whole cache.
+
+`ObservedCausalView`: the plain causal view (bit-identical to `CausalView`) that also hands the
+queries to `policy.observe` (H2O accumulates attention even while the budget still covers everything).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 import torch
 
-from core.attention import sdpa
+from core.attention import CausalView, sdpa
 
 
 class RestrictedView:
@@ -32,7 +35,13 @@ class RestrictedView:
         cache_len = total - n
         h, hkv = q.shape[1], k.shape[1]
         rows = self.restricted.nonzero().squeeze(1)
-        vis = self.policy.visible(layer, q[0, :, rows], k[0, :, :cache_len], cache_len)  # [hkv, L]
+        q_rows = q[0, :, rows]
+        if rows.numel():
+            if hasattr(self.policy, "observe"):
+                self.policy.observe(layer, q_rows)
+            vis = self.policy.visible(layer, q_rows, k[0, :, :cache_len], cache_len)  # [hkv, L]
+        else:
+            vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
         self._read.append(int(vis.sum().item()) // hkv)
         mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
         mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
@@ -44,3 +53,15 @@ class RestrictedView:
     def kv_read(self, cache_len: int) -> int:
         """Mean over layers of cached entries read per KV head by the restricted rows."""
         return round(sum(self._read) / len(self._read)) if self._read else cache_len
+
+
+class ObservedCausalView(CausalView):
+    """`CausalView` that first shows every layer's queries to `policy.observe` (all rows restricted)."""
+
+    def __init__(self, scale: float, policy: Any) -> None:
+        super().__init__(scale)
+        self.policy = policy
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.policy.observe(layer, q[0])
+        return super().attend(layer, q, k, v)

@@ -1,0 +1,273 @@
+"""FAFO's compressed-region KV layout: "physically contiguous, logically sparse" (paper 000 §4.4, App. H).
+
+A KV policy's selection lives in a fixed, block-aligned region at the head of the KV tensors:
+for every layer and KV head, slots `[0, region_len)` hold exactly the selected entries (in some order)
+and every other entry sits somewhere after them. When the selection changes, entries are swapped in and
+out (App. H, Fig. 5: a new entry trades places with an evicted one), so the restricted query rows only
+ever read the first `ceil(size / 128)` KV blocks and one static block mask serves every step
+(`core.sparse_attention.RegionBlockMask`). Keys are post-RoPE, so a physical permutation never changes
+attention; causality only matters inside the new block, which always sits right after the cache.
+
+- Shared selections (the same set for every layer and head: StreamingLLM) are moved with
+  `engine.cache.swap_slots` once per step, keeping `cache.slot_pos` right for everyone.
+- Per-layer / per-head selections (Quest, SnapKV, H2O) are moved per (layer, KV head) with one indexed
+  swap per layer; the region's `pos` table (logical position of each slot) is then the truth and the
+  policy finds entries through it (`policy.physical`). `cache.slot_pos` is not updated in that case.
+- Placement only moves entries that must move: the selected entries found at slots >= region_len trade
+  places with the unselected ones inside `[0, region_len)` ("holes"), pairwise, per head.
+
+The region assumes committed entries sit at logical positions 0..length-1 (true for every decoder:
+commit appends accepted tokens in order). Call `restore()` before `engine.crop()` to a length that
+would cut entries the region moved (it raises otherwise, instead of attending to lost entries).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from core.attention import sdpa
+from core.sparse_attention import (
+    KV_BLOCK,
+    RegionBlockMask,
+    flash_available,
+    flash_region_attend,
+    sliced_attend,
+)
+from core.types import HarnessError
+
+REGION_BACKENDS = ("flex", "sliced", "flash")
+# one static BlockMask per (layout size, KV length, heads, ...), reused across generations
+_MASKS: OrderedDict[tuple, RegionBlockMask] = OrderedDict()
+
+
+def _mask_for(n: int, kv_len: int, h: int, hkv: int, restricted: torch.Tensor, block_vis: torch.Tensor,
+              q_block: int | None) -> RegionBlockMask:
+    key = (n, kv_len, h, hkv, str(block_vis.device), q_block, bool(restricted.all()))
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = RegionBlockMask(n, kv_len, h, hkv, restricted, block_vis, q_block)
+        _MASKS[key] = mask
+        if len(_MASKS) > 16:
+            _MASKS.popitem(last=False)
+    else:
+        _MASKS.move_to_end(key)
+        mask.set_layout(restricted, block_vis)
+    return mask
+
+
+class CompressedRegion:
+    """Keeps `policy`'s selection in slots `[0, region_len[layer, head])` of `engine.cache`."""
+
+    def __init__(self, policy: Any, engine: Any, backend: str = "flex", compiled: bool = True,
+                 q_block: int | None = None) -> None:
+        if backend not in REGION_BACKENDS:
+            raise HarnessError(f"compressed-region backend must be one of {REGION_BACKENDS}, got {backend!r}")
+        if backend == "flash" and not flash_available(engine.device):
+            raise HarnessError("backend=flash needs a CUDA device and flash-attn installed "
+                               "(`pip install .[gpu]`); use backend=flex")
+        cache = engine.cache
+        self.policy, self.engine, self.cache, self.backend = policy, engine, cache, backend
+        self.compiled, self.q_block = compiled, q_block
+        need = policy.max_selected(cache.capacity)
+        self.size = min(-(-need // KV_BLOCK) * KV_BLOCK, cache.capacity)
+        nl, hkv, cap, dev = cache.n_layers, cache.n_kv_heads, cache.capacity, cache.device
+        self.pos = torch.arange(cap, device=dev).expand(nl, hkv, cap).clone()  # logical position at slot
+        self.where = self.pos.clone()  # slot of logical position
+        length = cache.length
+        if length:
+            sp = cache.slot_pos[:length]
+            self.pos[:, :, :length] = sp
+            self.where[:, :, sp] = torch.arange(length, device=dev)
+        self.synced = length
+        self.region_len = torch.zeros(nl, hkv, dtype=torch.long, device=dev)
+        self._shared_at = -1
+        self.swaps = 0  # entries moved so far (a cost measure)
+        policy.region = self
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def sync(self, length: int | None = None) -> None:
+        """Adopt entries committed since the last call (they sit at slot == position)."""
+        length = self.cache.length if length is None else length
+        if length > self.synced:
+            fresh = torch.arange(self.synced, length, device=self.pos.device)
+            if not torch.equal(self.cache.slot_pos[self.synced : length], fresh):
+                raise RuntimeError("compressed region: committed entries must have positions 0..length-1")
+            self.pos[:, :, fresh] = fresh
+            self.where[:, :, fresh] = fresh
+        elif length < self.synced:
+            if bool((self.pos[:, :, :length] >= length).any()):
+                raise RuntimeError("engine.crop() cut entries the compressed region had moved; "
+                                   "call region.restore() before cropping")
+            tail = torch.arange(length, self.synced, device=self.pos.device)
+            self.pos[:, :, tail] = tail
+            self.where[:, :, tail] = tail
+            self.region_len.clamp_(max=length)
+            self._shared_at = -1
+        self.synced = length
+
+    def positions(self, layer: int, cache_len: int) -> torch.Tensor:
+        """long `[n_kv_heads, cache_len]`: logical position held by each slot."""
+        self.sync()
+        return self.pos[layer, :, :cache_len]
+
+    def slots_of(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
+        """long `[n_kv_heads, m]`: slot of each logical position (`positions [n_kv_heads, m]`)."""
+        self.sync()
+        return self.where[layer].gather(1, positions)
+
+    # --- placement -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def place(self, layer: int, sel: torch.Tensor) -> None:
+        """Make slots `[0, m_h)` of (layer, head h) hold exactly the logical positions selected in
+        `sel [n_kv_heads, L]` (m_h = its count). Shared policies: once per cache length, all layers."""
+        length = sel.shape[1]
+        self.sync(length)
+        if self.policy.shared:
+            if self._shared_at == length:
+                return
+            self._place_shared(sel[0])
+            self._shared_at = length
+            return
+        m = sel.sum(1)
+        self._check(m)
+        at_slot = sel.gather(1, self.pos[layer, :, :length])
+        inside = torch.arange(length, device=sel.device)[None, :] < m[:, None]
+        heads, holes = (inside & ~at_slot).nonzero(as_tuple=True)
+        _, movers = (at_slot & ~inside).nonzero(as_tuple=True)
+        if holes.numel():
+            self._swap_heads(layer, heads, holes, movers)
+        self.region_len[layer] = m
+
+    def _place_shared(self, sel: torch.Tensor) -> None:
+        length = sel.shape[0]
+        m = int(sel.sum())
+        self._check(torch.tensor([m]))
+        at_slot = sel[self.pos[0, 0, :length]]
+        inside = torch.arange(length, device=sel.device) < m
+        holes = (inside & ~at_slot).nonzero().squeeze(1)
+        movers = (at_slot & ~inside).nonzero().squeeze(1)
+        if holes.numel():
+            self.cache.swap_slots(holes, movers)
+            pa, pb = self.pos[:, :, holes].clone(), self.pos[:, :, movers].clone()
+            self.pos[:, :, holes], self.pos[:, :, movers] = pb, pa
+            self.where[:, :, pb[0, 0]] = holes
+            self.where[:, :, pa[0, 0]] = movers
+            self.swaps += holes.numel()
+        self.region_len.fill_(m)
+
+    def _check(self, m: torch.Tensor) -> None:
+        if bool((m > self.size).any()):
+            raise RuntimeError(f"kv={self.policy.name}: selection of {int(m.max())} entries exceeds the "
+                               f"compressed region ({self.size} slots); max_selected() is wrong")
+
+    def _swap_heads(self, layer: int, heads: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        for t in (self.cache.k[layer], self.cache.v[layer]):
+            ta = t[heads, a].clone()
+            t[heads, a] = t[heads, b]
+            t[heads, b] = ta
+        pos, where = self.pos[layer], self.where[layer]
+        pa, pb = pos[heads, a].clone(), pos[heads, b].clone()
+        pos[heads, a], pos[heads, b] = pb, pa
+        where[heads, pb], where[heads, pa] = a, b
+        self.swaps += a.numel()
+
+    @torch.inference_mode()
+    def restore(self) -> None:
+        """Put every entry back at slot == position (all layers and heads)."""
+        n = self.synced
+        if n == 0:
+            return
+        idx = self.where[:, :, :n]
+        for t in (self.cache.k, self.cache.v):
+            t[:, :, :n] = t[:, :, :n].gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, t.shape[-1]))
+        self.cache.slot_pos[:n] = torch.arange(n, device=self.pos.device)
+        self.pos[:, :, :n] = torch.arange(n, device=self.pos.device)
+        self.where[:, :, :n] = self.pos[:, :, :n]
+        self.region_len.zero_()
+        self._shared_at = -1
+
+    def selected(self, layer: int, head: int) -> set[int]:
+        """Logical positions held in the region of (layer, head) (tests, debugging)."""
+        return set(self.pos[layer, head, : int(self.region_len[layer, head])].tolist())
+
+    # --- views ---------------------------------------------------------------------------------
+    def view(self, block_mask: torch.Tensor, restricted: torch.Tensor) -> RegionView:
+        return RegionView(self, block_mask, restricted)
+
+
+class RegionView:
+    """Attention view: `restricted` rows see the region (the policy's selection), the other rows the
+    whole cache, every row the block through `block_mask [n, n]`. Same contract as `RestrictedView`."""
+
+    def __init__(self, region: CompressedRegion, block_mask: torch.Tensor, restricted: torch.Tensor) -> None:
+        self.region, self.scale = region, region.engine.scale
+        self.block_vis, self.restricted = block_mask.bool(), restricted.bool()
+        self.rows = self.restricted.nonzero().squeeze(1)
+        self._read: list[int] = []
+        self._mask: RegionBlockMask | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        reg, policy = self.region, self.region.policy
+        n = q.shape[2]
+        cache_len = k.shape[2] - n
+        q_rows = q[0, :, self.rows]
+        if self.rows.numel():
+            policy.observe(layer, q_rows)
+        if not self.rows.numel() or policy.keeps_all(layer, cache_len):
+            self._read.append(cache_len)
+            return self._dense(q, k, v, cache_len)
+        reg.sync(cache_len)
+        reg.place(layer, policy.select(layer, q_rows, k[0, :, :cache_len], cache_len))
+        rl = reg.region_len[layer]
+        self._read.append(int(rl.sum()) // rl.numel())
+        if reg.backend == "flex":
+            return self._flex(layer, q, cache_len, rl)
+        return self._gathered(layer, q, k, v, cache_len, rl)
+
+    def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int) -> torch.Tensor:
+        n = q.shape[2]
+        if n == 1:
+            return sdpa(q, k, v, None, self.scale)
+        mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=q.device)
+        mask[:, cache_len:] = self.block_vis
+        return sdpa(q, k, v, mask, self.scale)
+
+    def _flex(self, layer: int, q: torch.Tensor, cache_len: int, rl: torch.Tensor) -> torch.Tensor:
+        reg = self.region
+        kf, vf = reg.cache.k[layer].unsqueeze(0), reg.cache.v[layer].unsqueeze(0)  # static length: capacity
+        if self._mask is None:
+            self._mask = _mask_for(q.shape[2], kf.shape[2], q.shape[1], kf.shape[1], self.restricted,
+                                   self.block_vis, reg.q_block)
+        if self._mask.owner is not self:  # another view of the same size used the shared mask since
+            self._mask.set_layout(self.restricted, self.block_vis)
+            self._mask.owner = self
+        self._mask.update(cache_len, rl)
+        return self._mask.attend(q, kf, vf, self.scale, compiled=reg.compiled)
+
+    def _gathered(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int,
+                  rl: torch.Tensor) -> torch.Tensor:
+        n = q.shape[2]
+        top = int(rl.max())
+        kb, vb = k[:, :, cache_len:], v[:, :, cache_len:]
+        args = (k[:, :, :top], v[:, :, :top], rl, kb, vb)
+        rows = self.rows
+        if self.region.backend == "flash":
+            o_r = flash_region_attend(q[:, :, rows], *args, self.block_vis[rows], self.scale)
+        else:
+            o_r = sliced_attend(q[:, :, rows], *args, self.block_vis[rows], self.scale)
+        if rows.numel() == n:
+            return o_r
+        full = (~self.restricted).nonzero().squeeze(1)  # these rows see the whole cache
+        mask = torch.ones(full.numel(), cache_len + n, dtype=torch.bool, device=q.device)
+        mask[:, cache_len:] = self.block_vis[full]
+        out = torch.empty_like(q)
+        out[:, :, full] = sdpa(q[:, :, full], k, v, mask, self.scale)
+        out[:, :, rows] = o_r
+        return out
+
+    def kv_read(self, cache_len: int) -> int:
+        """Mean over layers of cached entries read per KV head by the restricted rows."""
+        return round(sum(self._read) / len(self._read)) if self._read else cache_len

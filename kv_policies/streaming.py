@@ -1,0 +1,45 @@
+"""StreamingLLM / LM-Infinite: `sinks` initial "attention sink" tokens plus the most recent tokens.
+
+Xiao et al. 2024 (StreamingLLM) keep `start_size` first entries and `recent_size` last entries
+(reference: `StartRecentKVCache`); FAFO-Stream (paper 000 §4.3, seed-specs §1.4) uses this as its
+compression C with an "Init+Local" budget (best 760 in Table 13; [H] 4 sinks + the rest local).
+
+Here `budget` = sinks + recent cached entries per KV head, the same set for every layer and head
+(`shared = True`, so a compressed region moves it with one `cache.swap_slots` per step, App. H).
+Deviation, stated: the reference re-rotates cached keys with their index inside the window
+("pos shift"); our keys keep their true RoPE positions (they are stored post-RoPE, and FAFO's lossless
+verification needs the true positions anyway), as in FAFO's use of the policy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.types import HarnessError
+from kv_policies.base import KVPolicy, check_backend, check_budget
+
+
+class StreamingLLM(KVPolicy):
+    name = "streaming"
+    shared = True
+
+    def __init__(self, budget: int = 760, sinks: int = 4, backend: str = "dense") -> None:
+        if not isinstance(sinks, int) or sinks < 0:
+            raise HarnessError(f"kv=streaming: sinks must be a non-negative integer, got {sinks!r}")
+        self.budget = check_budget(self.name, budget, sinks, "sinks")
+        self.sinks = sinks
+        self.recent = budget - sinks
+        self.backend = check_backend(self.name, backend)
+
+    def params(self) -> dict:
+        return {"budget": self.budget, "sinks": self.sinks, "recent": self.recent, "backend": self.backend}
+
+    def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
+        return self.selection(cache_len, k_cache.device).expand(k_cache.shape[0], cache_len)
+
+    def selection(self, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """bool `[cache_len]`: positions < sinks or >= cache_len - recent."""
+        sel = torch.zeros(cache_len, dtype=torch.bool, device=device)
+        sel[: self.sinks] = True
+        sel[max(cache_len - self.recent, 0) :] = True
+        return sel
