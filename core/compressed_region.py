@@ -88,6 +88,7 @@ class CompressedRegion:
         policy.region = self
 
     # --- bookkeeping ---------------------------------------------------------------------------
+    @torch.inference_mode()
     def sync(self, length: int | None = None) -> None:
         """Adopt entries committed since the last call (they sit at slot == position)."""
         length = self.cache.length if length is None else length

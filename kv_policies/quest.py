@@ -96,6 +96,7 @@ class Quest(KVPolicy):
             kmax[:, : have.shape[1]] = self._kmax[layer]
         self._kmin[layer], self._kmax[layer] = kmin, kmax
 
+    @torch.inference_mode()
     def sync(self, layer: int, k_cache: torch.Tensor, cache_len: int) -> None:
         """Bring layer `layer`'s page extremes up to `cache_len` entries."""
         p = self.page_size

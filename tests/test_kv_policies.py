@@ -1,0 +1,363 @@
+"""KV policies against brute force: budgets, fixed parts, Quest's bound, SnapKV/H2O selections, the
+compressed-region swap layout, bad input, and every policy end to end with vanilla on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.compressed_region import CompressedRegion
+from core.engine import Engine
+from core.kv_cache import KVCache
+from core.types import Counts, HarnessError
+from decoders.vanilla import Vanilla
+from kv_policies.base import KVPolicy, build_policy
+from kv_policies.h2o import H2O
+from kv_policies.quest import Quest, page_bounds, page_minmax
+from kv_policies.snapkv import SnapKV
+from kv_policies.streaming import StreamingLLM
+
+
+class FakeEngine:
+    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache`."""
+
+    def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
+        self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))
+        self.cache.reset(capacity)
+        self.scale, self.device, self.prefill_hooks = d**-0.5, torch.device("cpu"), []
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Commit entries with keys `k [layers, hkv, m, d]` at the next positions."""
+        c, m = self.cache, k.shape[2]
+        c.stage_positions(torch.arange(c.length, c.length + m))
+        for layer in range(c.n_layers):
+            c.write(layer, k[layer], k[layer] if v is None else v[layer])
+        c.commit(torch.arange(m))
+
+
+# --- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,params,needle", [
+    ("streaming", {"budget": 4, "sinks": 4}, "must exceed sinks"),
+    ("h2o", {"budget": 100, "recent": 100}, "must exceed the recent window"),
+    ("snapkv", {"budget": 32, "window": 32}, "must exceed the observation window"),
+    ("quest", {"budget": 760, "page_size": 24}, "must be a positive divisor"),
+    ("quest", {"budget": 16, "page_size": 16}, "must exceed one page"),
+    ("quest", {"budget": 31, "page_size": 16}, "at least two pages"),
+    ("streaming", {"budget": 0}, "positive integer"),
+    ("streaming", {"budget": 100, "backend": "cuda-magic"}, "backend must be one of"),
+    ("snapkv", {"kernel": 4}, "odd"),
+    ("lru", {}, "unknown KV policy 'lru'"),
+])
+def test_bad_input_is_one_clear_line(name, params, needle):
+    with pytest.raises(HarnessError, match=needle) as err:
+        build_policy(name, **params)
+    assert "\n" not in str(err.value)
+
+
+# --- streaming ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [1, 5, 99, 100, 101, 1000])
+def test_streaming_keeps_sinks_and_recent_within_budget(length):
+    pol = StreamingLLM(budget=100, sinks=4)
+    sel = pol.select(0, torch.zeros(2, 1, 8), torch.zeros(2, length, 8), length)
+    assert sel.shape == (2, length) and int(sel[0].sum()) == min(length, 100)
+    assert sel[:, : min(4, length)].all() and sel[:, max(length - 96, 0) :].all()
+
+
+# --- quest ----------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), length=st.integers(1, 70), page=st.sampled_from([1, 2, 4, 8, 16]),
+       rows=st.integers(1, 3), scale=st.floats(0.01, 100.0))
+def test_quest_page_bound_never_below_true_max(seed, length, page, rows, scale):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(3, length, 8, generator=g) * scale
+    q = torch.randn(3, rows, 8, generator=g) * scale
+    kmin, kmax = page_minmax(k, page)
+    bound = page_bounds(q, kmin, kmax)  # [3, rows, pages]
+    for p in range(kmin.shape[1]):
+        true = (q.double() @ k[:, p * page : (p + 1) * page].double().transpose(1, 2)).amax(-1)
+        assert (bound[..., p].double() >= true - 1e-5 * scale * scale).all()
+
+
+def test_quest_metadata_incremental_equals_scratch_and_rolls_back():
+    eng = FakeEngine(layers=1, hkv=2, d=8, capacity=300)
+    pol = Quest(budget=64, page_size=16, dense_layers=0)
+    pol.attach(eng)
+    pol.reset(40)
+    keys = torch.randn(1, 2, 300, 8)
+    eng.append(keys[:, :, :40])
+    for step in range(60):  # grow one entry at a time, scoring every step
+        pol.select(0, torch.randn(4, 1, 8), eng.cache.k[0, :, : eng.length], eng.length)
+        eng.append(keys[:, :, eng.length : eng.length + 1])
+        if step == 30:
+            eng.cache.crop(53)  # roll back into the middle of a page
+    n = eng.length
+    pol.sync(0, eng.cache.k[0, :, :n], n)
+    kmin, kmax = page_minmax(eng.cache.k[0, :, :n], 16)
+    pages = kmin.shape[1]
+    assert torch.equal(pol._kmin[0][:, :pages], kmin) and torch.equal(pol._kmax[0][:, :pages], kmax)
+
+
+def test_quest_selects_top_pages_per_kv_head_and_the_last_page():
+    eng = FakeEngine(layers=3, hkv=2, d=8)
+    pol = Quest(budget=64, page_size=16, dense_layers=1)
+    pol.attach(eng)
+    pol.reset(150)
+    eng.append(torch.randn(3, 2, 150, 8))
+    q = torch.randn(4, 2, 8)  # 4 query heads (GQA 2:1), 2 restricted rows
+    assert pol.visible(0, q, eng.cache.k[0, :, :150], 150).all()  # dense layer
+    sel = pol.select(1, q, eng.cache.k[1, :, :150], 150)
+    kmin, kmax = page_minmax(eng.cache.k[1, :, :150], 16)
+    for h in range(2):  # brute force: max over the group's heads and rows, top 3 older pages + last
+        b = [max(float(page_bounds(q[2 * h + g], kmin[h, p : p + 1], kmax[h, p : p + 1]).max())
+                 for g in range(2)) for p in range(9)]
+        want = sorted(sorted(range(9), key=lambda p: -b[p])[:3] + [9])
+        got = sorted({i // 16 for i in sel[h].nonzero().squeeze(1).tolist()})
+        assert got == want
+        assert int(sel[h].sum()) <= 64
+
+
+# --- snapkv ---------------------------------------------------------------------------------------
+def brute_snapkv(q_win, k, scale, kernel, pooling):
+    """Per KV head, the pooled vote of every earlier position (loops, float64)."""
+    h, w, _ = q_win.shape
+    hkv, n, _ = k.shape
+    g = h // hkv
+    scores = []
+    for j in range(hkv):
+        total = [0.0] * (n - w)
+        for gi in range(g):
+            votes = [0.0] * (n - w)
+            for i in range(w):
+                row = n - w + i
+                logits = [float(q_win[j * g + gi, i] @ k[j, t]) * scale for t in range(row + 1)]
+                mx = max(logits)
+                z = sum(math.exp(x - mx) for x in logits)
+                for t in range(n - w):
+                    votes[t] += math.exp(logits[t] - mx) / z
+            for t in range(n - w):
+                win = [votes[u] for u in range(t - kernel // 2, t + kernel // 2 + 1) if 0 <= u < n - w]
+                total[t] += max(win) if pooling == "max" else sum(win) / kernel
+        scores.append(total)
+    return scores
+
+
+def assert_top_k(chosen: set[int], scores: list[float], k: int, tol: float = 1e-6) -> None:
+    """`chosen` is a top-k of `scores` (max pooling makes exact ties, any tie order is fine)."""
+    assert len(chosen) == k
+    kth = sorted(scores, reverse=True)[k - 1]
+    for t, s in enumerate(scores):
+        if s > kth + tol:
+            assert t in chosen, f"position {t} (score {s}) above the k-th score {kth} was dropped"
+        elif s < kth - tol:
+            assert t not in chosen, f"position {t} (score {s}) below the k-th score {kth} was kept"
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+def test_snapkv_selection_equals_brute_force_across_prefill_chunks(tiny_lm, pooling):
+    eng = Engine(tiny_lm.model, prefill_chunk=64)  # window straddles two chunks
+    pol = SnapKV(budget=40, window=8, kernel=5, pooling=pooling)
+    pol.attach(eng)
+    captured: dict[int, list[torch.Tensor]] = {}
+    eng.prefill_hooks.append(lambda li, q, k, cl: captured.setdefault(li, []).append(q.clone()))
+    prompt = torch.randint(0, 256, (132,), generator=torch.Generator().manual_seed(3)).tolist()
+    eng.reset(200)
+    pol.reset(len(prompt))
+    eng.prefill(prompt)
+    pol.after_prefill(eng)
+    for layer in range(eng.cache.n_layers):
+        q_all = torch.cat(captured[layer], dim=1)
+        k = eng.cache.k[layer, :, :132]
+        scores = brute_snapkv(q_all[:, -8:], k, eng.scale, 5, pooling)
+        sel = pol.select(layer, q_all[:, -1:], k, 132)
+        for h, sc in enumerate(scores):
+            kept = set(sel[h].nonzero().squeeze(1).tolist())
+            assert set(range(124, 132)) <= kept  # the observation window
+            assert_top_k(kept - set(range(124, 132)), sc, 40 - 8)
+        assert torch.equal(pol.select(layer, q_all[:, -1:], eng.cache.k[layer, :, :150], 150)[:, 132:],
+                           torch.ones(k.shape[0], 18, dtype=torch.bool))  # generated tokens stay
+
+
+# --- h2o ------------------------------------------------------------------------------------------
+class BruteH2O:
+    def __init__(self, hkv, budget, recent, scale):
+        self.score = [dict() for _ in range(hkv)]
+        self.alive = [set() for _ in range(hkv)]
+        self.budget, self.recent, self.scale, self.hkv = budget, recent, scale, hkv
+
+    def add(self, q, k, first_row):  # q [H, r, d] rows at positions first_row.., k [hkv, n, d]
+        g = q.shape[0] // self.hkv
+        for j in range(self.hkv):
+            for gi in range(g):
+                for i in range(q.shape[1]):
+                    cols = sorted(self.alive[j]) if first_row is None else range(first_row + i + 1)
+                    logits = {t: float(q[j * g + gi, i] @ k[j, t]) * self.scale for t in cols}
+                    mx = max(logits.values())
+                    z = sum(math.exp(x - mx) for x in logits.values())
+                    for t, x in logits.items():
+                        self.score[j][t] = self.score[j].get(t, 0.0) + math.exp(x - mx) / z
+
+    def evict(self, n):
+        for j in range(self.hkv):
+            if len(self.alive[j]) > self.budget:
+                older = [t for t in self.alive[j] if t < n - self.recent]
+                heavy = sorted(older, key=lambda t: -self.score[j][t])[: self.budget - self.recent]
+                self.alive[j] = set(heavy) | {t for t in self.alive[j] if t >= n - self.recent}
+
+
+def test_h2o_selection_equals_brute_force():
+    torch.manual_seed(0)
+    eng = FakeEngine(layers=1, hkv=2, d=8, capacity=128)
+    pol = H2O(budget=24, recent=8)
+    pol.attach(eng)
+    assert pol.on_prefill in eng.prefill_hooks
+    ref = BruteH2O(2, 24, 8, eng.scale)
+    pol.reset(30)
+    k = torch.randn(1, 2, 70, 8) * 2
+    for lo, hi in [(0, 20), (20, 30)]:  # two prefill chunks
+        q = torch.randn(4, hi - lo, 8) * 2
+        eng.append(k[:, :, lo:hi])
+        pol.on_prefill(0, q, eng.cache.k[0, :, :hi], lo)
+        ref.alive = [a | set(range(lo, hi)) for a in ref.alive]
+        ref.add(q, k[0], lo)
+    pol.after_prefill(eng)
+    ref.evict(30)
+    for n in range(30, 70):
+        sel = pol.select(0, torch.zeros(4, 1, 8), eng.cache.k[0, :, :n], n)
+        for j in range(2):
+            assert set(sel[j].nonzero().squeeze(1).tolist()) == ref.alive[j], f"step {n} head {j}"
+            assert len(ref.alive[j]) == 24 and set(range(n - 8, n)) <= ref.alive[j]
+        q = torch.randn(4, 1, 8) * 2
+        pol.observe(0, q)
+        eng.append(k[:, :, n : n + 1])
+        pol.after_commit(eng, 1)
+        ref.alive = [a | {n} for a in ref.alive]
+        ref.add(q, k[0], None)
+        ref.evict(n + 1)
+
+
+# --- compressed region layout ---------------------------------------------------------------------
+class RandomPolicy(KVPolicy):
+    """Selects a fresh random subset per (layer, head) every call (exercises arbitrary swaps)."""
+
+    name = "random"
+
+    def __init__(self, budget: int, shared: bool, seed: int = 0) -> None:
+        self.budget, self.shared = budget, shared
+        self.g = torch.Generator().manual_seed(seed)
+        self.last: dict[int, torch.Tensor] = {}
+
+    def select(self, layer, q, k_cache, cache_len):
+        hkv = k_cache.shape[0]
+        if self.shared and layer > 0:  # one selection for every layer
+            self.last[layer] = self.last[0]
+            return self.last[0]
+        m = int(torch.randint(1, self.budget + 1, (1,), generator=self.g))
+        rows = 1 if self.shared else hkv
+        sel = torch.zeros(rows, cache_len, dtype=torch.bool)
+        for r in range(rows):
+            sel[r, torch.randperm(cache_len, generator=self.g)[:m]] = True
+        self.last[layer] = sel.expand(hkv, cache_len)
+        return self.last[layer]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_region_holds_exactly_the_selection_after_many_steps(shared):
+    eng = FakeEngine(layers=2, hkv=2, d=4, capacity=400)
+    logical_k = torch.randn(2, 2, 400, 4)
+    logical_v = torch.randn(2, 2, 400, 4)
+    eng.append(logical_k[:, :, :150], logical_v[:, :, :150])
+    pol = RandomPolicy(budget=60, shared=shared)
+    pol.attach(eng)
+    region = CompressedRegion(pol, eng, backend="sliced")
+    assert region.size == 128
+    for _ in range(80):
+        n = eng.length
+        for layer in range(2):
+            region.place(layer, pol.select(layer, None, eng.cache.k[layer, :, :n], n))
+            for h in range(2):
+                want = set(pol.last[layer][h].nonzero().squeeze(1).tolist())
+                assert region.selected(layer, h) == want
+        # every slot still holds the K/V of the logical position the region says it holds
+        pos = region.pos[:, :, :n].unsqueeze(-1).expand(-1, -1, -1, 4)
+        assert torch.equal(eng.cache.k[:, :, :n], logical_k[:, :, :n].gather(2, pos))
+        assert torch.equal(eng.cache.v[:, :, :n], logical_v[:, :, :n].gather(2, pos))
+        eng.append(logical_k[:, :, n : n + 2], logical_v[:, :, n : n + 2])
+    assert region.swaps > 0
+    region.restore()
+    n = eng.length
+    assert torch.equal(eng.cache.k[:, :, :n], logical_k[:, :, :n])
+    assert torch.equal(eng.cache.slot_pos[:n], torch.arange(n))
+
+
+def test_region_refuses_a_crop_that_lost_moved_entries():
+    eng = FakeEngine(layers=1, hkv=1, d=4, capacity=300)
+    eng.append(torch.randn(1, 1, 200, 4))
+    pol = StreamingLLM(budget=20, sinks=2)
+    pol.attach(eng)
+    region = CompressedRegion(pol, eng, backend="sliced")
+    region.place(0, pol.select(0, None, eng.cache.k[0, :, :200], 200))  # recent 180..199 -> slots 2..19
+    eng.cache.crop(150)
+    with pytest.raises(RuntimeError, match="restore"):
+        region.sync(150)
+
+
+# --- end to end with vanilla ----------------------------------------------------------------------
+POLICIES = {
+    "streaming": {"budget": 40, "sinks": 4},
+    "quest": {"budget": 48, "page_size": 8, "dense_layers": 1},
+    "snapkv": {"budget": 40, "window": 8, "kernel": 3},
+    "h2o": {"budget": 40, "recent": 16},
+}
+
+
+def _run(eng, pol, prompt, new=24):
+    counts = Counts()
+    out = Vanilla(eng, pol).generate(prompt, new, set(), counts)
+    return out, counts
+
+
+@pytest.fixture(scope="module")
+def engine_and_prompt(tiny_lm):
+    prompt = torch.randint(0, 256, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+    return Engine(tiny_lm.model), prompt
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_with_vanilla_within_budget(engine_and_prompt, name):
+    eng, prompt = engine_and_prompt
+    pol = build_policy(name, **POLICIES[name])
+    out, counts = _run(eng, pol, prompt)
+    assert len(out) == 24 and counts.forwards == 23
+    assert pol.params()["budget"] == POLICIES[name]["budget"]
+    layers = eng.cache.n_layers
+    dense = POLICIES[name].get("dense_layers", 0)
+    sparse = POLICIES[name]["budget"] + (24 if name == "snapkv" else 0)  # snapkv keeps generated tokens
+    bound = math.ceil((dense * (len(prompt) + 24) + (layers - dense) * sparse) / layers)
+    for step in counts.steps:  # mean over layers of cached entries read per KV head
+        assert step.kv_attended <= bound
+    sliced, _ = _run(eng, build_policy(name, backend="sliced", **POLICIES[name]), prompt)
+    assert sliced == out  # the compressed-region layout attends to exactly the same entries
+
+
+def test_full_policy_equals_plain_vanilla(engine_and_prompt):
+    eng, prompt = engine_and_prompt
+    plain = Vanilla(eng).generate(prompt, 24, set(), Counts())
+    assert _run(eng, build_policy("full"), prompt)[0] == plain
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_budget_covering_the_context_is_exactly_full(engine_and_prompt, name):
+    eng, prompt = engine_and_prompt
+    plain = Vanilla(eng).generate(prompt, 24, set(), Counts())
+    params = {**POLICIES[name], "budget": 1000}
+    out, counts = _run(eng, build_policy(name, **params), prompt)
+    assert out == plain
+    assert counts.steps[-1].kv_attended == len(prompt) + 22
