@@ -80,3 +80,21 @@ def chi_square_pvalue(samples: Sequence[tuple], probs: dict[tuple, float],
         return 1.0
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
                                          torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+def exact_distribution(engine, prompt: Sequence[int], n: int, sampler) -> dict[tuple, float]:
+    """Exact probability of every n-token continuation under `sampler.probs` (vanilla sampling's
+    distribution; the first token from the prompt's logits), enumerated with one prefill per prefix."""
+    out: dict[tuple, float] = {}
+
+    def walk(prefix: tuple, mass: float) -> None:
+        if len(prefix) == n:
+            out[prefix] = mass
+            return
+        engine.reset(len(prompt) + n + 1)
+        dist = sampler.probs(engine.prefill(list(prompt) + list(prefix)))
+        for tok in dist.nonzero().flatten().tolist():
+            walk((*prefix, tok), mass * float(dist[tok]))
+
+    walk((), 1.0)
+    return out

@@ -1,0 +1,223 @@
+"""Lookahead Decoding (Fu et al. 2024, "Break the Sequential Dependency of LLM Inference Using
+Lookahead Decoding", Sec. 3) on the shared step primitive.
+
+Every decode step is ONE target forward (`engine.step`) over the block
+`[last token | lookahead branch | verification branch]`:
+
+- **Lookahead branch** (Sec. 3.1): a 2-D Jacobi window of N-1 levels and W columns. Column c of
+  level l sits at position p + l + c (p = position of the last committed token, the *root*, which
+  is level 0 column 0); level 0 holds columns 1..W-1, levels 1..N-2 columns 0..W-1. Token (l, c)
+  sees the cache, the root, level-0 columns 1..c and the column-c tokens of levels 1..l - a
+  contiguous run of positions p..p+l+c. The argmax outputs of the top level are the next Jacobi
+  iterate (greedy even when sampling, like LADE's TEMP_FOR_GUESS=0).
+- **n-gram pool** (Sec. 3.1): every column of a full window yields an N-gram
+  (level0[c], level1[c], .., level_{N-2}[c], output[c]); it is stored under its first token with
+  the other N-1 tokens as value, at most G values per key, least recently used evicted
+  (`decoders.ngram_pool.NGramPool`). With `pool_from_prompt` the pool is also seeded with the
+  prompt's n-grams and fed the n-grams of the generated text (LADE's POOL_FROM_PROMPT).
+- **Verification branch** (Sec. 3.2): the up-to-G (N-1)-grams stored under the root, each causal
+  within itself at positions p+1..p+N-1, seeing the cache and the root. Greedy: the longest
+  matching candidate plus the bonus token (`decoders.verify.greedy_verify`). Sampling: the paper's
+  multi-candidate verification of one-hot drafts (`decoders.verify.sample_verify`), lossless in
+  distribution.
+- **Commit**: the KV of the root and of the accepted candidate tokens is kept through
+  `engine.commit`; the bonus token is the next root, its KV is computed by the next forward. The
+  window then shifts one level (new level 0 = old level 1 without its column 0, the outputs become
+  the top level): it advances one position per step however many tokens were accepted (LADE's
+  ALWAYS_FWD_ONE).
+
+Warm-up (LADE's first N-2 steps): level 0 starts with W+N-3 tokens drawn from the prompt by a
+seeded generator; each warm-up step appends the top level's outputs as a new level and shifts every
+level left by one column, so after N-2 steps the window has its steady shape. Candidates are
+verified during warm-up too whenever the pool has any.
+
+Upstream bugs fixed here (hao-ai-lab/LookaheadDecoding `lade/decoding.py`, see
+reference/anchors-decoders.md Sec. 2.3):
+1. when a whole (N-1)-gram matched, upstream's verification loop stopped before the bonus token and
+   dropped it (one token lost per full match); `greedy_verify` always appends the bonus.
+2. upstream recorded `hits[max_hit]` repeatedly instead of each accepted token in the list it
+   harvests generated-text n-grams from, corrupting the pool whenever more than one token was
+   accepted; here the pool is fed from the committed token ids themselves.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from core.attention import MaskView
+from core.types import Counts
+from decoders.base import BaseDecoder, extend_output
+from decoders.ngram_pool import NGramPool
+from decoders.verify import verify_logits
+from kv_policies.full import FullKV
+from kv_policies.view import RestrictedView
+
+
+@dataclass
+class Layout:
+    """Static description of one block shape (window stage x number of guesses)."""
+
+    block_mask: torch.Tensor  # bool [n, n] visibility inside the block
+    offsets: torch.Tensor  # long [n] position of each row relative to the root
+    logits_rows: torch.Tensor  # rows whose logits are computed: root, top level, guesses
+    top_sel: torch.Tensor  # indices into logits_rows giving the top level's outputs (in column order)
+    guess_row: int  # first block row of the verification branch
+    guess_sel: int  # first index of the guesses in logits_rows
+
+
+def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.device) -> Layout:
+    """Mask, positions and logits rows for a window with the given level lengths and `n_guess`
+    k-token guesses. Level 0 holds columns 1..level_lens[0], level l >= 1 columns 0..len-1."""
+    # block row of column 0 of each level >= 1; level 0 column c (c >= 1) is row c, the root row 0
+    level_start = [0] + [1 + level_lens[0] + sum(level_lens[1:i]) for i in range(1, len(level_lens))]
+    guess_row = 1 + sum(level_lens)
+    n = guess_row + n_guess * k
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    offsets = torch.zeros(n, dtype=torch.long)
+    mask[0, 0] = True
+    for c in range(1, level_lens[0] + 1):
+        mask[c, 0 : c + 1] = True  # root + level-0 columns 1..c (rows 1..c)
+        offsets[c] = c
+    for lvl in range(1, len(level_lens)):
+        for c in range(level_lens[lvl]):
+            r = level_start[lvl] + c
+            mask[r, 0 : min(c, level_lens[0]) + 1] = True
+            for up in range(1, lvl + 1):
+                mask[r, level_start[up] + c] = True
+            offsets[r] = lvl + c
+    for j in range(n_guess):
+        base = guess_row + j * k
+        for t in range(k):
+            mask[base + t, 0] = True
+            mask[base + t, base : base + t + 1] = True
+            offsets[base + t] = 1 + t
+    if len(level_lens) == 1:
+        top_rows = list(range(level_lens[0] + 1))  # root + level 0
+    else:
+        top = len(level_lens) - 1
+        top_rows = [level_start[top] + c for c in range(level_lens[top])]
+    sel = [0] + [r for r in top_rows if r != 0]
+    top_sel = [sel.index(r) for r in top_rows]
+    guess_sel = len(sel)
+    sel += list(range(guess_row, n))
+    return Layout(mask.to(device), offsets.to(device), torch.tensor(sel, device=device),
+                  torch.tensor(top_sel, device=device), guess_row, guess_sel)
+
+
+class JacobiWindow:
+    """The 2-D lookahead window: `levels[0]` = level-0 columns 1.., `levels[l]` = columns 0.."""
+
+    def __init__(self, n: int, w: int, init: list[int]) -> None:
+        self.n, self.w = n, w
+        self.levels: list[list[int]] = [list(init)]
+
+    @property
+    def full(self) -> bool:
+        return len(self.levels) == self.n - 1
+
+    def lens(self) -> list[int]:
+        return [len(lv) for lv in self.levels]
+
+    def flat(self) -> list[int]:
+        return [t for lv in self.levels for t in lv]
+
+    def advance(self, root: int, top_out: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+        """Feed the top level's outputs; return the harvested (key, (N-1)-gram) pairs."""
+        if not self.full:  # warm-up: grow one level, then shift every level left by one column
+            self.levels.append(list(top_out))
+            self.levels = [lv[1:] for lv in self.levels]
+            return []
+        lv = self.levels
+        grams = []
+        for c in range(self.w):
+            key = root if c == 0 else lv[0][c - 1]
+            grams.append((key, (*(lv[i][c] for i in range(1, self.n - 1)), top_out[c])))
+        self.levels = [lv[1][1:], *lv[2:], list(top_out)]
+        return grams
+
+
+class Lookahead(BaseDecoder):
+    """Lookahead Decoding with n-gram size N, window W and at most G guesses per step."""
+
+    name = "lookahead"
+
+    def __init__(self, engine, kv=None, sampler=None, N: int = 5, W: int = 7, G: int = 7,
+                 pool_from_prompt: bool = False, seed: int = 0) -> None:
+        if N < 3 or W < 1 or G < 1:
+            raise ValueError(f"lookahead needs N >= 3, W >= 1, G >= 1; got N={N} W={W} G={G}")
+        super().__init__(engine, kv, sampler)
+        self.N, self.W, self.G = N, W, G
+        self.pool_from_prompt = pool_from_prompt
+        self.seed = seed
+        self._layouts: dict[tuple[tuple[int, ...], int], Layout] = {}
+        self.pool: NGramPool | None = None  # the last generation's pool (inspection, tests)
+
+    @property
+    def lossless(self) -> bool:  # type: ignore[override]
+        return self.kv.lossless
+
+    def params(self) -> dict:
+        return {"N": self.N, "W": self.W, "G": self.G, "pool_from_prompt": self.pool_from_prompt,
+                "seed": self.seed}
+
+    def _stage_lens(self, filled: int) -> list[int]:
+        """Level lengths with `filled` levels above level 0 (warm-up: filled < N-2)."""
+        w, n = self.W, self.N
+        return [w + n - 3 - filled] + [w + n - 2 - filled] * filled
+
+    def max_block(self) -> int:
+        k = self.N - 1
+        return max(1 + sum(self._stage_lens(f)) for f in range(self.N - 1)) + self.G * k
+
+    def _layout(self, lens: list[int], n_guess: int) -> Layout:
+        key = (tuple(lens), n_guess)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = build_layout(lens, n_guess, self.N - 1, self.engine.device)
+        return lay
+
+    def _view(self, block_mask: torch.Tensor, cache_len: int):
+        eng = self.engine
+        n = block_mask.shape[0]
+        if isinstance(self.kv, FullKV):
+            mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=eng.device)
+            mask[:, cache_len:] = block_mask
+            return MaskView(mask, eng.scale)
+        restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
+        return RestrictedView(self.kv, eng.scale, block_mask, restricted)
+
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        eng, k = self.engine, self.N - 1
+        rng = random.Random(self.seed)
+        window = JacobiWindow(self.N, self.W, [rng.choice(prompt) for _ in range(self.W + self.N - 3)])
+        pool = self.pool = NGramPool(self.G)
+        seq = list(prompt) + out  # committed tokens + the root (last element)
+        if self.pool_from_prompt:
+            pool.add_sequence(seq, k)
+        done = False
+        while not done:
+            root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            guesses = pool.get((root,))
+            lay = self._layout(window.lens(), len(guesses))
+            cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
+            tokens = torch.tensor([root, *window.flat(), *cands.flatten().tolist()], dtype=torch.long,
+                                  device=eng.device)
+            view = self._view(lay.block_mask, cache_len)
+            logits = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows)
+            preds = logits.argmax(dim=-1).cpu()
+            verdict = verify_logits(self.sampler, logits, cands, lay.guess_sel, preds)
+            before = len(seq)
+            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+            rows = verdict.flat_rows(0, lay.guess_row, k)[:n_new]  # root + accepted tokens kept in `out`
+            eng.commit(rows)
+            self.kv.after_commit(eng, len(rows))
+            seq.extend(verdict.tokens[:n_new])
+            counts.step(tokens.numel(), cands.numel(), verdict.accepted, n_new, view.kv_read(cache_len))
+            for key, gram in window.advance(root, preds[lay.top_sel].tolist()):
+                pool.add((key,), gram)
+            if self.pool_from_prompt:
+                pool.add_sequence(seq, k, start=before - k + 1)

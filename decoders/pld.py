@@ -1,0 +1,86 @@
+"""Prompt-lookup decoding (Saxena 2023; HF transformers' `PromptLookupCandidateGenerator`).
+
+The simplest draftless baseline: the draft is copied from the context. Each step takes the
+longest trailing n-gram of the sequence so far (prompt + generated, n = `max_matching_ngram_size`
+down to 1), finds its first (leftmost) earlier occurrence that is followed by at least one token,
+and proposes up to `num_tokens` tokens that followed it (cut before the first stop token and to the
+remaining length budget). One target forward verifies the chain
+`[last token | draft]` (causal, positions p..p+k) through our own engine; greedy verification keeps
+the matching prefix plus the bonus token, sampling uses the one-hot-draft rule of
+`decoders.verify.sample_verify` (lossless in distribution). The root's and the accepted draft
+tokens' KV is committed; the bonus token is fed next step. With no match the step is a vanilla step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from core.types import Counts
+from decoders.base import BaseDecoder, extend_output
+from decoders.verify import verify_logits
+
+
+def find_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> list[int]:
+    """Up to `num_tokens` tokens following the leftmost earlier match of the longest trailing n-gram."""
+    length = len(seq)
+    t = torch.as_tensor(seq, dtype=torch.long)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        windows = t[: length - 1].unfold(0, n, 1)  # every n-gram that ends before the last token
+        hits = (windows == t[length - n :]).all(dim=1).nonzero().flatten()
+        for start in (hits + n).tolist():
+            if start < length:
+                return [int(x) for x in seq[start : min(start + num_tokens, length)]]
+    return []
+
+
+class PromptLookup(BaseDecoder):
+    """Prompt-lookup decoding: drafts copied from the context, verified in one forward."""
+
+    name = "pld"
+
+    def __init__(self, engine, kv=None, sampler=None, max_matching_ngram_size: int = 2,
+                 num_tokens: int = 10) -> None:
+        if max_matching_ngram_size < 1 or num_tokens < 1:
+            raise ValueError("pld needs max_matching_ngram_size >= 1 and num_tokens >= 1, got "
+                             f"{max_matching_ngram_size} and {num_tokens}")
+        super().__init__(engine, kv, sampler)
+        self.max_ngram = max_matching_ngram_size
+        self.num_tokens = num_tokens
+
+    @property
+    def lossless(self) -> bool:  # type: ignore[override]
+        return self.kv.lossless
+
+    def params(self) -> dict:
+        return {"max_matching_ngram_size": self.max_ngram, "num_tokens": self.num_tokens}
+
+    def max_block(self) -> int:
+        return 1 + self.num_tokens
+
+    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
+                counts: Counts) -> None:
+        eng = self.engine
+        seq = list(prompt) + out
+        done = False
+        while not done:
+            p, cache_len = len(seq) - 1, eng.length
+            budget = max(max_new_tokens - len(out) - 1, 0)  # the bonus token always comes on top
+            draft = find_candidate(seq, self.max_ngram, min(self.num_tokens, budget)) if budget else []
+            for i, tok in enumerate(draft):
+                if tok in stop_ids:
+                    draft = draft[:i]
+                    break
+            k = len(draft)
+            tokens = torch.tensor([seq[-1], *draft], dtype=torch.long, device=eng.device)
+            view = self.kv.decode_view(eng, k + 1)
+            logits = eng.step(tokens, torch.arange(p, p + k + 1, device=eng.device), view)
+            cands = torch.tensor([draft], dtype=torch.long).reshape(1 if k else 0, k)
+            verdict = verify_logits(self.sampler, logits, cands, 1)
+            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+            rows = verdict.flat_rows(0, 1, k)[:n_new]  # root + accepted tokens kept in `out`
+            eng.commit(rows)
+            self.kv.after_commit(eng, len(rows))
+            seq.extend(verdict.tokens[:n_new])
+            counts.step(k + 1, k, verdict.accepted, n_new, view.kv_read(cache_len))
