@@ -98,3 +98,30 @@ def exact_distribution(engine, prompt: Sequence[int], n: int, sampler) -> dict[t
 
     walk((), 1.0)
     return out
+
+
+def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_new: int) -> list[float]:
+    """Run vanilla greedy and every decoder `make(engine)` on MT-Bench (turn 2 sees vanilla's own
+    turn-1 answer, chat template via the task); assert each output exact or a near-tie; return taus."""
+    from core.engine import Engine
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+    from runners.runner import stop_ids_for
+    from tasks.mtbench import MTBench
+
+    tok, eng = lm.tokenizer, Engine(lm.model)
+    stop = stop_ids_for(tok, lm.model)
+    task = MTBench(limit=n_questions)
+    taus = []
+    for sample in task.load():
+        history: list[str] = []
+        for turn in range(turns):
+            prompt = task.prompt_ids(sample, turn, history, tok)
+            ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
+            for make in makers:
+                counts = Counts(keep_steps=False)
+                got = make(eng).generate(prompt, max_new, stop, counts)
+                check_lossless(eng, prompt, ref, got)
+                taus.append(counts.tau)
+            history.append(tok.decode(ref, skip_special_tokens=True))
+    return taus

@@ -22,7 +22,7 @@ from decoders.lookahead import JacobiWindow, Lookahead, build_layout
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution
+from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
 
 CONFIGS = [(3, 1, 1), (3, 3, 2), (4, 4, 4), (5, 7, 7), (6, 3, 10)]
 
@@ -225,34 +225,11 @@ def test_sampling_is_lossless_in_distribution():
 
 
 # --- the packaged SmolLM2 on MT-Bench -----------------------------------------------------------------
-def mtbench_check(lm, n_questions: int | None, turns: int, max_new: int, configs: list[dict]) -> list[float]:
-    """Every config on MT-Bench (turn 2 sees vanilla's own turn-1 answer): exact or near-tie."""
-    from runners.runner import stop_ids_for
-    from tasks.mtbench import MTBench
-
-    tok, eng = lm.tokenizer, Engine(lm.model)
-    stop = stop_ids_for(tok, lm.model)
-    task = MTBench(limit=n_questions)
-    taus = []
-    for sample in task.load():
-        history: list[str] = []
-        for turn in range(turns):
-            prompt = task.prompt_ids(sample, turn, history, tok)
-            ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
-            for cfg in configs:
-                counts = Counts(keep_steps=False)
-                got = Lookahead(eng, **cfg).generate(prompt, max_new, stop, counts)
-                check_lossless(eng, prompt, ref, got)
-                taus.append(counts.tau)
-            history.append(tok.decode(ref, skip_special_tokens=True))
-    return taus
-
-
 @pytest.mark.smollm
 @needs_smollm
 def test_smollm_mtbench_fast(smollm):
     """Three MT-Bench questions (turn 1), 48 tokens, the README setting with the prompt pool."""
-    taus = mtbench_check(smollm, 3, 1, 48, [dict(N=5, W=7, G=7, pool_from_prompt=True)])
+    taus = mtbench_lossless(smollm, [lambda e: Lookahead(e, N=5, W=7, G=7, pool_from_prompt=True)], 3, 1, 48)
     assert max(taus) > 1.0
 
 
@@ -261,5 +238,5 @@ def test_smollm_mtbench_fast(smollm):
 @needs_smollm
 def test_smollm_mtbench_full(smollm):
     """Every MT-Bench question, both turns, 256 new tokens, Lookahead's README setting (5, 7, 7)."""
-    taus = mtbench_check(smollm, None, 2, 256, [dict(N=5, W=7, G=7)])
+    taus = mtbench_lossless(smollm, [lambda e: Lookahead(e, N=5, W=7, G=7)], None, 2, 256)
     assert sum(taus) / len(taus) > 1.0

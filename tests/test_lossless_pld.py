@@ -1,0 +1,141 @@
+"""Prompt-lookup decoding (decoders/pld.py): the draft equals HF's PromptLookupCandidateGenerator's,
+the greedy output equals vanilla greedy (fp32) token for token (a divergence only at an audited
+near-tie), the cache ends as vanilla's, and sampling is lossless in distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.models import load_model
+from core.sampling import Sampler
+from core.types import Counts
+from decoders.pld import PromptLookup, find_candidate
+from decoders.vanilla import Vanilla
+from tests.conftest import needs_smollm
+from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.test_lossless_lookahead import varied_prompts
+
+CONFIGS = [(1, 1), (1, 4), (2, 10), (3, 5), (4, 20)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on the shared 2-core box two threads are several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    return eng, [(p, Vanilla(eng).generate(p, 40, set(), Counts())) for p in varied_prompts(8, seed=1)]
+
+
+def test_draft_equals_hf_prompt_lookup():
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = random.Random(0)
+    for _ in range(300):
+        seq = [rng.randrange(4) for _ in range(rng.randint(1, 30))]
+        ngram, k = rng.randint(1, 4), rng.randint(1, 8)
+        hf = PromptLookupCandidateGenerator(num_output_tokens=k, max_matching_ngram_size=ngram,
+                                            max_length=10_000)
+        ids, _ = hf.get_candidates(torch.tensor([seq]))
+        assert find_candidate(seq, ngram, k) == ids[0, len(seq):].tolist(), (seq, ngram, k)
+
+
+def test_draft_examples():
+    assert find_candidate([5, 6, 7, 8, 5, 6], 2, 3) == [7, 8, 5]  # trailing (5, 6) seen at 0
+    assert find_candidate([5, 6, 7, 9, 6], 2, 3) == [7, 9, 6]  # back-off to the 1-gram (6,)
+    assert find_candidate([1, 2, 3], 2, 3) == []  # no earlier occurrence
+    assert find_candidate([4], 2, 3) == []
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_greedy_equals_vanilla_tiny(refs, cfg):
+    eng, cases = refs
+    ngram, k = cfg
+    taus, drafted, accepted = [], 0, 0
+    for prompt, ref in cases:
+        counts = Counts()
+        dec = PromptLookup(eng, max_matching_ngram_size=ngram, num_tokens=k)
+        got = dec.generate(prompt, 40, set(), counts)
+        check_lossless(eng, prompt, ref, got)
+        assert counts.committed == len(got) - 1
+        assert all(s.block_tokens == s.drafted + 1 <= k + 1 for s in counts.steps)
+        taus.append(counts.tau)
+        drafted, accepted = drafted + counts.drafted, accepted + counts.accepted
+    assert max(taus) > 1.3 and accepted < drafted  # acceptance and rejection both exercised
+
+
+def test_stop_token_and_length(refs):
+    eng, cases = refs
+    for prompt, ref in cases[:4]:
+        stop = {ref[len(ref) // 2]}
+        want = Vanilla(eng).generate(prompt, 40, stop, Counts())
+        got = PromptLookup(eng, num_tokens=6).generate(prompt, 40, stop, Counts())
+        check_lossless(eng, prompt, want, got)
+        for max_new in (1, 2, 3):
+            assert PromptLookup(eng).generate(prompt, max_new, set(), Counts()) == ref[:max_new]
+
+
+def test_cache_ends_exactly_as_vanilla(refs):
+    eng, cases = refs
+    prompt, ref = max(cases, key=lambda c: len(set(c[1])) < 10)  # a repetitive output: long accepts
+    Vanilla(eng).generate(prompt, 40, set(), Counts())
+    n = eng.length
+    k_ref = eng.cache.k[:, :, :n].clone()
+    counts = Counts()
+    assert PromptLookup(eng, num_tokens=8).generate(prompt, 40, set(), counts) == ref
+    assert counts.accepted > 0 and eng.length == n == len(prompt) + len(ref) - 1
+    assert torch.equal(eng.cache.slot_pos[:n], torch.arange(n))
+    torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_parameters(refs):
+    eng, _ = refs
+    with pytest.raises(ValueError):
+        PromptLookup(eng, num_tokens=0)
+    with pytest.raises(ValueError):
+        PromptLookup(eng, max_matching_ngram_size=0)
+
+
+def test_sampling_is_lossless_in_distribution():
+    """First 3 sampled tokens: PLD's joint distribution fits the exact vanilla-sampling one."""
+    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
+    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4,
+                    tiny=dict(vocab_size=16))
+    eng = Engine(lm.model)
+    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
+    exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    dec = PromptLookup(eng, num_tokens=3, sampler=Sampler(seed=1, **sampler_kw))
+    samples, accepted = [], 0
+    for _ in range(800):
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
+        accepted += counts.accepted
+    assert accepted > 120  # drafts are really accepted under sampling
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_mtbench_fast(smollm):
+    """Three MT-Bench questions (turn 1), 48 tokens, HF's default PLD setting."""
+    taus = mtbench_lossless(smollm, [lambda e: PromptLookup(e)], 3, 1, 48)
+    assert max(taus) > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_mtbench_full(smollm):
+    """Every MT-Bench question, both turns, 256 new tokens."""
+    taus = mtbench_lossless(smollm, [lambda e: PromptLookup(e)], None, 2, 256)
+    assert sum(taus) / len(taus) > 1.0
