@@ -69,9 +69,21 @@ class FAFO(BaseDecoder):
     name = "fafo"
     lossless = True  # verification always reads the full cache, whatever the KV policy
 
-    def __init__(self, engine, kv=None, sampler=None, k: int = 6, n: int = 40, m: int | None = None,
-                 stream_positions: str = "rebase", fumble_sees_last: bool = True,
-                 pool_from_prompt: bool = False, backend: str = "dense", seed: int = 0) -> None:
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        k: int = 6,
+        n: int = 40,
+        m: int | None = None,
+        stream_positions: str = "rebase",
+        fumble_sees_last: bool = True,
+        pool_from_prompt: bool = False,
+        backend: str | None = None,
+        pad_candidates: bool | None = None,
+        seed: int = 0,
+    ) -> None:
         m = n if m is None else m
         if k < 1 or n < 1 or m < 0:
             raise ValueError(f"fafo needs k >= 1, n >= 1, m >= 0; got k={k} n={n} m={m}")
@@ -85,11 +97,22 @@ class FAFO(BaseDecoder):
         self.seed = seed
         self.layouts = LayoutCache(k, fumble_sees_last, engine.device)
         self.views = ViewFactory(engine, self.kv, backend)
+        # static block shape (the paper's padding to m candidates): needed by the compiled flex kernel
+        self.pad_candidates = self.views.backend == "flex" if pad_candidates is None else pad_candidates
 
     def params(self) -> dict:
-        return {"k": self.k, "n": self.n, "m": self.m, "stream_positions": self.stream_positions,
-                "fumble_sees_last": self.fumble_sees_last, "pool_from_prompt": self.pool_from_prompt,
-                "backend": self.views.backend, "seed": self.seed, "two_forward": False}
+        return {
+            "k": self.k,
+            "n": self.n,
+            "m": self.m,
+            "stream_positions": self.stream_positions,
+            "fumble_sees_last": self.fumble_sees_last,
+            "pool_from_prompt": self.pool_from_prompt,
+            "backend": self.views.backend,
+            "pad_candidates": self.pad_candidates,
+            "seed": self.seed,
+            "two_forward": False,
+        }
 
     def max_block(self) -> int:
         return 1 + (self.m + self.n) * self.k
@@ -97,20 +120,34 @@ class FAFO(BaseDecoder):
     # --- shared pieces ------------------------------------------------------------------------
     def _start(self, prompt: list[int], out: list[int]) -> tuple[FumbleStreams, NGramPool, list[int]]:
         rng = random.Random(self.seed)
-        init = torch.tensor([[rng.choice(prompt) for _ in range(self.k)] for _ in range(self.n)],
-                            dtype=torch.long)
+        init = torch.tensor(
+            [[rng.choice(prompt) for _ in range(self.k)] for _ in range(self.n)], dtype=torch.long
+        )
         pool = NGramPool(capacity=self.n, max_key_len=self.k)  # App. F: n entries per key
         seq = list(prompt) + out  # committed tokens + the root (last element)
         if self.pool_from_prompt:
             pool.add_sequence(seq, self.k)
         return FumbleStreams(init), pool, seq
 
-    def _candidates(self, pool: NGramPool, seq: list[int]) -> torch.Tensor:
+    def _candidates(self, pool: NGramPool, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(candidates to verify [g, k], block candidates [g or m, k]: padded with dummy k-grams of the
+        root token when `pad_candidates`, so every step has the same shape [H]; their rows are ignored)."""
         guesses = pool.lookup(seq, self.m) if self.m else []
-        return torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
+        cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
+        if not self.pad_candidates or len(guesses) == self.m:
+            return cands, cands
+        pad = torch.full((self.m - len(guesses), self.k), seq[-1], dtype=torch.long)
+        return cands, torch.cat([cands, pad])
 
-    def _block(self, lay: FafoLayout, root: int, cands: torch.Tensor, streams: FumbleStreams | None,
-               p: int, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _block(
+        self,
+        lay: FafoLayout,
+        root: int,
+        cands: torch.Tensor,
+        streams: FumbleStreams | None,
+        p: int,
+        base: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.engine.device
         parts = [torch.tensor([root], dtype=torch.long), cands.reshape(-1)]
         if streams is not None and lay.n:
@@ -119,8 +156,15 @@ class FAFO(BaseDecoder):
         pos = lay.offsets + torch.where(lay.is_stream, base, p)
         return tokens, pos
 
-    def _finish_step(self, verdict: Verdict, seq: list[int], out: list[int], pool: NGramPool,
-                     max_new_tokens: int, stop_ids: set[int]) -> tuple[int, bool]:
+    def _finish_step(
+        self,
+        verdict: Verdict,
+        seq: list[int],
+        out: list[int],
+        pool: NGramPool,
+        max_new_tokens: int,
+        stop_ids: set[int],
+    ) -> tuple[int, bool]:
         """Commit the verdict's KV rows, extend the output. Returns (tokens appended, done)."""
         eng = self.engine
         rows = verdict.flat_rows(0, 1, self.k)
@@ -141,26 +185,27 @@ class FAFO(BaseDecoder):
         return p_new if self.stream_positions == "rebase" else base + 1
 
     # --- the decode loop ----------------------------------------------------------------------
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         eng = self.engine
         streams, pool, seq = self._start(prompt, out)
         base = len(seq) - 1
         done = False
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
-            cands = self._candidates(pool, seq)
-            lay = self.layouts.get(cands.shape[0], self.n)
-            tokens, pos = self._block(lay, root, cands, streams, p, base)
+            cands, block_cands = self._candidates(pool, seq)
+            lay = self.layouts.get(block_cands.shape[0], self.n)
+            tokens, pos = self._block(lay, root, block_cands, streams, p, base)
             view = self.views.fused(lay, cache_len)
             logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
             preds = logits.argmax(dim=-1).cpu()
-            nv = lay.n_verify
+            nv = 1 + cands.numel()  # padded candidates' rows are never read
             verdict = verify_logits(self.sampler, logits[:nv], cands, 1, preds[:nv])
             n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
-            self._grow_pool(pool, streams, preds[nv:])
+            self._grow_pool(pool, streams, preds[lay.n_verify :])
             base = self._next_base(base, len(seq) - 1)
 
 
@@ -178,8 +223,9 @@ class FAFO2Forward(FAFO):
     def max_block(self) -> int:
         return 1 + max(self.m, self.n) * self.k
 
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         eng = self.engine
         streams, pool, seq = self._start(prompt, out)
         base = len(seq) - 1
@@ -195,12 +241,17 @@ class FAFO2Forward(FAFO):
             eng.commit([])
             self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
             # forward B: verification against the full cache
-            cands = self._candidates(pool, seq)
-            lay_b = self.layouts.get(cands.shape[0], 0)
-            tokens, pos = self._block(lay_b, root, cands, None, p, base)
+            cands, block_cands = self._candidates(pool, seq)
+            lay_b = self.layouts.get(block_cands.shape[0], 0)
+            tokens, pos = self._block(lay_b, root, block_cands, None, p, base)
             logits = eng.step(tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows)
-            verdict = verify_logits(self.sampler, logits, cands, 1)
+            verdict = verify_logits(self.sampler, logits[: 1 + cands.numel()], cands, 1)
             n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
-            counts.step(lay_a.size + lay_b.size, cands.numel(), verdict.accepted, n_new,
-                        view_a.kv_read(cache_len) + cache_len)
+            counts.step(
+                lay_a.size + lay_b.size,
+                cands.numel(),
+                verdict.accepted,
+                n_new,
+                view_a.kv_read(cache_len) + cache_len,
+            )
             base = self._next_base(base, len(seq) - 1)

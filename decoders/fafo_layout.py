@@ -46,8 +46,9 @@ class FafoLayout:
         return 1 + self.g * self.k
 
 
-def build_layout(k: int, g: int, n: int, fumble_sees_last: bool = True,
-                 device: torch.device | str = "cpu") -> FafoLayout:
+def build_layout(
+    k: int, g: int, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu"
+) -> FafoLayout:
     """Layout with `g` candidates and `n` streams (either may be 0; FAFO-2forward uses one each)."""
     s0 = 1 + g * k
     size = s0 + n * k

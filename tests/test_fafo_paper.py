@@ -1,0 +1,147 @@
+"""analysis.fafo_paper on a synthetic per-sample table: our numbers land in the right cells, the
+paper's numbers come from results/curated/paper_tables_fafo.csv, captions name our setup."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis import fafo_paper as fp
+
+ENV = {"model": "smollm2-135m", "dtype": "bfloat16", "device_name": "cpu: test x2"}
+
+
+def rows(
+    decoder: str,
+    kv: str,
+    wall: float,
+    tau: float,
+    task: str = "mtbench",
+    n_samples: int = 3,
+    **params: object,
+) -> list[dict]:
+    out = []
+    for s in range(n_samples):
+        for turn in (0, 1):
+            out.append(
+                {
+                    **ENV,
+                    "decoder": decoder,
+                    "kv": kv,
+                    "task": task,
+                    "sample_id": f"q{s}",
+                    "turn": turn,
+                    "new_tokens": 100,
+                    "decode_s": wall * 0.9,
+                    "wall_s": wall,
+                    "forwards": 50,
+                    "tau": tau,
+                    "peak_mem_mb": 500.0 + wall,
+                    **params,
+                }
+            )
+    return out
+
+
+@pytest.fixture()
+def samples() -> pd.DataFrame:
+    r = []
+    for task in ("mtbench", "gsm8k"):
+        r += rows("vanilla", "full", 4.0, 1.0, task)
+        r += rows("fafo", "streaming", 2.0, 2.5, task, **{"decoder.k": 6, "decoder.n": 40, "kv.budget": 760})
+        r += rows("fafo", "quest", 2.5, 2.0, task, **{"decoder.k": 6, "decoder.n": 40, "kv.budget": 760})
+        r += rows("lookahead", "full", 3.2, 1.6, task, **{"decoder.G": 7})
+    for k, wall in ((4, 3.0), (8, 2.2)):
+        r += rows(
+            "fafo", "streaming", wall, 2.0 + k / 10, **{"decoder.k": k, "decoder.n": 40, "kv.budget": 760}
+        )
+    for n, wall in ((10, 3.6), (20, 2.9)):
+        r += rows("fafo", "streaming", wall, 1.5, **{"decoder.k": 6, "decoder.n": n, "kv.budget": 760})
+        r += rows("lookahead", "full", wall + 1, 1.4, **{"decoder.G": n})
+    for budget in (360, 1360):
+        r += rows("fafo", "streaming", 2.4, 2.2, **{"decoder.k": 6, "decoder.n": 40, "kv.budget": budget})
+    r += rows("fafo_2forward", "streaming", 3.0, 2.4, **{"decoder.k": 6, "decoder.n": 40, "kv.budget": 760})
+    return pd.DataFrame(r)
+
+
+def cell(df: pd.DataFrame, col: str, **match: object) -> float:
+    sel = df
+    for k, v in match.items():
+        sel = sel[sel[k].astype(str) == str(v)]
+    assert len(sel) == 1, (match, sel)
+    return float(sel[col].iloc[0])
+
+
+def test_method_labels():
+    assert fp.method_of("fafo", "streaming") == "FAFO-Stream"
+    assert fp.method_of("fafo_cpu", "quest") == "FAFO-Quest"
+    assert fp.method_of("fafo_2forward", "streaming") == "FAFO-2forward"
+    assert fp.method_of("lookahead", "full") == "Lookahead"
+
+
+def test_table1(samples):
+    t = fp.table1(samples)
+    assert cell(t, "ours_speedup", method="FAFO-2forward") == pytest.approx(4.0 / 3.0)
+    assert cell(t, "ours_tau", method="FAFO-2forward") == pytest.approx(2.4)
+    assert cell(t, "paper_speedup", method="FAFO-2forward") == pytest.approx(1.19)
+    assert cell(t, "paper_peak_memory_MB", method="Lookahead") == 2183
+    assert math.isnan(cell(t, "ours_tau", method="SWIFT")) and cell(t, "paper_tau", method="SWIFT") == 2.65
+    assert "smollm2-135m" in t.attrs["caption"] and "cpu: test x2" in t.attrs["caption"]
+    assert "A100" in t.attrs["caption"]
+
+
+def test_sweeps_hold_the_other_parameters_fixed(samples):
+    """A sweep varies only its own column: rows of the other sweeps (n, budget) stay out."""
+    t11 = fp.table11(samples)
+    assert cell(t11, "ours_speedup", **{"decoder.k": "6"}) == pytest.approx(4.0 / 2.0)
+    assert cell(t11, "ours_speedup", **{"decoder.k": "4"}) == pytest.approx(4.0 / 3.0)
+    assert cell(t11, "paper_speedup", **{"decoder.k": "4"}) == pytest.approx(0.90)
+    assert math.isnan(cell(t11, "ours_speedup", **{"decoder.k": "9"}))  # paper-only column
+    assert cell(t11, "paper_tau", **{"decoder.k": "9"}) == pytest.approx(2.15)
+
+
+def test_table2_per_task(samples):
+    t = fp.table2(samples)
+    assert cell(t, "ours_speedup", method="FAFO-Quest", task="GSM8K") == pytest.approx(4.0 / 2.5)
+    assert cell(t, "paper_speedup", method="FAFO-Quest", task="GSM8K") == pytest.approx(1.40)
+    assert cell(t, "paper_tau", method="FAFO-SnapKV", task="MT-Bench") == pytest.approx(1.90)  # Table 8
+    assert math.isnan(cell(t, "ours_tau", method="FAFO-Stream", task="HumanEval-Completion"))
+    assert cell(t, "paper_tau", method="Lookahead", task="HumanEval-Completion") == pytest.approx(1.77)
+
+
+def test_table12_and_prose(samples):
+    t = fp.table12(samples)
+    assert cell(t, "ours_speedup", method="FAFO-Stream", **{"decoder.n": "20"}) == pytest.approx(4.0 / 2.9)
+    assert cell(t, "paper_speedup", method="FAFO-Stream", **{"decoder.n": "20"}) == pytest.approx(1.78)
+    assert cell(t, "paper_speedup", method="FAFO-Stream", **{"decoder.n": "10"}) == pytest.approx(
+        1.05
+    )  # prose
+    assert cell(t, "paper_tau", method="FAFO-Quest", **{"decoder.n": "40"}) == pytest.approx(2.19)
+
+
+def test_table13(samples):
+    t = fp.table13(samples, task="mtbench")
+    assert cell(t, "ours_speedup", **{"kv.budget": "1360"}) == pytest.approx(4.0 / 2.4)
+    assert cell(t, "paper_speedup", **{"kv.budget": "760"}) == pytest.approx(2.02)
+    assert math.isnan(cell(t, "ours_tau", **{"kv.budget": "560"}))
+
+
+def test_figure1(samples, tmp_path):
+    png = tmp_path / "fig1.png"
+    t = fp.figure1(samples, png)
+    assert png.exists() and png.stat().st_size > 1000
+    assert cell(t, "speedup", method="Lookahead", guesses=10.0) == pytest.approx(4.0 / 4.6)
+    assert cell(t, "tau", method="FAFO-Stream", guesses=20.0) == pytest.approx(1.5)
+    assert set(t["method"]) == {"FAFO-Stream", "FAFO-Quest", "Lookahead"}
+    assert "Figure 1" in fp.render(t)
+
+
+def test_failed_samples_are_dropped(samples):
+    bad = samples.copy()
+    bad["error"] = None
+    broken = bad.index[(bad["decoder"] == "fafo_2forward") & (bad["sample_id"] == "q0")]
+    bad.loc[broken, "error"] = "boom"
+    bad.loc[broken, "wall_s"] = 1e9
+    assert cell(fp.table1(bad), "ours_speedup", method="FAFO-2forward") == pytest.approx(4.0 / 3.0)

@@ -1,0 +1,108 @@
+"""FAFO's Find-Out pool as the decoder drives it (Alg. 2-3, App. F), the fumble streams' sliding
+windows and discard buffers, and the block layout (App. E, Fig. 4) against a brute-force rule."""
+
+from __future__ import annotations
+
+import torch
+
+from decoders.fafo import FumbleStreams
+from decoders.fafo_layout import build_layout
+from decoders.ngram_pool import NGramPool
+
+
+def test_prefix_caching_under_every_suffix():
+    """Alg. 2: a new k-gram is cached under each suffix (1..k) of its stream's discarded tokens."""
+    pool = NGramPool(capacity=4, max_key_len=3)
+    pool.add_suffix_keys([5, 6, 7], (1, 2, 3))
+    assert pool.get((7,)) == [(1, 2, 3)]
+    assert pool.get((6, 7)) == [(1, 2, 3)]
+    assert pool.get((5, 6, 7)) == [(1, 2, 3)]
+    assert pool.get((5, 6)) == [] and pool.get((6,)) == []
+    pool.add_suffix_keys([9], (4, 5, 6))  # a young stream: only one discarded token so far
+    assert pool.get((9,)) == [(4, 5, 6)] and len(pool) == 4
+
+
+def test_retrieval_backs_off_longest_suffix_first():
+    """Alg. 3: longest matching suffix first, then shorter ones, distinct, up to the limit."""
+    pool = NGramPool(capacity=8, max_key_len=3)
+    pool.add((3,), (30, 31))  # only under the 1-token key
+    pool.add((2, 3), (20, 21))  # under the 2-token key
+    pool.add((1, 2, 3), (10, 11))  # under the 3-token key
+    pool.add((3,), (10, 11))  # also under the 1-token key: must not come back twice
+    assert pool.lookup([0, 1, 2, 3], 10) == [(10, 11), (20, 21), (30, 31)]
+    assert pool.lookup([0, 1, 2, 3], 2) == [(10, 11), (20, 21)]
+    assert pool.lookup([7, 2, 3], 10) == [(20, 21), (10, 11), (30, 31)]  # (7,2,3) unknown: back off
+    assert pool.lookup([4], 10) == []
+
+
+def test_lru_per_key_holds_n_entries():
+    """App. F: at most n guesses per key, least recently used evicted; re-adding refreshes."""
+    pool = NGramPool(capacity=3, max_key_len=2)
+    for g in [(1,), (2,), (3,)]:
+        pool.add((0,), g)
+    pool.add((0,), (1,))  # refresh: (2,) is now the least recently used
+    pool.add((0,), (4,))
+    assert pool.get((0,)) == [(4,), (1,), (3,)]  # most recent first
+
+
+def test_streams_slide_and_buffer_discards():
+    init = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    s = FumbleStreams(init)
+    assert s.flat_columns().tolist() == [1, 4, 2, 5, 3, 6]  # column-wise (App. E)
+    disc, grams = s.advance(torch.tensor([7, 8]))
+    assert disc == [[1], [4]] and grams == [[2, 3, 7], [5, 6, 8]]
+    disc, grams = s.advance(torch.tensor([9, 10]))
+    assert disc == [[1, 2], [4, 5]] and grams == [[3, 7, 9], [6, 8, 10]]
+    for t in range(5):
+        disc, grams = s.advance(torch.tensor([20 + t, 30 + t]))
+    assert disc == [[9, 20, 21], [10, 30, 31]]  # the last k discarded tokens, oldest first
+    assert grams == [[22, 23, 24], [32, 33, 34]]
+
+
+def test_streams_feed_pool_like_the_paper():
+    """One step of Eq. 1 + Alg. 2 with k=2: the new 2-gram is keyed by the discarded token(s)."""
+    pool = NGramPool(capacity=4, max_key_len=2)
+    s = FumbleStreams(torch.tensor([[1, 2]]))
+    for new in (3, 4):
+        for disc, gram in zip(*s.advance(torch.tensor([new]))):
+            pool.add_suffix_keys(disc, gram)
+    assert pool.get((1,)) == [(2, 3)] and pool.get((2,)) == [(3, 4)] and pool.get((1, 2)) == [(3, 4)]
+    assert pool.lookup([9, 1, 2], 4) == [(3, 4)]
+
+
+def brute_force_visible(k: int, g: int, n: int, sees_last: bool, q: int, c: int) -> bool:
+    """Visibility rule of seed-specs 1.3 from the row descriptions alone."""
+
+    def describe(row):
+        if row == 0:
+            return ("root", 0, 0)
+        if row <= g * k:
+            return ("cand", (row - 1) // k, (row - 1) % k)
+        r, i = divmod(row - 1 - g * k, n)
+        return ("stream", i, r)
+
+    kq, iq, tq = describe(q)
+    kc, ic, tc = describe(c)
+    if kc == "root":
+        return kq != "stream" or sees_last
+    return kq == kc and iq == ic and tc <= tq
+
+
+def test_layout_matches_brute_force():
+    for k, g, n, sees_last in [(3, 2, 4, True), (4, 0, 3, False), (2, 5, 0, True), (1, 1, 1, True)]:
+        lay = build_layout(k, g, n, sees_last)
+        size = 1 + (g + n) * k
+        assert lay.block_mask.shape == (size, size)
+        want = torch.tensor(
+            [[brute_force_visible(k, g, n, sees_last, q, c) for c in range(size)] for q in range(size)]
+        )
+        assert torch.equal(lay.block_mask, want)
+        # positions: root 0, candidate token t at 1 + t, stream row r at 1 + r
+        assert lay.offsets[0] == 0
+        assert lay.offsets[1 : 1 + g * k].tolist() == list(range(1, k + 1)) * g
+        assert lay.offsets[1 + g * k :].tolist() == [r + 1 for r in range(k) for _ in range(n)]
+        assert lay.is_stream.sum() == n * k and not lay.is_stream[: 1 + g * k].any()
+        # logits: every verification row + the last row of each stream, in stream order
+        assert lay.logits_rows.tolist() == list(range(1 + g * k)) + [
+            1 + g * k + (k - 1) * n + i for i in range(n)
+        ]

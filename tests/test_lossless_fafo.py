@@ -1,0 +1,242 @@
+"""FAFO is lossless: greedy output equals vanilla greedy (fp32) token for token, for every KV policy
+restricting the fumble rows, every layout option and FAFO-2forward; a divergence is allowed only at
+an audited numerical near-tie (vanilla's top-2 logit gap < 1e-4, `tests.lossless_check`). Sampling
+mode is lossless in distribution (chi-square against the exact distribution). Also checks that the
+fumble rows really are restricted, that the one KV cache ends exactly as vanilla's, and that
+acceptance is exercised (tau > 1).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.sampling import Sampler
+from core.types import Counts
+from decoders.fafo import FAFO, FAFO2Forward
+from decoders.vanilla import Vanilla
+from kv_policies.base import KVPolicy
+from kv_policies.full import FullKV
+from tests.conftest import needs_smollm
+from tests.lossless_check import check_lossless, chi_square_pvalue
+
+
+class SinkRecent(KVPolicy):
+    """Test policy: the first `sink` and the last `recent` cached positions (StreamingLLM-shaped)."""
+
+    name = "sink_recent"
+
+    def __init__(self, sink: int = 2, recent: int = 6) -> None:
+        self.sink, self.recent, self.budget = sink, recent, sink + recent
+        self.calls: list[int] = []
+
+    def select(self, layer, q, k_cache, cache_len):
+        self.calls.append(q.shape[1])
+        pos = torch.arange(cache_len)
+        keep = (pos < self.sink) | (pos >= cache_len - self.recent)
+        return keep.unsqueeze(0).expand(k_cache.shape[0], -1)
+
+
+class RandomSubset(KVPolicy):
+    """Test policy: `budget` random entries per layer and KV head (adversarial for the guesses)."""
+
+    name = "random_subset"
+
+    def __init__(self, budget: int = 8, seed: int = 0) -> None:
+        self.budget = budget
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def select(self, layer, q, k_cache, cache_len):
+        scores = torch.rand(k_cache.shape[0], cache_len, generator=self.gen)
+        top = scores.topk(self.budget, dim=1).indices
+        return torch.zeros(k_cache.shape[0], cache_len, dtype=torch.bool).scatter(1, top, True)
+
+
+def project_policies() -> list[tuple[str, object]]:
+    """Every KV policy configured in conf/kv/ (instantiated from its yaml), with small budgets where
+    the policy exposes one so that the restriction bites on short test contexts."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    out = []
+    for path in sorted(Path(__file__).resolve().parents[1].glob("conf/kv/*.yaml")):
+        cfg = OmegaConf.load(path)
+        for key, small in (("budget", 16), ("sink", 2), ("page_size", 4), ("window", 4), ("recent", 8)):
+            if key in cfg:
+                cfg[key] = small
+        out.append((path.stem, lambda cfg=cfg: instantiate(cfg)))
+        if "backend" in cfg:  # the compressed-region layout too (sliced: no compile; flex: see below)
+            sliced = OmegaConf.merge(cfg, {"backend": "sliced"})
+            out.append((f"{path.stem}-sliced", lambda cfg=sliced: instantiate(cfg)))
+    return out
+
+
+POLICIES = [
+    ("full", FullKV),
+    ("sink_recent", SinkRecent),
+    ("random_subset", RandomSubset),
+    *[(f"conf:{name}", make) for name, make in project_policies() if name != "full"],
+]
+SETTINGS = [
+    (FAFO, dict(k=4, n=8)),
+    (FAFO, dict(k=3, n=5, m=2, stream_positions="slide")),
+    (FAFO, dict(k=5, n=3, m=12, fumble_sees_last=False)),
+    (FAFO, dict(k=2, n=16, pool_from_prompt=True, seed=3)),
+    (FAFO2Forward, dict(k=4, n=6)),
+]
+N_NEW = 40
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(8, 48, (1,), generator=g))
+        out.append(torch.randint(0, 256, (length,), generator=g).tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    ps = prompts(3)
+    return eng, [(p, Vanilla(eng).generate(p, N_NEW, set(), Counts())) for p in ps]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=[p[0] for p in POLICIES])
+def test_greedy_equals_vanilla_tiny(references, policy):
+    eng, refs = references
+    taus = []
+    for (cls, kw), (prompt, ref) in itertools.product(SETTINGS, refs):
+        counts = Counts()
+        dec = cls(eng, kv=policy[1](), **kw)
+        got = dec.generate(prompt, N_NEW, set(), counts)
+        check_lossless(eng, prompt, ref, got)
+        assert counts.committed == len(got) - 1  # first token comes from the prefill
+        taus.append(counts.tau)
+    assert max(taus) > 1.5, taus  # acceptance is exercised
+
+
+def test_stop_token_and_length(references):
+    eng, refs = references
+    prompt, ref = refs[0]
+    stop = ref[7]
+    got = FAFO(eng, k=3, n=6).generate(prompt, N_NEW, {stop}, Counts())
+    assert got == ref[: ref.index(stop) + 1]
+    assert FAFO(eng, k=3, n=6).generate(prompt, 5, set(), Counts()) == ref[:5]
+
+
+def test_fumble_rows_are_the_restricted_rows(references):
+    """The policy is asked only about the n*k stream rows; verification rows are never restricted."""
+    eng, refs = references
+    policy = SinkRecent()
+    FAFO(eng, kv=policy, k=3, n=5).generate(refs[0][0], 12, set(), Counts())
+    assert policy.calls and set(policy.calls) == {15}
+
+
+def test_compression_changes_guesses_not_output(references):
+    """A policy that hides most of the cache changes what the streams guess (steps differ) while
+    the output stays vanilla's."""
+    eng, refs = references
+    prompt, ref = refs[1]
+    runs = {}
+    for name, kv in (("full", FullKV()), ("tight", SinkRecent(1, 1))):
+        counts = Counts()
+        got = FAFO(eng, kv=kv, k=4, n=8).generate(prompt, N_NEW, set(), counts)
+        check_lossless(eng, prompt, ref, got)
+        runs[name] = [s.accepted for s in counts.steps]
+    assert runs["full"] != runs["tight"]
+
+
+def test_single_cache_ends_exact(references):
+    """Only x_last + accepted rows are kept: the cache equals a fresh prefill of the same tokens."""
+    eng, refs = references
+    prompt, _ = refs[2]
+    got = FAFO(eng, kv=SinkRecent(), k=4, n=8).generate(prompt, N_NEW, set(), Counts())
+    ids = prompt + got[:-1]
+    assert eng.length == len(ids) - 1 or eng.length == len(ids)
+    length = eng.length
+    k_fafo = eng.cache.k[:, :, :length].clone()
+    pos_fafo = eng.cache.slot_pos[:length].clone()
+    ref = Engine(eng.model)
+    ref.reset(len(ids) + 1)
+    ref.prefill(ids[:length])
+    assert torch.equal(pos_fafo, torch.arange(length))
+    torch.testing.assert_close(k_fafo, ref.cache.k[:, :, :length], atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_is_lossless_in_distribution(tiny_lm):
+    """Three sampled tokens: FAFO's joint distribution equals the exact one (chi-square), with
+    candidates accepted along the way (one-hot multi-candidate verification)."""
+    eng = Engine(tiny_lm.model)
+    base = [11, 42, 7, 99, 3, 250, 17]
+    cont = Vanilla(eng).generate(base, 6, set(), Counts())
+    prompt = base + cont + base  # the prompt's n-grams predict the likely continuation
+    sampler_kw = dict(temperature=1.0, top_k=3)
+    probs = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    samples, accepted = [], 0
+    dec = FAFO(eng, k=3, n=4, pool_from_prompt=True, sampler=Sampler(**sampler_kw))
+    for seed in range(400):
+        dec.sampler.reseed(seed)
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
+        accepted += counts.accepted
+    assert accepted > 50
+    assert chi_square_pvalue(samples, probs) > 1e-3
+
+
+def exact_distribution(eng: Engine, prompt: list[int], n: int, sampler: Sampler) -> dict[tuple, float]:
+    """Exact probability of every n-token continuation under the sampler (enumerated by prefill)."""
+    out: dict[tuple, float] = {}
+
+    def walk(prefix: tuple, p: float) -> None:
+        if len(prefix) == n:
+            out[prefix] = p
+            return
+        eng.reset(len(prompt) + n + 1)
+        dist = sampler.probs(eng.prefill(prompt + list(prefix)))
+        for tok in dist.nonzero().flatten().tolist():
+            walk((*prefix, tok), p * float(dist[tok]))
+
+    walk((), 1.0)
+    return out
+
+
+@needs_smollm
+def test_smollm_mtbench_fast(smollm):
+    """A few MT-Bench questions (turn 1) with the packaged SmolLM2 in fp32: exact or near-tie."""
+    _mtbench_check(smollm, n_questions=3, turns=1, max_new=64, settings=[dict(k=4, n=8), dict(k=6, n=12)])
+
+
+@pytest.mark.slow
+@needs_smollm
+def test_smollm_mtbench_full(smollm):
+    """Every MT-Bench question, both turns, 256 new tokens, FAFO's paper setting (k 6, n 40)."""
+    _mtbench_check(smollm, n_questions=None, turns=2, max_new=256, settings=[dict(k=6, n=40)])
+
+
+def _mtbench_check(lm, n_questions, turns, max_new, settings) -> None:
+    from tasks.mtbench import MTBench
+
+    tok = lm.tokenizer
+    eng = Engine(lm.model)
+    task = MTBench(limit=n_questions)
+    stop = {tok.eos_token_id}
+    kvs = [FullKV, lambda: SinkRecent(4, 60), *[make for name, make in project_policies() if name != "full"]]
+    taus = []
+    for sample in task.load():
+        history: list[str] = []
+        for turn in range(turns):
+            prompt = task.prompt_ids(sample, turn, history, tok)
+            ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
+            for kw, make_kv in itertools.product(settings, kvs):
+                counts = Counts()
+                got = FAFO(eng, kv=make_kv(), **kw).generate(prompt, max_new, stop, counts)
+                check_lossless(eng, prompt, ref, got)
+                taus.append(counts.tau)
+            history.append(tok.decode(ref, skip_special_tokens=True))
+    assert max(taus) > 1.0
