@@ -190,6 +190,10 @@ class CompressedRegion:
         self.region_len.zero_()
         self._shared_at = -1
 
+    def placed_shared(self, cache_len: int) -> bool:
+        """True when a shared selection is already in place for this cache length."""
+        return self._shared_at == cache_len
+
     def selected(self, layer: int, head: int) -> set[int]:
         """Logical positions held in the region of (layer, head) (tests, debugging)."""
         return set(self.pos[layer, head, : int(self.region_len[layer, head])].tolist())
@@ -221,7 +225,8 @@ class RegionView:
             self._read.append(cache_len)
             return self._dense(q, k, v, cache_len)
         reg.sync(cache_len)
-        reg.place(layer, policy.select(layer, q_rows, k[0, :, :cache_len], cache_len))
+        if not (policy.shared and reg.placed_shared(cache_len)):  # shared: once per step, all layers
+            reg.place(layer, policy.select(layer, q_rows, k[0, :, :cache_len], cache_len))
         rl = reg.region_len[layer]
         self._read.append(int(rl.sum()) // rl.numel())
         if reg.backend == "flex":
