@@ -124,6 +124,25 @@ def test_quest_selects_top_pages_per_kv_head_and_the_last_page():
         assert int(sel[h].sum()) <= 64
 
 
+def test_policies_see_logical_positions_through_a_permuted_cache():
+    """Keys are post-RoPE, so slots may be permuted (cache.swap_slots); selections follow slot_pos."""
+    eng = FakeEngine(layers=3, hkv=2, d=8, capacity=300)
+    eng.append(torch.randn(3, 2, 200, 8))
+    q = torch.randn(4, 1, 8)
+    before = {}
+    for name, pol in (("quest", Quest(budget=64, page_size=16, dense_layers=0)),
+                      ("streaming", StreamingLLM(budget=50, sinks=4))):
+        pol.attach(eng)
+        before[name] = pol.visible(2, q, eng.cache.k[2, :, :200], 200)
+    other = 100 + torch.randperm(100, generator=torch.Generator().manual_seed(1))
+    eng.cache.swap_slots(torch.arange(100), other)  # slot s < 100 <-> a random slot >= 100
+    for name, pol in (("quest", Quest(budget=64, page_size=16, dense_layers=0)),
+                      ("streaming", StreamingLLM(budget=50, sinks=4))):
+        pol.attach(eng)
+        after = pol.visible(2, q, eng.cache.k[2, :, :200], 200)
+        assert torch.equal(after, before[name][:, eng.cache.slot_pos[:200]])
+
+
 # --- snapkv ---------------------------------------------------------------------------------------
 def brute_snapkv(q_win, k, scale, kernel, pooling):
     """Per KV head, the pooled vote of every earlier position (loops, float64)."""
