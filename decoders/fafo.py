@@ -23,6 +23,8 @@ Harness choices for what the paper leaves open ([H], seed-specs §1.3), all logg
 streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
 positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
 by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
+`tree=true` (ours, off in the paper setting) lays the candidates out as a prefix trie: candidates
+sharing a prefix share its rows, so fewer rows are computed for the same verification (lossless).
 `FAFO2Forward` is the Table 1 ablation: a compressed forward over [x_last | streams] updates the
 pool, then a second, full-cache forward verifies [x_last | candidates].
 """
@@ -38,7 +40,7 @@ from decoders.base import BaseDecoder, extend_output
 from decoders.fafo_layout import FafoLayout, LayoutCache
 from decoders.fafo_views import ViewFactory
 from decoders.ngram_pool import NGramPool
-from decoders.verify import Verdict, verify_logits
+from decoders.verify import Verdict, greedy_verify, sample_verify
 
 
 class FumbleStreams:
@@ -82,6 +84,7 @@ class FAFO(BaseDecoder):
         pool_from_prompt: bool = False,
         backend: str | None = None,
         pad_candidates: bool | None = None,
+        tree: bool = False,
         seed: int = 0,
     ) -> None:
         m = n if m is None else m
@@ -95,10 +98,16 @@ class FAFO(BaseDecoder):
         self.fumble_sees_last = fumble_sees_last
         self.pool_from_prompt = pool_from_prompt
         self.seed = seed
-        self.layouts = LayoutCache(k, fumble_sees_last, engine.device)
         self.views = ViewFactory(engine, self.kv, backend)
         # static block shape (the paper's padding to m candidates): needed by the compiled flex kernel
         self.pad_candidates = self.views.backend == "flex" if pad_candidates is None else pad_candidates
+        if tree and self.pad_candidates:
+            raise ValueError(
+                "fafo: tree=true makes the block shape vary; it cannot be combined with "
+                "pad_candidates (backend=flex pads by default: set pad_candidates=false)"
+            )
+        self.tree = tree
+        self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree)
 
     def params(self) -> dict:
         return {
@@ -110,6 +119,7 @@ class FAFO(BaseDecoder):
             "pool_from_prompt": self.pool_from_prompt,
             "backend": self.views.backend,
             "pad_candidates": self.pad_candidates,
+            "tree": self.tree,
             "seed": self.seed,
             "two_forward": False,
         }
@@ -140,24 +150,33 @@ class FAFO(BaseDecoder):
         return cands, torch.cat([cands, pad])
 
     def _block(
-        self,
-        lay: FafoLayout,
-        root: int,
-        cands: torch.Tensor,
-        streams: FumbleStreams | None,
-        p: int,
-        base: int,
+        self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.engine.device
-        parts = [torch.tensor([root], dtype=torch.long), cands.reshape(-1)]
+        parts = [torch.tensor([root], dtype=torch.long), lay.cand_tokens]
         if streams is not None and lay.n:
             parts.append(streams.flat_columns())
         tokens = torch.cat(parts).to(dev)
         pos = lay.offsets + torch.where(lay.is_stream, base, p)
         return tokens, pos
 
+    def _verify(
+        self, lay: FafoLayout, logits: torch.Tensor, preds: torch.Tensor, cands: torch.Tensor
+    ) -> Verdict:
+        """Greedy or sampling verification of the real candidates (padding rows are never read);
+        logits row == block row over the verification part."""
+        g = cands.shape[0]
+        rows = lay.cand_rows[:g]
+        if self.sampler.greedy:
+            return greedy_verify(cands, int(preds[0]), preds[rows])
+        probs = self.sampler.probs
+        return sample_verify(
+            cands, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
+        )
+
     def _finish_step(
         self,
+        lay: FafoLayout,
         verdict: Verdict,
         seq: list[int],
         out: list[int],
@@ -167,7 +186,7 @@ class FAFO(BaseDecoder):
     ) -> tuple[int, bool]:
         """Commit the verdict's KV rows, extend the output. Returns (tokens appended, done)."""
         eng = self.engine
-        rows = verdict.flat_rows(0, 1, self.k)
+        rows = verdict.commit_rows(0, lay.cand_rows)
         eng.commit(rows)
         self.kv.after_commit(eng, len(rows))
         before = len(seq)
@@ -195,17 +214,16 @@ class FAFO(BaseDecoder):
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
             cands, block_cands = self._candidates(pool, seq)
-            lay = self.layouts.get(block_cands.shape[0], self.n)
-            tokens, pos = self._block(lay, root, block_cands, streams, p, base)
+            lay = self.layouts.get(block_cands, self.n)
+            tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
             logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
             preds = logits.argmax(dim=-1).cpu()
-            nv = 1 + cands.numel()  # padded candidates' rows are never read
-            verdict = verify_logits(self.sampler, logits[:nv], cands, 1, preds[:nv])
-            n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
+            verdict = self._verify(lay, logits, preds, cands)
+            n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
-            self._grow_pool(pool, streams, preds[lay.n_verify :])
+            self._grow_pool(pool, streams, preds[lay.stream_row :])
             base = self._next_base(base, len(seq) - 1)
 
 
@@ -234,19 +252,20 @@ class FAFO2Forward(FAFO):
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
             # forward A: fumble on the compressed view only (x_last included), nothing kept
-            lay_a = self.layouts.get(0, self.n)
-            tokens, pos = self._block(lay_a, root, empty, streams, p, base)
+            lay_a = self.layouts.get(empty, self.n)
+            tokens, pos = self._block(lay_a, root, streams, p, base)
             view_a = self.views.compressed(lay_a, cache_len)
             logits = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:])
             eng.commit([])
             self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
             # forward B: verification against the full cache
             cands, block_cands = self._candidates(pool, seq)
-            lay_b = self.layouts.get(block_cands.shape[0], 0)
-            tokens, pos = self._block(lay_b, root, block_cands, None, p, base)
+            lay_b = self.layouts.get(block_cands, 0)
+            tokens, pos = self._block(lay_b, root, None, p, base)
             logits = eng.step(tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows)
-            verdict = verify_logits(self.sampler, logits[: 1 + cands.numel()], cands, 1)
-            n_new, done = self._finish_step(verdict, seq, out, pool, max_new_tokens, stop_ids)
+            preds = logits.argmax(dim=-1).cpu() if self.sampler.greedy else logits[:, 0]
+            verdict = self._verify(lay_b, logits, preds, cands)
+            n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(
                 lay_a.size + lay_b.size,
                 cands.numel(),

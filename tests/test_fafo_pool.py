@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from decoders.fafo import FumbleStreams
-from decoders.fafo_layout import build_layout
+from decoders.fafo_layout import build_layout, build_tree_layout
 from decoders.ngram_pool import NGramPool
 
 
@@ -106,3 +106,52 @@ def test_layout_matches_brute_force():
         assert lay.logits_rows.tolist() == list(range(1 + g * k)) + [
             1 + g * k + (k - 1) * n + i for i in range(n)
         ]
+
+
+def test_tree_layout_shares_prefixes():
+    cands = torch.tensor([[5, 6, 7], [5, 6, 8], [5, 9, 7], [4, 6, 7]])
+    lay = build_tree_layout(cands, n=2)
+    assert lay.stream_row == 1 + 9  # nodes 5, 56, 567, 568, 59, 597, 4, 46, 467
+    rows = lay.cand_rows
+    assert rows[0, 0] == rows[1, 0] == rows[2, 0] and rows[0, 1] == rows[1, 1] and rows[0, 2] != rows[1, 2]
+    assert rows[3, 0] != rows[0, 0]
+    for j in range(4):
+        for t in range(3):
+            r = int(rows[j, t])
+            assert lay.cand_tokens[r - 1] == cands[j, t] and lay.offsets[r] == t + 1
+            seen = set(lay.block_mask[r].nonzero().flatten().tolist())
+            assert seen == {0, *(int(x) for x in rows[j, : t + 1])}  # root + own prefix, nothing else
+
+
+def test_tree_and_flat_layouts_give_the_same_logits():
+    """Each candidate row's context is its own prefix in both layouts: same logits, fewer rows."""
+    from core.attention import MaskView
+    from core.engine import Engine
+    from core.models import load_model
+
+    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=2)
+    eng = Engine(lm.model)
+    prompt = list(range(40, 70))
+    cands = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]])
+    streams = torch.tensor([[10, 11, 12], [13, 14, 15]])
+    out = {}
+    for name, lay in (("flat", build_layout(3, 4, 2)), ("tree", build_tree_layout(cands, 2))):
+        eng.reset(len(prompt) + 40)
+        eng.prefill(prompt)
+        cache_len = eng.length
+        toks = torch.cat(
+            [
+                torch.tensor([99]),
+                cands.reshape(-1) if name == "flat" else lay.cand_tokens,
+                streams.t().reshape(-1),
+            ]
+        )
+        pos = lay.offsets + cache_len
+        mask = torch.ones(lay.size, cache_len + lay.size, dtype=torch.bool)
+        mask[:, cache_len:] = lay.block_mask
+        logits = eng.step(toks, pos, MaskView(mask, eng.scale), logits_rows=lay.logits_rows)
+        out[name] = (logits[lay.cand_rows.reshape(-1)], logits[0], logits[lay.stream_row :], lay.size)
+    flat, tree = out["flat"], out["tree"]
+    for a, b in zip(flat[:3], tree[:3]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert tree[3] == flat[3] - 3  # rows "1", "1 2" shared: 12 -> 9 candidate rows

@@ -25,6 +25,16 @@ from tests.conftest import needs_smollm
 from tests.lossless_check import check_lossless, chi_square_pvalue
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny-model ops are microseconds long: with 2 threads on a busy 2-core box every op waits for
+    a scheduler slice (cpu-lab.md §6) and this file takes minutes instead of seconds."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class SinkRecent(KVPolicy):
     """Test policy: the first `sink` and the last `recent` cached positions (StreamingLLM-shaped)."""
 
@@ -86,9 +96,11 @@ SETTINGS = [
     (FAFO, dict(k=3, n=5, m=2, stream_positions="slide")),
     (FAFO, dict(k=5, n=3, m=12, fumble_sees_last=False)),
     (FAFO, dict(k=2, n=16, pool_from_prompt=True, seed=3)),
+    (FAFO, dict(k=4, n=10, tree=True)),
     (FAFO2Forward, dict(k=4, n=6)),
 ]
 N_NEW = 40
+CPU_PRESET = dict(k=4, n=6, m=6, tree=True)  # conf/decoder/fafo_cpu.yaml
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -169,7 +181,8 @@ def test_single_cache_ends_exact(references):
     torch.testing.assert_close(k_fafo, ref.cache.k[:, :, :length], atol=1e-5, rtol=1e-5)
 
 
-def test_sampling_is_lossless_in_distribution(tiny_lm):
+@pytest.mark.parametrize("tree", [False, True])
+def test_sampling_is_lossless_in_distribution(tiny_lm, tree):
     """Three sampled tokens: FAFO's joint distribution equals the exact one (chi-square), with
     candidates accepted along the way (one-hot multi-candidate verification)."""
     eng = Engine(tiny_lm.model)
@@ -179,7 +192,7 @@ def test_sampling_is_lossless_in_distribution(tiny_lm):
     sampler_kw = dict(temperature=1.0, top_k=3)
     probs = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
     samples, accepted = [], 0
-    dec = FAFO(eng, k=3, n=4, pool_from_prompt=True, sampler=Sampler(**sampler_kw))
+    dec = FAFO(eng, k=3, n=4, pool_from_prompt=True, tree=tree, sampler=Sampler(**sampler_kw))
     for seed in range(400):
         dec.sampler.reseed(seed)
         counts = Counts(keep_steps=False)
@@ -206,27 +219,44 @@ def exact_distribution(eng: Engine, prompt: list[int], n: int, sampler: Sampler)
     return out
 
 
+@pytest.mark.smollm
 @needs_smollm
 def test_smollm_mtbench_fast(smollm):
-    """A few MT-Bench questions (turn 1) with the packaged SmolLM2 in fp32: exact or near-tie."""
-    _mtbench_check(smollm, n_questions=3, turns=1, max_new=64, settings=[dict(k=4, n=8), dict(k=6, n=12)])
+    """One MT-Bench question, both turns, with the packaged SmolLM2 in fp32, kv full / streaming / quest
+    (budget 16, dense): exact or near-tie. Every other option and policy runs on the tiny models above;
+    the slow variant covers every question, policy and the paper setting."""
+    _mtbench_check(
+        smollm,
+        n_questions=1,
+        turns=2,
+        max_new=40,
+        settings=[dict(k=3, n=5, tree=True)],
+        only=("streaming", "quest"),
+    )
 
 
 @pytest.mark.slow
+@pytest.mark.smollm
 @needs_smollm
 def test_smollm_mtbench_full(smollm):
-    """Every MT-Bench question, both turns, 256 new tokens, FAFO's paper setting (k 6, n 40)."""
-    _mtbench_check(smollm, n_questions=None, turns=2, max_new=256, settings=[dict(k=6, n=40)])
+    """Every MT-Bench question, both turns, 256 new tokens, FAFO's paper setting (k 6, n 40) and the
+    CPU preset, every configured KV policy plus the compressed-region (sliced) backends."""
+    _mtbench_check(
+        smollm, n_questions=None, turns=2, max_new=256, settings=[dict(k=6, n=40), CPU_PRESET], backends=True
+    )
 
 
-def _mtbench_check(lm, n_questions, turns, max_new, settings) -> None:
+def _mtbench_check(lm, n_questions, turns, max_new, settings, backends: bool = False, only=None) -> None:
     from tasks.mtbench import MTBench
 
     tok = lm.tokenizer
     eng = Engine(lm.model)
     task = MTBench(limit=n_questions)
     stop = {tok.eos_token_id}
-    kvs = [FullKV, lambda: SinkRecent(4, 60), *[make for name, make in project_policies() if name != "full"]]
+    kvs = [FullKV]
+    for name, make in project_policies():
+        if name != "full" and (backends or "-" not in name) and (only is None or name in only):
+            kvs.append(make)
     taus = []
     for sample in task.load():
         history: list[str] = []

@@ -1,0 +1,209 @@
+"""FAFO vs Lookahead, PLD and vanilla on MT-Bench with SmolLM2-135M-Instruct (one run, one table).
+
+    flock /tmp/harness-bench.lock python -m benchmarks.bench_fafo \\
+        [--questions 3] [--new 128] [--dtype bfloat16] [--threads 2] [--only fafo-cpu,lookahead] [--profile]
+
+Methods (paper rows first, then CPU presets reported separately):
+- vanilla (kv=full), the baseline;
+- FAFO-Stream / FAFO-Quest / FAFO-SnapKV: the paper's setting (k 6, n 40, m 40: a 481-token block)
+  with kv=streaming / quest / snapkv at the paper's 760-token budget; FAFO-2forward (Table 1);
+- Lookahead (README N 5, W 7, G 7) and PLD (HF defaults: 2-gram match, 10 tokens), the baselines;
+- FAFO CPU presets (`conf/decoder/fafo_cpu.yaml`): a small block tuned for a 2-core CPU, with and
+  without the prefix-trie candidate layout, and with the compressed-region backends (`sliced`,
+  `flex`) at a small streaming budget, so the layout's gain is measured rather than assumed.
+
+Protocol (as benchmarks/bench_lookahead.py): the first --questions MT-Bench questions, turn 1 and turn 2
+(turn 2 built from fp32 vanilla's turn-1 answer), stop at EOS or --new tokens; one untimed warm-up
+generation per method; per prompt every method runs in turn (noise hits all alike); decode time starts
+when the prefill is done. speedup = total vanilla time / total method time over the same prompts.
+Peak memory: the process's peak RSS during the method's generations (VmHWM, reset before each one),
+minus the RSS before any generation (weights, allocator): "extra MB". `exact` = outputs identical to
+vanilla's in the same dtype. Timings on a shared 2-core CPU are noisy: run under flock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from core.engine import Engine
+from core.models import load_model
+from core.types import Counts
+from decoders.base import BaseDecoder
+from decoders.fafo import FAFO, FAFO2Forward
+from decoders.lookahead import Lookahead
+from decoders.pld import PromptLookup
+from decoders.vanilla import Vanilla
+from kv_policies.base import build_policy
+from runners.timing import peak_memory_mb, reset_peak_memory
+
+Maker = Callable[[Engine], BaseDecoder]
+PAPER = dict(k=6, n=40)
+CPU = dict(k=4, n=6, m=6)  # keep in sync with conf/decoder/fafo_cpu.yaml
+
+
+@dataclass
+class Tally:
+    name: str
+    params: str
+    group: str
+    wall: float = 0.0
+    decode: float = 0.0
+    tokens: int = 0
+    forwards: int = 0
+    committed: int = 0
+    block: list[int] = field(default_factory=list)
+    exact: int = 0
+    runs: int = 0
+    peak_mb: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.committed / self.forwards if self.forwards else float("nan")
+
+
+def methods() -> list[tuple[str, str, str, Maker]]:
+    def fafo(kv: str, budget: int = 760, cls=FAFO, **kw) -> Maker:
+        extra = {"sinks": 4} if kv == "streaming" else {}
+        return lambda e: cls(e, kv=build_policy(kv, budget=budget, **extra), **kw)
+
+    paper = f"k={PAPER['k']} n={PAPER['n']} m={PAPER['n']} budget=760"
+    cpu = f"k={CPU['k']} n={CPU['n']} m={CPU['m']}"
+    return [
+        ("vanilla", "-", "baseline", lambda e: Vanilla(e)),
+        ("FAFO-Stream", paper, "paper", fafo("streaming", **PAPER)),
+        ("FAFO-Quest", paper, "paper", fafo("quest", **PAPER)),
+        ("FAFO-SnapKV", paper, "paper", fafo("snapkv", **PAPER)),
+        ("FAFO-2forward", paper + " (Stream)", "paper", fafo("streaming", cls=FAFO2Forward, **PAPER)),
+        ("Lookahead", "N=5 W=7 G=7", "baseline", lambda e: Lookahead(e, N=5, W=7, G=7)),
+        (
+            "PLD",
+            "ngram=2 k=10",
+            "baseline",
+            lambda e: PromptLookup(e, max_matching_ngram_size=2, num_tokens=10),
+        ),
+        ("FAFO-Stream", cpu + " budget=760", "cpu", fafo("streaming", **CPU)),
+        ("FAFO-Stream", cpu + " tree budget=760", "cpu", fafo("streaming", tree=True, **CPU)),
+        ("FAFO-Stream", cpu + " tree budget=128 dense", "cpu", fafo("streaming", 128, tree=True, **CPU)),
+        (
+            "FAFO-Stream",
+            cpu + " tree budget=128 sliced",
+            "cpu",
+            fafo("streaming", 128, tree=True, backend="sliced", **CPU),
+        ),
+        (
+            "FAFO-Stream",
+            cpu + " budget=128 flex (padded)",
+            "cpu",
+            fafo("streaming", 128, backend="flex", **CPU),
+        ),
+        (
+            "FAFO-Stream",
+            cpu + " tree pool_from_prompt",
+            "cpu",
+            fafo("streaming", tree=True, pool_from_prompt=True, **CPU),
+        ),
+    ]
+
+
+def build_prompts(n_questions: int, new: int) -> tuple[list[list[int]], set[int]]:
+    """Turn-1 and turn-2 prompt ids (turn 2 sees fp32 vanilla's answer), as bench_lookahead does."""
+    from benchmarks.bench_lookahead import build_prompts as shared
+
+    return shared(n_questions, new)
+
+
+def measure(
+    dtype: str,
+    chosen: list[tuple[str, str, str, Maker]],
+    prompts: list[list[int]],
+    new: int,
+    stop: set[int],
+    profile: bool,
+) -> tuple[list[Tally], float]:
+    lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
+    eng = Engine(lm.model)
+    decs = [(Tally(name, params, group), make(eng)) for name, params, group, make in chosen]
+    for _, dec in decs:  # warm-up: layouts, allocator, compiled kernels
+        dec.generate(prompts[0], 16, stop, Counts(keep_steps=False))
+    base_rss = peak_memory_mb(eng.device)
+    marks: list[float] = []
+    prof = cProfile.Profile() if profile else None
+    with torch.inference_mode():
+        for prompt in prompts:
+            ref = None
+            for tally, dec in decs:
+                counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
+                reset_peak_memory(eng.device)
+                if prof is not None and tally.group != "baseline":
+                    prof.enable()
+                t0 = time.perf_counter()
+                out = dec.generate(prompt, new, stop, counts)
+                t1 = time.perf_counter()
+                if prof is not None:
+                    prof.disable()
+                tally.peak_mb = max(tally.peak_mb, peak_memory_mb(eng.device))
+                tally.wall += t1 - t0
+                tally.decode += t1 - marks[-1]
+                tally.tokens += len(out)
+                tally.forwards += counts.forwards
+                tally.committed += counts.committed
+                tally.block += [s.block_tokens for s in counts.steps]
+                ref = out if ref is None else ref  # vanilla runs first
+                tally.exact += out == ref
+                tally.runs += 1
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    return [t for t, _ in decs], base_rss
+
+
+def print_table(dtype: str, threads: int, tallies: list[Tally], base_rss: float) -> None:
+    base = tallies[0]
+    print(f"\n### FAFO vs baselines, MT-Bench, SmolLM2-135M-Instruct {dtype}, CPU {threads} threads\n")
+    print(
+        "| group | method | params | mean block | tau | decode tok/s | wall tok/s | speedup decode | "
+        "speedup wall | peak RSS MB (+extra) | exact |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in tallies:
+        block = sum(t.block) / len(t.block) if t.block else 0
+        print(
+            f"| {t.group} | {t.name} | {t.params} | {block:.0f} | {t.tau:.2f} | "
+            f"{t.committed / t.decode:.2f} | {t.tokens / t.wall:.2f} | {base.decode / t.decode:.2f} | "
+            f"{base.wall / t.wall:.2f} | {t.peak_mb:.0f} (+{t.peak_mb - base_rss:.0f}) | {t.exact}/{t.runs} |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=3)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default=None, help="comma-separated substrings of 'group method params' to run")
+    ap.add_argument("--profile", action="store_true", help="cProfile the FAFO generations")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    chosen = methods()
+    if args.only:
+        keys = [s.strip().lower() for s in args.only.split(",")]
+        chosen = [chosen[0]] + [
+            m for m in chosen[1:] if any(k in f"{m[2]} {m[0]} {m[1]}".lower() for k in keys)
+        ]
+    prompts, stop = build_prompts(args.questions, args.new)
+    print(
+        f"# bench_fafo: torch {torch.__version__}, threads {args.threads}, {len(prompts)} prompts "
+        f"(lengths {[len(p) for p in prompts]}), max_new_tokens {args.new}"
+    )
+    tallies, base_rss = measure(args.dtype, chosen, prompts, args.new, stop, args.profile)
+    print_table(args.dtype, args.threads, tallies, base_rss)
+
+
+if __name__ == "__main__":
+    main()
