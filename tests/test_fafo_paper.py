@@ -145,3 +145,37 @@ def test_failed_samples_are_dropped(samples):
     bad.loc[broken, "error"] = "boom"
     bad.loc[broken, "wall_s"] = 1e9
     assert cell(fp.table1(bad), "ours_speedup", method="FAFO-2forward") == pytest.approx(4.0 / 3.0)
+
+
+# --- the experiment files behind the tables ---------------------------------------------------------
+EXPERIMENTS = sorted(
+    p.stem for p in (fp.Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("fafo_*.yaml")
+)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_sweep_points_compose_and_instantiate(experiment, tiny_lm):
+    """Every job of every fafo_* sweep composes, and its decoder + kv policy instantiate."""
+    import itertools
+
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from core.engine import Engine
+
+    conf = str(fp.Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(conf, version_base="1.3"):
+        base = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+        params = {k: str(v).split(",") for k, v in base.hydra.sweeper.params.items()}
+        assert params, f"{experiment} defines no sweep"
+        assert base.run.limit is None  # the paper's protocol: every sample
+        engine = Engine(tiny_lm.model)
+        for values in itertools.product(*params.values()):
+            job = [f"experiment={experiment}", *(f"{k}={v}" for k, v in zip(params, values))]
+            cfg = compose("config", overrides=job)
+            decoder = instantiate(cfg.decoder)(engine=engine, kv=instantiate(cfg.kv))
+            for key, value in zip(params, values):
+                if key.startswith("decoder."):
+                    assert str(decoder.params()[key.split(".", 1)[1]]) == value
+            if experiment == "fafo_figure1_lookahead":
+                assert decoder.W == decoder.G
