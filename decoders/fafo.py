@@ -37,10 +37,12 @@ import torch
 
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
-from decoders.fafo_layout import FafoLayout, LayoutCache
+from decoders.fafo_layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo_views import ViewFactory
 from decoders.ngram_pool import NGramPool
 from decoders.verify import Verdict, greedy_verify, sample_verify
+
+FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
 
 
 class FumbleStreams:
@@ -107,7 +109,8 @@ class FAFO(BaseDecoder):
                 "pad_candidates (backend=flex pads by default: set pad_candidates=false)"
             )
         self.tree = tree
-        self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree)
+        align = FLEX_Q_TILE if self.views.backend == "flex" else 0
+        self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree, align=align)
 
     def params(self) -> dict:
         return {
@@ -125,7 +128,7 @@ class FAFO(BaseDecoder):
         }
 
     def max_block(self) -> int:
-        return 1 + (self.m + self.n) * self.k
+        return build_layout(self.k, self.m, self.n, align=self.layouts.align).size
 
     # --- shared pieces ------------------------------------------------------------------------
     def _start(self, prompt: list[int], out: list[int]) -> tuple[FumbleStreams, NGramPool, list[int]]:
@@ -152,11 +155,8 @@ class FAFO(BaseDecoder):
     def _block(
         self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        dev = self.engine.device
-        parts = [torch.tensor([root], dtype=torch.long), lay.cand_tokens]
-        if streams is not None and lay.n:
-            parts.append(streams.flat_columns())
-        tokens = torch.cat(parts).to(dev)
+        tokens = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
+        tokens = tokens.to(self.engine.device)
         pos = lay.offsets + torch.where(lay.is_stream, base, p)
         return tokens, pos
 
@@ -223,7 +223,7 @@ class FAFO(BaseDecoder):
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
-            self._grow_pool(pool, streams, preds[lay.stream_row :])
+            self._grow_pool(pool, streams, preds[preds.numel() - self.n :])  # each stream's last row
             base = self._next_base(base, len(seq) - 1)
 
 
@@ -239,7 +239,10 @@ class FAFO2Forward(FAFO):
         return {**super().params(), "two_forward": True}
 
     def max_block(self) -> int:
-        return 1 + max(self.m, self.n) * self.k
+        a = self.layouts.align
+        return max(
+            build_layout(self.k, self.m, 0, align=a).size, build_layout(self.k, 0, self.n, align=a).size
+        )
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

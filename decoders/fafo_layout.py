@@ -13,6 +13,12 @@ Block rows, in order:
   own stream, the root when `fumble_sees_last` ([H], Fig. 4 suggests yes) and only the COMPRESSED
   region of the cache (the KV policy's selection): these are the restricted rows.
 
+With `align` (the flex backend), dummy rows (the root token, seeing only themselves, never read) pad
+the verification part and the whole block to multiples of `align`, the FlexAttention query-tile size:
+every tile is then purely verification (reads the whole cache) or purely fumble (reads only the
+compressed region), and no tile is partial (torch 2.13's CPU flex template also fails to compile
+when the block is not a multiple of its query tile).
+
 Logits are computed only for the rows that are read (the LM head is the largest GEMM of a small
 model): the root and every candidate row (verification; logits row == block row there), and the LAST
 row of each stream (its next token, Eq. 1). `cand_rows[j, t]` maps candidate j token t to its row.
@@ -20,6 +26,7 @@ row of each stream (its next token, Eq. 1). `cand_rows[j, t]` maps candidate j t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -32,18 +39,31 @@ class FafoLayout:
     is_stream: torch.Tensor  # bool [N] fumble rows (restricted to the compressed region)
     logits_rows: torch.Tensor  # long: rows 0..s0-1 (root + candidates), then each stream's last row
     cand_rows: torch.Tensor  # long [g, k] (cpu): block row of candidate j's token t
-    cand_tokens: torch.Tensor  # long [s0 - 1] (cpu): token of each candidate row
+    cand_tokens: torch.Tensor  # long [c] (cpu): token of each candidate row (rows 1..c)
     k: int
     n: int  # streams in the block (0 for a verification-only forward)
+    stream_row: int  # first block row of the fumble streams (after any padding rows)
 
     @property
     def size(self) -> int:
         return self.block_mask.shape[0]
 
-    @property
-    def stream_row(self) -> int:
-        """First block row of the fumble streams (= rows of the verification part)."""
-        return self.size - self.n * self.k
+    def tokens(self, root: int, streams: torch.Tensor | None) -> torch.Tensor:
+        """Block tokens (cpu): root, candidates, padding (root), streams column-wise, padding."""
+        c = self.cand_tokens.numel()
+        mid = self.stream_row - 1 - c
+        tail = self.size - self.stream_row - self.n * self.k
+        r = torch.tensor([root], dtype=torch.long)
+        parts = [r, self.cand_tokens, r.expand(mid)]
+        if self.n:
+            assert streams is not None
+            parts.append(streams)
+        parts.append(r.expand(tail))
+        return torch.cat(parts)
+
+
+def _round_up(x: int, align: int) -> int:
+    return -(-x // align) * align if align > 1 else x
 
 
 def _assemble(
@@ -55,39 +75,35 @@ def _assemble(
     cand_tokens: torch.Tensor,
     sees_last: bool,
     device: torch.device | str,
+    align: int = 0,
 ) -> FafoLayout:
     """Root + candidate part (`cand_mask [c, c]` over the candidate rows) + the stream part."""
-    c = cand_mask.shape[0]
-    s0 = 1 + c
-    size = s0 + n * k
+    v = 1 + cand_mask.shape[0]  # verification rows
+    s0 = _round_up(v, align) if n else v
+    end = s0 + n * k
+    size = _round_up(end, align)
     mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:s0, 0] = True
-    mask[1:s0, 1:s0] = cand_mask
+    mask[:v, 0] = True
+    mask[1:v, 1:v] = cand_mask
     if n:
         tril = torch.ones(k, k, dtype=torch.long).tril()
         # row (r, i) = s0 + r*n + i sees (r', i) for r' <= r: same column, earlier rows
-        mask[s0:, s0:] = torch.kron(tril, torch.eye(n, dtype=torch.long)).bool()
-        mask[s0:, 0] = sees_last
-    offsets = torch.cat(
-        [torch.zeros(1, dtype=torch.long), cand_depth, torch.arange(1, k + 1).repeat_interleave(n)]
-    )
+        mask[s0:end, s0:end] = torch.kron(tril, torch.eye(n, dtype=torch.long)).bool()
+        mask[s0:end, 0] = sees_last
+    pads = torch.cat([torch.arange(v, s0), torch.arange(end, size)])
+    mask[pads, pads] = True  # padding rows see only themselves
+    offsets = torch.zeros(size, dtype=torch.long)
+    offsets[1:v] = cand_depth
+    offsets[s0:end] = torch.arange(1, k + 1).repeat_interleave(n)
     is_stream = torch.zeros(size, dtype=torch.bool)
     is_stream[s0:] = True
-    rows = torch.cat([torch.arange(s0), s0 + (k - 1) * n + torch.arange(n)])
-    return FafoLayout(
-        mask.to(device),
-        offsets.to(device),
-        is_stream.to(device),
-        rows.to(device),
-        cand_rows,
-        cand_tokens,
-        k,
-        n,
-    )
+    rows = torch.cat([torch.arange(v), s0 + (k - 1) * n + torch.arange(n)])
+    dev = [t.to(device) for t in (mask, offsets, is_stream, rows)]
+    return FafoLayout(*dev, cand_rows, cand_tokens, k, n, s0)
 
 
 def build_layout(
-    k: int, g: int, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu"
+    k: int, g: int, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu", align: int = 0
 ) -> FafoLayout:
     """Flat layout with `g` candidates and `n` streams (either may be 0; FAFO-2forward uses one each).
     `cand_tokens` is left empty: the caller supplies the candidates' tokens in row order."""
@@ -95,9 +111,8 @@ def build_layout(
     cand_mask = torch.kron(torch.eye(g, dtype=torch.long), tril).bool()
     depth = torch.arange(1, k + 1).repeat(g)
     cand_rows = 1 + torch.arange(g * k).view(g, k)
-    return _assemble(
-        k, n, cand_mask, depth, cand_rows, torch.zeros(0, dtype=torch.long), fumble_sees_last, device
-    )
+    empty = torch.zeros(0, dtype=torch.long)
+    return _assemble(k, n, cand_mask, depth, cand_rows, empty, fumble_sees_last, device, align)
 
 
 def build_tree_layout(
@@ -144,9 +159,10 @@ class LayoutCache:
     """Flat layouts by (g, n), built once and reused; tree layouts are built per step."""
 
     def __init__(
-        self, k: int, fumble_sees_last: bool, device: torch.device | str, tree: bool = False
+        self, k: int, fumble_sees_last: bool, device: torch.device | str, tree: bool = False, align: int = 0
     ) -> None:
         self.k, self.fumble_sees_last, self.device, self.tree = k, fumble_sees_last, device, tree
+        self.align = align
         self._cache: dict[tuple[int, int], FafoLayout] = {}
 
     def get(self, cands: torch.Tensor, n: int) -> FafoLayout:
@@ -156,14 +172,6 @@ class LayoutCache:
         g = cands.shape[0]
         lay = self._cache.get((g, n))
         if lay is None:
-            lay = self._cache[(g, n)] = build_layout(self.k, g, n, self.fumble_sees_last, self.device)
-        return FafoLayout(
-            lay.block_mask,
-            lay.offsets,
-            lay.is_stream,
-            lay.logits_rows,
-            lay.cand_rows,
-            cands.reshape(-1),
-            lay.k,
-            lay.n,
-        )
+            lay = build_layout(self.k, g, n, self.fumble_sees_last, self.device, self.align)
+            self._cache[(g, n)] = lay
+        return dataclasses.replace(lay, cand_tokens=cands.reshape(-1))

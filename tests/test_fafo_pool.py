@@ -155,3 +155,20 @@ def test_tree_and_flat_layouts_give_the_same_logits():
     for a, b in zip(flat[:3], tree[:3]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert tree[3] == flat[3] - 3  # rows "1", "1 2" shared: 12 -> 9 candidate rows
+
+
+def test_aligned_layout_pads_to_query_tiles():
+    """flex backend: verification rows and streams start on 16-row tiles; padding rows are inert."""
+    k, g, n = 3, 2, 4
+    plain, lay = build_layout(k, g, n), build_layout(k, g, n, align=16)
+    assert lay.size % 16 == 0 and lay.stream_row == 16 and lay.size == 32
+    real = list(range(1 + g * k)) + list(range(16, 16 + n * k))
+    assert torch.equal(lay.block_mask[real][:, real], plain.block_mask)
+    assert torch.equal(lay.offsets[real], plain.offsets)
+    pads = sorted(set(range(lay.size)) - set(real))
+    assert torch.equal(lay.block_mask[pads][:, pads], torch.eye(len(pads), dtype=torch.bool))
+    assert not lay.block_mask[real][:, pads].any()
+    assert lay.is_stream[16:].all() and not lay.is_stream[:16].any()
+    toks = lay.tokens(7, torch.arange(100, 100 + n * k))
+    assert toks.numel() == 32 and toks[16:28].tolist() == list(range(100, 112)) and (toks[28:] == 7).all()
+    assert lay.logits_rows.tolist() == list(range(7)) + [16 + (k - 1) * n + i for i in range(n)]

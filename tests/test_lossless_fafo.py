@@ -270,3 +270,21 @@ def _mtbench_check(lm, n_questions, turns, max_new, settings, backends: bool = F
                 taus.append(counts.tau)
             history.append(tok.decode(ref, skip_special_tokens=True))
     assert max(taus) > 1.0
+
+
+def test_flex_compressed_region_is_lossless(references):
+    """backend=flex: the policy's selection is swapped into the head region of the one KV cache and
+    the fumble rows read it through the static FlexAttention block mask (compiled); output stays
+    vanilla's, and the region really was used (entries swapped, fumble rows restricted)."""
+    from kv_policies.base import build_policy
+
+    eng, refs = references
+    for prompt, ref in refs[:2]:
+        kv = build_policy("streaming", budget=16, sinks=2, backend="flex")
+        dec = FAFO(eng, kv=kv, k=3, n=6, m=4)
+        assert dec.pad_candidates and dec.layouts.align == 16
+        counts = Counts()
+        got = dec.generate(prompt, N_NEW, set(), counts)
+        check_lossless(eng, prompt, ref, got)
+        assert kv.region is not None and kv.region.backend == "flex" and kv.region.swaps > 0
+        assert {s.block_tokens for s in counts.steps} == {dec.max_block()}  # one static block shape
