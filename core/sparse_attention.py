@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 KV_BLOCK = 128
 
@@ -40,7 +43,32 @@ def flex_attention_fn(compiled: bool = True, dynamic: bool = True) -> Callable:
     capacity, so a new prompt length never recompiles)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=dynamic) if compiled else flex_attention
+    if not compiled:
+        return flex_attention
+    import torch._dynamo.config as dynamo_config
+
+    # static compiles (one per cache capacity / layout) must not hit dynamo's default limit of 8,
+    # after which it silently falls back to eager flex (which materialises every score)
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    return torch.compile(flex_attention, dynamic=dynamic)
+
+
+_STATIC_ONLY = False
+
+
+def compiled_flex(*args, **kwargs) -> torch.Tensor:
+    """Compiled flex, dynamic shapes first. torch 2.13's CPU template miscompiles (C++ error) when a
+    process that already compiled one head layout recompiles for another; then, and for the rest of the
+    process, a static compile per shape is used (one compile per cache capacity)."""
+    global _STATIC_ONLY
+    if not _STATIC_ONLY:
+        try:
+            return flex_attention_fn(True, True)(*args, **kwargs)
+        except Exception as exc:  # InductorError / BackendCompilerFailed; a static failure raises below
+            _STATIC_ONLY = True
+            log.warning("dynamic-shape flex compile failed (%s); using static compiles from now on",
+                        exc.__class__.__name__)
+    return flex_attention_fn(True, False)(*args, **kwargs)
 
 
 def flash_available(device: torch.device | str) -> bool:
@@ -150,8 +178,10 @@ class RegionBlockMask:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                compiled: bool = True) -> torch.Tensor:
         """q `[1, H, n, d]`, k/v `[1, H_kv, kv_len, d]` (the whole static cache tensor)."""
-        fn = flex_attention_fn(compiled)
-        return fn(q, k, v, block_mask=self.block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        kw = {"block_mask": self.block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+        if not compiled:
+            return flex_attention_fn(False)(q, k, v, **kw)
+        return compiled_flex(q, k, v, **kw)
 
 
 # --- gathered / flash paths ----------------------------------------------------------------------
