@@ -1,16 +1,21 @@
 """FAFO vs Lookahead, PLD and vanilla on MT-Bench with SmolLM2-135M-Instruct (one run, one table).
 
     flock /tmp/harness-bench.lock python -m benchmarks.bench_fafo \\
-        [--questions 3] [--new 128] [--dtype bfloat16] [--threads 2] [--only fafo-cpu,lookahead] [--profile]
+        [--questions 2] [--new 96] [--dtype float32] [--linear onednn] [--threads 2] \\
+        [--only cpu,pld] [--profile]
 
-Methods (paper rows first, then CPU presets reported separately):
+Methods (paper rows first, then the CPU preset and the layout rows, reported separately):
 - vanilla (kv=full), the baseline;
 - FAFO-Stream / FAFO-Quest / FAFO-SnapKV: the paper's setting (k 6, n 40, m 40: a 481-token block)
   with kv=streaming / quest / snapkv at the paper's 760-token budget; FAFO-2forward (Table 1);
 - Lookahead (README N 5, W 7, G 7) and PLD (HF defaults: 2-gram match, 10 tokens), the baselines;
-- FAFO CPU presets (`conf/decoder/fafo_cpu.yaml`): a small block tuned for a 2-core CPU, with and
-  without the prefix-trie candidate layout, and with the compressed-region backends (`sliced`,
-  `flex`) at a small streaming budget, so the layout's gain is measured rather than assumed.
+- FAFO CPU preset (`conf/decoder/fafo_cpu.yaml`: a ~10-row block, prefix-trie candidates, prompt /
+  output n-grams in the pool), and a small preset without the prompt pool (the paper's mechanism only);
+- layout rows: the same FAFO block (padded to a static shape) at a 128-token streaming budget with
+  the dense mask, the compressed region + SDPA on its slice (`sliced`) and the compressed region +
+  static compiled FlexAttention block mask (`flex`), so the layout's gain is measured, not assumed.
+`--linear onednn` (default) prepacks the weights for oneDNN in every method's engine (aten's MKL
+sgemm is 2-3x slower on this AMD CPU); `--linear aten` is the engine's default path.
 
 Protocol (as benchmarks/bench_lookahead.py): the first --questions MT-Bench questions, turn 1 and turn 2
 (turn 2 built from fp32 vanilla's turn-1 answer), stop at EOS or --new tokens; one untimed warm-up
@@ -45,7 +50,7 @@ from runners.timing import peak_memory_mb, reset_peak_memory
 
 Maker = Callable[[Engine], BaseDecoder]
 PAPER = dict(k=6, n=40)
-CPU = dict(k=4, n=6, m=6)  # keep in sync with conf/decoder/fafo_cpu.yaml
+CPU = dict(k=3, n=2, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf/decoder/fafo_cpu.yaml
 
 
 @dataclass
@@ -74,8 +79,10 @@ def methods() -> list[tuple[str, str, str, Maker]]:
         return lambda e: cls(e, kv=build_policy(kv, budget=budget, **extra), **kw)
 
     paper = f"k={PAPER['k']} n={PAPER['n']} m={PAPER['n']} budget=760"
-    cpu = f"k={CPU['k']} n={CPU['n']} m={CPU['m']}"
-    return [
+    cpu = "k=3 n=2 m=3 tree pool_from_prompt cap=16 budget=760"
+    pure = "k=3 n=4 m=4 tree budget=760"
+    lay = "k=4 n=6 m=6 padded budget=128"
+    out = [
         ("vanilla", "-", "baseline", lambda e: Vanilla(e)),
         ("FAFO-Stream", paper, "paper", fafo("streaming", **PAPER)),
         ("FAFO-Quest", paper, "paper", fafo("quest", **PAPER)),
@@ -88,28 +95,19 @@ def methods() -> list[tuple[str, str, str, Maker]]:
             "baseline",
             lambda e: PromptLookup(e, max_matching_ngram_size=2, num_tokens=10),
         ),
-        ("FAFO-Stream", cpu + " budget=760", "cpu", fafo("streaming", **CPU)),
-        ("FAFO-Stream", cpu + " tree budget=760", "cpu", fafo("streaming", tree=True, **CPU)),
-        ("FAFO-Stream", cpu + " tree budget=128 dense", "cpu", fafo("streaming", 128, tree=True, **CPU)),
-        (
-            "FAFO-Stream",
-            cpu + " tree budget=128 sliced",
-            "cpu",
-            fafo("streaming", 128, tree=True, backend="sliced", **CPU),
-        ),
-        (
-            "FAFO-Stream",
-            cpu + " budget=128 flex (padded)",
-            "cpu",
-            fafo("streaming", 128, backend="flex", **CPU),
-        ),
-        (
-            "FAFO-Stream",
-            cpu + " tree pool_from_prompt",
-            "cpu",
-            fafo("streaming", tree=True, pool_from_prompt=True, **CPU),
-        ),
+        ("FAFO-Stream", cpu + " (fafo_cpu)", "cpu", fafo("streaming", **CPU)),
+        ("FAFO-Stream", pure, "cpu", fafo("streaming", k=3, n=4, m=4, tree=True)),
     ]
+    for backend in ("dense", "sliced", "flex"):  # the compressed-region layout, measured not assumed
+        out.append(
+            (
+                "FAFO-Stream",
+                f"{lay} {backend}",
+                "layout",
+                fafo("streaming", 128, k=4, n=6, m=6, pad_candidates=True, backend=backend),
+            )
+        )
+    return out
 
 
 def build_prompts(n_questions: int, new: int) -> tuple[list[list[int]], set[int]]:
@@ -126,9 +124,10 @@ def measure(
     new: int,
     stop: set[int],
     profile: bool,
+    linear: str = "aten",
 ) -> tuple[list[Tally], float]:
     lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
-    eng = Engine(lm.model)
+    eng = Engine(lm.model, linear=linear)
     decs = [(Tally(name, params, group), make(eng)) for name, params, group, make in chosen]
     for _, dec in decs:  # warm-up: layouts, allocator, compiled kernels
         dec.generate(prompts[0], 16, stop, Counts(keep_steps=False))
@@ -182,9 +181,14 @@ def print_table(dtype: str, threads: int, tallies: list[Tally], base_rss: float)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=int, default=3)
-    ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--questions", type=int, default=2)
+    ap.add_argument("--new", type=int, default=96)
+    ap.add_argument(
+        "--dtype", default="float32", help="float32 | bfloat16 (bf16 GEMMs are ~5x slower on AVX2-only CPUs)"
+    )
+    ap.add_argument(
+        "--linear", default="onednn", choices=["aten", "onednn"], help="core.engine.Engine(linear=...)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated substrings of 'group method params' to run")
     ap.add_argument("--profile", action="store_true", help="cProfile the FAFO generations")
@@ -201,8 +205,8 @@ def main() -> None:
         f"# bench_fafo: torch {torch.__version__}, threads {args.threads}, {len(prompts)} prompts "
         f"(lengths {[len(p) for p in prompts]}), max_new_tokens {args.new}"
     )
-    tallies, base_rss = measure(args.dtype, chosen, prompts, args.new, stop, args.profile)
-    print_table(args.dtype, args.threads, tallies, base_rss)
+    tallies, base_rss = measure(args.dtype, chosen, prompts, args.new, stop, args.profile, args.linear)
+    print_table(f"{args.dtype}, linear={args.linear}", args.threads, tallies, base_rss)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,13 @@ order) and forgets the rest. Decoders never touch model internals or the cache l
 The forward is written out here (gpt-fast style) over the HF modules' weights: fused QKV and
 gate/up projections, our own static KV cache, no per-step mask or cache-object allocation.
 `core/hf_compat.py` is the only place that knows the HF module names (Llama and Qwen2 layouts).
+
+`linear="onednn"` (opt-in, fp32 on CPU): the projection and LM-head weights are prepacked once for
+oneDNN (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor uses for frozen CPU linears). On
+CPUs where aten's MKL sgemm takes a slow path (measured on this project's AMD EPYC: 2-3x slower at
+1..64 rows, benchmarks/bench_fafo.py) every forward gets faster, multi-row blocks most. Results
+differ from aten's in the last bits (max |diff| ~1e-4 on logits ~1e2), so compare decoders on the
+same engine setting.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from core.kv_cache import KVCache
 class Engine:
     """Owns the model weights and the KV cache for batch size 1."""
 
-    def __init__(self, model: torch.nn.Module, prefill_chunk: int = 1024) -> None:
+    def __init__(self, model: torch.nn.Module, prefill_chunk: int = 1024, linear: str = "aten") -> None:
         self.model = model
         self.w: DecoderWeights = extract_weights(model)
         cfg = self.w
@@ -35,6 +42,30 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.max_positions = cfg.max_positions
         self.prefill_hooks: list = []  # callables(layer, q, k_all, cache_len) run during prefill (SnapKV etc.)
+        self.linear = linear
+        self._packed: dict[int, torch.Tensor] = {}
+        if linear == "onednn":
+            self._pack_onednn()
+        elif linear != "aten":
+            raise ValueError(f"linear must be 'aten' or 'onednn', got {linear!r}")
+
+    def _pack_onednn(self) -> None:
+        if self.dtype != torch.float32 or self.device.type != "cpu":
+            raise ValueError("linear='onednn' needs an fp32 model on CPU")
+        head = getattr(self.w.lm_head, "weight", None)
+        if getattr(self.w.lm_head, "bias", None) is not None or head is None:
+            raise ValueError("linear='onednn' needs a bias-free LM head")
+        names = ("wqkv", "wo", "wgu", "wdown")
+        weights = [head] + [getattr(layer, n) for layer in self.w.layers for n in names]
+        with torch.inference_mode():
+            for wt in weights:
+                self._packed[id(wt)] = torch.ops.mkldnn._reorder_linear_weight(wt.detach(), 32)
+
+    def _lin(self, x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self._packed.get(id(wt))
+        if packed is None:
+            return torch.nn.functional.linear(x, wt, b)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")
 
     # ------------------------------------------------------------------------------------------
     def reset(self, capacity: int) -> None:
@@ -75,7 +106,7 @@ class Engine:
         cache_len = cache.length
         for li, layer in enumerate(w.layers):
             x = layer.ln1(h)
-            qkv = torch.nn.functional.linear(x, layer.wqkv, layer.bqkv)
+            qkv = self._lin(x, layer.wqkv, layer.bqkv)
             q = qkv[:, :q_size].view(n, H, d).transpose(0, 1)
             k = qkv[:, q_size : q_size + kv_size].view(n, Hkv, d).transpose(0, 1)
             v = qkv[:, q_size + kv_size :].view(n, Hkv, d).transpose(0, 1)
@@ -85,14 +116,16 @@ class Engine:
             for hook in hooks:
                 hook(li, q, k_all, cache_len)
             o = view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
-            h = h + torch.nn.functional.linear(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
+            h = h + self._lin(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
             x = layer.ln2(h)
-            gu = torch.nn.functional.linear(x, layer.wgu)
+            gu = self._lin(x, layer.wgu)
             g, u = gu.chunk(2, dim=-1)
-            h = h + torch.nn.functional.linear(w.act(g) * u, layer.wdown)
+            h = h + self._lin(w.act(g) * u, layer.wdown)
         if logits_rows is not None:
             rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
             h = h.index_select(0, rows)
+        if self._packed:
+            return self._lin(w.norm(h), w.lm_head.weight).float()
         return w.lm_head(w.norm(h)).float()
 
     def commit(self, keep: Sequence[int] | torch.Tensor) -> None:

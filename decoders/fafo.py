@@ -84,6 +84,7 @@ class FAFO(BaseDecoder):
         stream_positions: str = "rebase",
         fumble_sees_last: bool = True,
         pool_from_prompt: bool = False,
+        pool_capacity: int | None = None,
         backend: str | None = None,
         pad_candidates: bool | None = None,
         tree: bool = False,
@@ -99,6 +100,9 @@ class FAFO(BaseDecoder):
         self.stream_positions = stream_positions
         self.fumble_sees_last = fumble_sees_last
         self.pool_from_prompt = pool_from_prompt
+        self.pool_capacity = n if pool_capacity is None else pool_capacity  # App. F: n guesses per key
+        if self.pool_capacity < 1:
+            raise ValueError(f"fafo pool_capacity must be >= 1, got {pool_capacity}")
         self.seed = seed
         self.views = ViewFactory(engine, self.kv, backend)
         # static block shape (the paper's padding to m candidates): needed by the compiled flex kernel
@@ -120,6 +124,7 @@ class FAFO(BaseDecoder):
             "stream_positions": self.stream_positions,
             "fumble_sees_last": self.fumble_sees_last,
             "pool_from_prompt": self.pool_from_prompt,
+            "pool_capacity": self.pool_capacity,
             "backend": self.views.backend,
             "pad_candidates": self.pad_candidates,
             "tree": self.tree,
@@ -136,7 +141,7 @@ class FAFO(BaseDecoder):
         init = torch.tensor(
             [[rng.choice(prompt) for _ in range(self.k)] for _ in range(self.n)], dtype=torch.long
         )
-        pool = NGramPool(capacity=self.n, max_key_len=self.k)  # App. F: n entries per key
+        pool = NGramPool(capacity=self.pool_capacity, max_key_len=self.k)
         seq = list(prompt) + out  # committed tokens + the root (last element)
         if self.pool_from_prompt:
             pool.add_sequence(seq, self.k)

@@ -91,7 +91,10 @@ POLICIES = [
     ("random_subset", RandomSubset),
     *[(f"conf:{name}", make) for name, make in project_policies() if name != "full"],
 ]
+# conf/decoder/fafo_cpu.yaml
+CPU_PRESET = dict(k=3, n=2, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)
 SETTINGS = [
+    (FAFO, CPU_PRESET),
     (FAFO, dict(k=4, n=8)),
     (FAFO, dict(k=3, n=5, m=2, stream_positions="slide")),
     (FAFO, dict(k=5, n=3, m=12, fumble_sees_last=False)),
@@ -100,7 +103,6 @@ SETTINGS = [
     (FAFO2Forward, dict(k=4, n=6)),
 ]
 N_NEW = 40
-CPU_PRESET = dict(k=4, n=6, m=6, tree=True)  # conf/decoder/fafo_cpu.yaml
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -288,3 +290,14 @@ def test_flex_compressed_region_is_lossless(references):
         check_lossless(eng, prompt, ref, got)
         assert kv.region is not None and kv.region.backend == "flex" and kv.region.swaps > 0
         assert {s.block_tokens for s in counts.steps} == {dec.max_block()}  # one static block shape
+
+
+def test_onednn_engine_is_lossless(tiny_lm):
+    """Engine(linear="onednn") (prepacked oneDNN weights, the benchmark's engine): FAFO equals
+    vanilla on the same engine."""
+    eng = Engine(tiny_lm.model, linear="onednn")
+    for prompt in prompts(2, seed=5):
+        ref = Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
+        for kw in (CPU_PRESET, dict(k=4, n=8)):
+            got = FAFO(eng, kv=SinkRecent(), **kw).generate(prompt, N_NEW, set(), Counts())
+            check_lossless(eng, prompt, ref, got)
