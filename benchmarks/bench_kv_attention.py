@@ -222,14 +222,19 @@ def main() -> None:
     ap.add_argument("--e2e-samples", type=int, default=2)
     ap.add_argument("--e2e-repeats", type=int, default=2)
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-attention", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="smaller sweep (smoke run)")
     args = ap.parse_args()
     if args.quick:
         args.ctx, args.dtypes, args.shapes, args.repeats = [1024, 8192], ["float32"], ["smollm2"], 5
         args.e2e_ctx, args.e2e_new, args.e2e_samples, args.e2e_repeats = [1024], 16, 1, 1
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
-    attention_rows(args.ctx, args.budget, args.dtypes, args.shapes, args.policies, args.repeats)
+    if not args.skip_attention:
+        attention_rows(args.ctx, args.budget, args.dtypes, args.shapes, args.policies, args.repeats)
     if not args.skip_e2e:
         end_to_end(args.e2e_ctx, args.budget, args.e2e_new, args.e2e_samples, args.e2e_repeats)
 

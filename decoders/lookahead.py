@@ -63,7 +63,7 @@ class Layout:
     block_mask: torch.Tensor  # bool [n, n] visibility inside the block
     offsets: torch.Tensor  # long [n] position of each row relative to the root
     logits_rows: torch.Tensor  # rows whose logits are computed: root, top level, guesses
-    top_sel: torch.Tensor  # indices into logits_rows giving the top level's outputs (in column order)
+    top_sel: torch.Tensor  # (CPU) indices into logits_rows giving the top level's outputs, column order
     guess_row: int  # first block row of the verification branch
     guess_sel: int  # first index of the guesses in logits_rows
 
@@ -104,7 +104,7 @@ def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.devi
     guess_sel = len(sel)
     sel += list(range(guess_row, n))
     return Layout(mask.to(device), offsets.to(device), torch.tensor(sel, device=device),
-                  torch.tensor(top_sel, device=device), guess_row, guess_sel)
+                  torch.tensor(top_sel), guess_row, guess_sel)
 
 
 class JacobiWindow:
