@@ -1,8 +1,8 @@
 """Hydra entry point: compose the config, run it, print one clear line on a user error.
 
-    python run.py                                   # SmolLM2 + vanilla + full KV on MT-Bench
-    python run.py decoder=fafo kv=quest task=mtbench
-    python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm
+python run.py                                   # SmolLM2 + vanilla + full KV on MT-Bench
+python run.py decoder=fafo kv=quest task=mtbench
+python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from core.types import HarnessError
-
 
 CONF = Path(__file__).resolve().parent / "conf"
 

@@ -7,8 +7,21 @@ from pathlib import Path
 
 import pandas as pd
 
-RUN_KEYS = ["run_id", "model", "model_name", "dtype", "device_name", "decoder", "kv", "task", "lossless",
-            "max_new_tokens", "seed", "status", "git_sha"]
+RUN_KEYS = [
+    "run_id",
+    "model",
+    "model_name",
+    "dtype",
+    "device_name",
+    "decoder",
+    "kv",
+    "task",
+    "lossless",
+    "max_new_tokens",
+    "seed",
+    "status",
+    "git_sha",
+]
 
 
 def _flatten(prefix: str, blob: str) -> dict:
@@ -16,8 +29,11 @@ def _flatten(prefix: str, blob: str) -> dict:
         params = json.loads(blob) if isinstance(blob, str) else {}
     except json.JSONDecodeError:
         return {}
-    return {f"{prefix}.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
-            for k, v in params.items() if k != "_target_"}
+    return {
+        f"{prefix}.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
+        for k, v in params.items()
+        if k != "_target_"
+    }
 
 
 def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.DataFrame:

@@ -15,6 +15,7 @@ ENV = ["model", "dtype", "device_name", "task", "max_new_tokens"]
 
 def method_label(row: pd.Series) -> str:
     params = sorted(k for k in row.index if k.startswith("decoder.") and pd.notna(row[k]))
+
     def fmt(v: object) -> str:
         return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
@@ -22,8 +23,9 @@ def method_label(row: pd.Series) -> str:
     return f"{row['decoder']}{f'[{shown}]' if shown else ''}+{row['kv']}"
 
 
-def bootstrap_ratio(num: pd.Series, den: pd.Series, groups: pd.Series, n: int = 1000, seed: int = 0
-                    ) -> tuple[float, float]:
+def bootstrap_ratio(
+    num: pd.Series, den: pd.Series, groups: pd.Series, n: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """95% interval of sum(num)/sum(den) resampling `groups` (sample ids) with replacement."""
     by = pd.DataFrame({"num": num.values, "den": den.values, "g": groups.values}).groupby("g").sum()
     if len(by) < 2:
@@ -45,19 +47,27 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
         base = base.drop_duplicates(["sample_id", "turn"], keep="last").set_index(["sample_id", "turn"])
         for run_id, run in group.groupby("run_id"):
             row = dict(zip(ENV, env))
-            row.update(run_id=run_id, method=run["method"].iloc[0], decoder=run["decoder"].iloc[0],
-                       kv=run["kv"].iloc[0], samples=run["sample_id"].nunique(), turns=len(run),
-                       new_tokens=int(run["new_tokens"].sum()),
-                       tau=run["committed"].sum() / max(run["forwards"].sum(), 1),
-                       tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
-                       peak_mem_mb=run["peak_mem_mb"].max(),
-                       match_rate=run["matches_vanilla"].dropna().astype(float).mean())
-            paired = run.set_index(["sample_id", "turn"]).join(base[["wall_s", "decode_s"]], rsuffix="_base",
-                                                               how="inner")
+            row.update(
+                run_id=run_id,
+                method=run["method"].iloc[0],
+                decoder=run["decoder"].iloc[0],
+                kv=run["kv"].iloc[0],
+                samples=run["sample_id"].nunique(),
+                turns=len(run),
+                new_tokens=int(run["new_tokens"].sum()),
+                tau=run["committed"].sum() / max(run["forwards"].sum(), 1),
+                tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
+                peak_mem_mb=run["peak_mem_mb"].max(),
+                match_rate=run["matches_vanilla"].dropna().astype(float).mean(),
+            )
+            paired = run.set_index(["sample_id", "turn"]).join(
+                base[["wall_s", "decode_s"]], rsuffix="_base", how="inner"
+            )
             if len(paired):
                 row["speedup"] = paired["wall_s_base"].sum() / paired["wall_s"].sum()
                 row["speedup_lo"], row["speedup_hi"] = bootstrap_ratio(
-                    paired["wall_s_base"], paired["wall_s"], paired.index.get_level_values(0).to_series())
+                    paired["wall_s_base"], paired["wall_s"], paired.index.get_level_values(0).to_series()
+                )
                 row["decode_speedup"] = paired["decode_s_base"].sum() / paired["decode_s"].sum()
                 row["paired_turns"] = len(paired)
             out.append(row)

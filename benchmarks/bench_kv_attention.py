@@ -75,13 +75,17 @@ class OneLayer:
         self.cache.reset(ctx + 1)
         g = torch.Generator().manual_seed(ctx)
         self.cache.stage_positions(torch.arange(ctx))
-        self.cache.write(0, torch.randn(hkv, ctx, d, generator=g).to(dtype),
-                         torch.randn(hkv, ctx, d, generator=g).to(dtype))
+        self.cache.write(
+            0,
+            torch.randn(hkv, ctx, d, generator=g).to(dtype),
+            torch.randn(hkv, ctx, d, generator=g).to(dtype),
+        )
         self.cache.commit(torch.arange(ctx))
         self.q = torch.randn(1, h, 1, d, generator=g).to(dtype)
         self.cache.stage_positions(torch.tensor([ctx]))  # the decode row's own entry, staged
-        k_all, v_all = self.cache.write(0, torch.randn(hkv, 1, d, generator=g).to(dtype),
-                                        torch.randn(hkv, 1, d, generator=g).to(dtype))
+        k_all, v_all = self.cache.write(
+            0, torch.randn(hkv, 1, d, generator=g).to(dtype), torch.randn(hkv, 1, d, generator=g).to(dtype)
+        )
         self.k, self.v = k_all.unsqueeze(0), v_all.unsqueeze(0)
 
     @property
@@ -89,8 +93,9 @@ class OneLayer:
         return self.cache.length
 
 
-def attention_case(shape: str, dtype: torch.dtype, pol_name: str, ctx: int, budget: int,
-                   repeats: int) -> dict:
+def attention_case(
+    shape: str, dtype: torch.dtype, pol_name: str, ctx: int, budget: int, repeats: int
+) -> dict:
     """Time one (head layout, dtype, policy, context) cell; both views must give the same output."""
     h, hkv, d = SHAPES[shape]
     params = {"budget": budget} | ({"dense_layers": 0} if pol_name == "quest" else {})
@@ -122,14 +127,26 @@ def attention_case(shape: str, dtype: torch.dtype, pol_name: str, ctx: int, budg
         sliced = pol.region_for(eng, "sliced").view(one[None], one)
         err = max(err, float((sliced.attend(0, q, k, v).float() - ref.float()).abs().max()))
         t_sliced = timed(lambda: sliced.attend(0, q, k, v), repeats)
-    return {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "policy": pol_name, "ctx": ctx,
-            "dense_view": t_dense, "sdpa_mask": t_sdpa_mask, "sdpa_full": t_full, "region_view": t_region,
-            "flex_kernel": t_kernel, "sliced_view": t_sliced, "max_err": err, "blocks": blocks,
-            "foreign": load[0]}
+    return {
+        "shape": shape,
+        "dtype": str(dtype).removeprefix("torch."),
+        "policy": pol_name,
+        "ctx": ctx,
+        "dense_view": t_dense,
+        "sdpa_mask": t_sdpa_mask,
+        "sdpa_full": t_full,
+        "region_view": t_region,
+        "flex_kernel": t_kernel,
+        "sliced_view": t_sliced,
+        "max_err": err,
+        "blocks": blocks,
+        "foreign": load[0],
+    }
 
 
-def attention_rows(ctxs: list[int], budget: int, dtypes: list[str], shapes: list[str], policies: list[str],
-                   repeats: int) -> list[dict]:
+def attention_rows(
+    ctxs: list[int], budget: int, dtypes: list[str], shapes: list[str], policies: list[str], repeats: int
+) -> list[dict]:
     rows = []
     for shape in shapes:
         for dtype_name in dtypes:
@@ -143,17 +160,23 @@ def attention_rows(ctxs: list[int], budget: int, dtypes: list[str], shapes: list
 
 def print_attention_row(r: dict, header: bool) -> None:
     if header:
-        print("\nPart A: one decode row, one layer, ms per call (min/median); "
-              "ratio = dense view / region view, kernel ratio = SDPA+mask / flex kernel")
-        print(f"{'shape':>9} {'dtype':>8} {'policy':>9} {'ctx':>6} | {'dense view':>13} {'SDPA+mask':>13} "
-              f"{'SDPA full':>13} | {'region view':>13} {'flex kernel':>13} {'sliced view':>13} | "
-              f"{'ratio':>6} {'kernel ratio':>12} {'blocks':>6} {'max err':>8} {'foreign':>7}")
+        print(
+            "\nPart A: one decode row, one layer, ms per call (min/median); "
+            "ratio = dense view / region view, kernel ratio = SDPA+mask / flex kernel"
+        )
+        print(
+            f"{'shape':>9} {'dtype':>8} {'policy':>9} {'ctx':>6} | {'dense view':>13} {'SDPA+mask':>13} "
+            f"{'SDPA full':>13} | {'region view':>13} {'flex kernel':>13} {'sliced view':>13} | "
+            f"{'ratio':>6} {'kernel ratio':>12} {'blocks':>6} {'max err':>8} {'foreign':>7}"
+        )
     f = lambda t: f"{t[0]:6.3f}/{t[1]:6.3f}"  # noqa: E731
-    print(f"{r['shape']:>9} {r['dtype']:>8} {r['policy']:>9} {r['ctx']:>6} | {f(r['dense_view'])} "
-          f"{f(r['sdpa_mask'])} {f(r['sdpa_full'])} | {f(r['region_view'])} {f(r['flex_kernel'])} "
-          f"{f(r['sliced_view'])} | "
-          f"{r['dense_view'][0] / r['region_view'][0]:6.1f} {r['sdpa_mask'][0] / r['flex_kernel'][0]:12.1f} "
-          f"{r['blocks']:>6} {r['max_err']:8.1e} {r['foreign']:7.2f}")
+    print(
+        f"{r['shape']:>9} {r['dtype']:>8} {r['policy']:>9} {r['ctx']:>6} | {f(r['dense_view'])} "
+        f"{f(r['sdpa_mask'])} {f(r['sdpa_full'])} | {f(r['region_view'])} {f(r['flex_kernel'])} "
+        f"{f(r['sliced_view'])} | "
+        f"{r['dense_view'][0] / r['region_view'][0]:6.1f} {r['sdpa_mask'][0] / r['flex_kernel'][0]:12.1f} "
+        f"{r['blocks']:>6} {r['max_err']:8.1e} {r['foreign']:7.2f}"
+    )
 
 
 # --- part B ---------------------------------------------------------------------------------------
@@ -165,12 +188,16 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
 
     lm = load_model("packaged", "smollm2-135m", dtype="bfloat16", device="cpu")
     eng = Engine(lm.model)
-    configs = {"full": lambda: build_policy("full"),
-               "streaming/dense": lambda: build_policy("streaming", budget=budget, sinks=4),
-               "streaming/flex": lambda: build_policy("streaming", budget=budget, sinks=4, backend="flex")}
+    configs = {
+        "full": lambda: build_policy("full"),
+        "streaming/dense": lambda: build_policy("streaming", budget=budget, sinks=4),
+        "streaming/flex": lambda: build_policy("streaming", budget=budget, sinks=4, backend="flex"),
+    }
     decoders = {name: Vanilla(eng, make()) for name, make in configs.items()}
-    print(f"\nPart B: SmolLM2-135M bf16, vanilla greedy, {new} new tokens, streaming budget {budget} "
-          f"(4 sinks), pg19 offline essays; decode tok/s (best of {repeats}) and prefill s")
+    print(
+        f"\nPart B: SmolLM2-135M bf16, vanilla greedy, {new} new tokens, streaming budget {budget} "
+        f"(4 sinks), pg19 offline essays; decode tok/s (best of {repeats}) and prefill s"
+    )
 
     def run(name: str, prompt: list[int], n_new: int) -> tuple[list[int], float, float]:
         dec = decoders[name]
@@ -182,8 +209,10 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
         t1 = time.perf_counter()
         return out, marks[0] - t0, (len(out) - 1) / (t1 - marks[0])
 
-    print(f"{'ctx':>6} {'config':>16} {'prefill s':>9} {'decode tok/s':>12} {'vs full':>7} "
-          f"{'same as dense':>13} {'foreign':>7}")
+    print(
+        f"{'ctx':>6} {'config':>16} {'prefill s':>9} {'decode tok/s':>12} {'vs full':>7} "
+        f"{'same as dense':>13} {'foreign':>7}"
+    )
     for ctx in ctxs:
         task = PG19(context_length=ctx, max_new_tokens=new, source="package", limit=samples)
         prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
@@ -205,8 +234,10 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
         for name in configs:
             tps = statistics.mean(best[name])
             same = sum(a == b for a, b in zip(outs[name], outs["streaming/dense"]))
-            print(f"{ctx:>6} {name:>16} {statistics.mean(prefill[name]):9.2f} {tps:12.1f} {tps / base:7.2f} "
-                  f"{same:>6}/{len(prompts):<6} {load[0]:7.2f}")
+            print(
+                f"{ctx:>6} {name:>16} {statistics.mean(prefill[name]):9.2f} {tps:12.1f} {tps / base:7.2f} "
+                f"{same:>6}/{len(prompts):<6} {load[0]:7.2f}"
+            )
 
 
 def main() -> None:

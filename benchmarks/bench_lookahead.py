@@ -74,8 +74,9 @@ def build_prompts(n_questions: int, new: int) -> tuple[list[list[int]], set[int]
     return prompts, stop
 
 
-def measure(dtype: str, methods: list[tuple[str, str, Maker]], prompts: list[list[int]], new: int,
-            stop: set[int]) -> list[Tally]:
+def measure(
+    dtype: str, methods: list[tuple[str, str, Maker]], prompts: list[list[int]], new: int, stop: set[int]
+) -> list[Tally]:
     """Time every method on every prompt (methods interleaved per prompt); vanilla must be first."""
     lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
     eng = Engine(lm.model)
@@ -108,8 +109,10 @@ def print_table(title: str, dtype: str, tallies: list[Tally]) -> None:
     print("| method | params | max block | tau | decode tok/s | speedup (decode) | speedup (wall) | exact |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for t in tallies:
-        print(f"| {t.name} | {t.params} | {t.max_block} | {t.tau:.2f} | {t.committed / t.decode:.2f} | "
-              f"{base.decode / t.decode:.2f} | {base.wall / t.wall:.2f} | {t.exact}/{t.runs} |")
+        print(
+            f"| {t.name} | {t.params} | {t.max_block} | {t.tau:.2f} | {t.committed / t.decode:.2f} | "
+            f"{base.decode / t.decode:.2f} | {base.wall / t.wall:.2f} | {t.exact}/{t.runs} |"
+        )
 
 
 def lookahead_maker(n: int, w: int, g: int) -> Maker:
@@ -127,24 +130,37 @@ def main() -> None:
     ap.add_argument("--sweep-dtype", default="bfloat16")
     ap.add_argument("--sweep-questions", type=int, default=2)
     ap.add_argument("--sweep-new", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (1: least hurt by other jobs on a shared box)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1: least hurt by other jobs on a shared box)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"# bench_lookahead: SmolLM2-135M-Instruct, MT-Bench, threads={args.threads}, "
-          f"torch {torch.__version__}")
+    print(
+        f"# bench_lookahead: SmolLM2-135M-Instruct, MT-Bench, threads={args.threads}, "
+        f"torch {torch.__version__}"
+    )
     prompts, stop = build_prompts(max(args.questions, args.sweep_questions), args.new)
     main_prompts = prompts[: 2 * args.questions]
-    print(f"prompts: {len(main_prompts)} (questions x 2 turns), lengths {[len(p) for p in main_prompts]}, "
-          f"max_new_tokens {args.new}")
+    print(
+        f"prompts: {len(main_prompts)} (questions x 2 turns), lengths {[len(p) for p in main_prompts]}, "
+        f"max_new_tokens {args.new}"
+    )
     methods: list[tuple[str, str, Maker]] = [("vanilla", "-", lambda e: Vanilla(e))]
     for spec in args.configs:
         n, w, g = (int(x) for x in spec.split(","))
         methods.append(("lookahead", f"N={n} W={w} G={g}", lookahead_maker(n, w, g)))
     for spec in args.pld:
         ng, k = (int(x) for x in spec.split(","))
-        methods.append(("pld", f"ngram={ng} k={k}",
-                        lambda e, ng=ng, k=k: PromptLookup(e, max_matching_ngram_size=ng, num_tokens=k)))
+        methods.append(
+            (
+                "pld",
+                f"ngram={ng} k={k}",
+                lambda e, ng=ng, k=k: PromptLookup(e, max_matching_ngram_size=ng, num_tokens=k),
+            )
+        )
     for dtype in args.dtypes:
         tallies = measure(dtype, methods, main_prompts, args.new, stop)
         print_table("Lookahead and PLD vs vanilla", dtype, tallies)

@@ -34,18 +34,26 @@ def main() -> None:
     print(f"{'dtype':>9} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} {'identical':>9}")
     for dtype in args.dtypes:
         lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
-        prompts = [chat_ids(lm.tokenizer, [{"role": "user", "content": s.turns[0]}])
-                   for s in MTBench(limit=args.prompts).load()]
+        prompts = [
+            chat_ids(lm.tokenizer, [{"role": "user", "content": s.turns[0]}])
+            for s in MTBench(limit=args.prompts).load()
+        ]
         ours = Vanilla(Engine(lm.model))
         mask = lambda p: torch.ones(1, len(p), dtype=torch.long)  # noqa: E731
 
-        def run_ours(p):
+        def run_ours(p, ours=ours):
             return ours.generate(p, args.new, set(), Counts(keep_steps=False))
 
-        def run_hf(p):
-            out = lm.model.generate(torch.tensor([p]), attention_mask=mask(p), max_new_tokens=args.new,
-                                    min_new_tokens=args.new, do_sample=False, pad_token_id=0)
-            return out[0, len(p):].tolist()
+        def run_hf(p, lm=lm, mask=mask):
+            out = lm.model.generate(
+                torch.tensor([p]),
+                attention_mask=mask(p),
+                max_new_tokens=args.new,
+                min_new_tokens=args.new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            return out[0, len(p) :].tolist()
 
         run_ours(prompts[0][:32])
         run_hf(prompts[0][:32])  # warm-up both

@@ -18,8 +18,14 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-         is_causal: bool = False) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -61,7 +67,7 @@ class MaskView:
         self.scale = scale
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        mask = self.mask
+        mask = self.mask.to(q.device)
         if mask.dim() == 3 and mask.shape[0] != q.shape[1]:  # per-KV-head mask -> per query head
             mask = mask.repeat_interleave(q.shape[1] // mask.shape[0], dim=0)
         return sdpa(q, k, v, mask, self.scale)

@@ -43,8 +43,15 @@ REGION_BACKENDS = ("flex", "sliced", "flash")
 _MASKS: OrderedDict[tuple, RegionBlockMask] = OrderedDict()
 
 
-def _mask_for(n: int, kv_len: int, h: int, hkv: int, restricted: torch.Tensor, block_vis: torch.Tensor,
-              q_block: int | None) -> RegionBlockMask:
+def _mask_for(
+    n: int,
+    kv_len: int,
+    h: int,
+    hkv: int,
+    restricted: torch.Tensor,
+    block_vis: torch.Tensor,
+    q_block: int | None,
+) -> RegionBlockMask:
     key = (n, kv_len, h, hkv, str(block_vis.device), q_block, bool(restricted.all()))
     mask = _MASKS.get(key)
     if mask is None:
@@ -61,13 +68,21 @@ def _mask_for(n: int, kv_len: int, h: int, hkv: int, restricted: torch.Tensor, b
 class CompressedRegion:
     """Keeps `policy`'s selection in slots `[0, region_len[layer, head])` of `engine.cache`."""
 
-    def __init__(self, policy: Any, engine: Any, backend: str = "flex", compiled: bool = True,
-                 q_block: int | None = None) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        engine: Any,
+        backend: str = "flex",
+        compiled: bool = True,
+        q_block: int | None = None,
+    ) -> None:
         if backend not in REGION_BACKENDS:
             raise HarnessError(f"compressed-region backend must be one of {REGION_BACKENDS}, got {backend!r}")
         if backend == "flash" and not flash_available(engine.device):
-            raise HarnessError("backend=flash needs a CUDA device and flash-attn installed "
-                               "(`pip install .[gpu]`); use backend=flex")
+            raise HarnessError(
+                "backend=flash needs a CUDA device and flash-attn installed "
+                "(`pip install .[gpu]`); use backend=flex"
+            )
         cache = engine.cache
         self.policy, self.engine, self.cache, self.backend = policy, engine, cache, backend
         self.compiled, self.q_block = compiled, q_block
@@ -100,8 +115,10 @@ class CompressedRegion:
             self.where[:, :, fresh] = fresh
         elif length < self.synced:
             if bool((self.pos[:, :, :length] >= length).any()):
-                raise RuntimeError("engine.crop() cut entries the compressed region had moved; "
-                                   "call region.restore() before cropping")
+                raise RuntimeError(
+                    "engine.crop() cut entries the compressed region had moved; "
+                    "call region.restore() before cropping"
+                )
             tail = torch.arange(length, self.synced, device=self.pos.device)
             self.pos[:, :, tail] = tail
             self.where[:, :, tail] = tail
@@ -161,8 +178,10 @@ class CompressedRegion:
 
     def _check(self, m: torch.Tensor) -> None:
         if bool((m > self.size).any()):
-            raise RuntimeError(f"kv={self.policy.name}: selection of {int(m.max())} entries exceeds the "
-                               f"compressed region ({self.size} slots); max_selected() is wrong")
+            raise RuntimeError(
+                f"kv={self.policy.name}: selection of {int(m.max())} entries exceeds the "
+                f"compressed region ({self.size} slots); max_selected() is wrong"
+            )
 
     def _swap_heads(self, layer: int, heads: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         for t in (self.cache.k[layer], self.cache.v[layer]):
@@ -245,16 +264,18 @@ class RegionView:
         reg = self.region
         kf, vf = reg.cache.k[layer].unsqueeze(0), reg.cache.v[layer].unsqueeze(0)  # static length: capacity
         if self._mask is None:
-            self._mask = _mask_for(q.shape[2], kf.shape[2], q.shape[1], kf.shape[1], self.restricted,
-                                   self.block_vis, reg.q_block)
+            self._mask = _mask_for(
+                q.shape[2], kf.shape[2], q.shape[1], kf.shape[1], self.restricted, self.block_vis, reg.q_block
+            )
         if self._mask.owner is not self:  # another view of the same size used the shared mask since
             self._mask.set_layout(self.restricted, self.block_vis)
             self._mask.owner = self
         self._mask.update(cache_len, rl)
         return self._mask.attend(q, kf, vf, self.scale, compiled=reg.compiled)
 
-    def _gathered(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int,
-                  rl: torch.Tensor) -> torch.Tensor:
+    def _gathered(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int, rl: torch.Tensor
+    ) -> torch.Tensor:
         n = q.shape[2]
         top = int(rl.max())
         kb, vb = k[:, :, cache_len:], v[:, :, cache_len:]

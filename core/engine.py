@@ -41,7 +41,7 @@ class Engine:
         self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype, cfg.device)
         self.prefill_chunk = prefill_chunk
         self.max_positions = cfg.max_positions
-        self.prefill_hooks: list = []  # callables(layer, q, k_all, cache_len) run during prefill (SnapKV etc.)
+        self.prefill_hooks: list = []  # fn(layer, q, k_all, cache_len) run during prefill (SnapKV etc.)
         self.linear = linear
         self._packed: dict[int, torch.Tensor] = {}
         if linear == "onednn":
@@ -97,6 +97,7 @@ class Engine:
         """One forward over a block. Returns float logits for `logits_rows` (all rows if None)."""
         w = self.w
         cache = self.cache
+        tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
         n = tokens.numel()
         cache.stage_positions(position_ids)
         cos, sin = rope_cos_sin(self.model, position_ids, self.dtype)

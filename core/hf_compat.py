@@ -48,7 +48,9 @@ def extract_weights(model: torch.nn.Module) -> DecoderWeights:
     cfg = model.config
     arch = getattr(cfg, "model_type", "?")
     if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"model type {arch!r} is not supported by the engine (supported: {sorted(SUPPORTED_ARCHS)})")
+        raise ValueError(
+            f"model type {arch!r} is not supported by the engine (supported: {sorted(SUPPORTED_ARCHS)})"
+        )
     inner = model.model
     layers = []
     for layer in inner.layers:

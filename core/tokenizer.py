@@ -22,7 +22,11 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, tokenize: bool = True, **_: object
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        **_: object,
     ) -> list[int] | str:
         ids = [self.bos_token_id]
         for msg in messages:

@@ -30,7 +30,9 @@ class BaseDecoder:
     def params(self) -> dict:
         return {}
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int], counts: Counts) -> list[int]:
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> list[int]:
         if max_new_tokens <= 0:
             raise HarnessError(f"max_new_tokens must be positive, got {max_new_tokens}")
         if not prompt_ids:
@@ -54,12 +56,15 @@ class BaseDecoder:
         self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
         return out
 
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         raise NotImplementedError
 
 
-def extend_output(out: list[int], new: Sequence[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[int, bool]:
+def extend_output(
+    out: list[int], new: Sequence[int], max_new_tokens: int, stop_ids: set[int]
+) -> tuple[int, bool]:
     """Append `new` to `out` up to a stop token (kept) or the length limit. Returns (appended, done)."""
     n = 0
     for tok in new:

@@ -103,8 +103,14 @@ def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.devi
     top_sel = [sel.index(r) for r in top_rows]
     guess_sel = len(sel)
     sel += list(range(guess_row, n))
-    return Layout(mask.to(device), offsets.to(device), torch.tensor(sel, device=device),
-                  torch.tensor(top_sel), guess_row, guess_sel)
+    return Layout(
+        mask.to(device),
+        offsets.to(device),
+        torch.tensor(sel, device=device),
+        torch.tensor(top_sel),
+        guess_row,
+        guess_sel,
+    )
 
 
 class JacobiWindow:
@@ -144,8 +150,17 @@ class Lookahead(BaseDecoder):
 
     name = "lookahead"
 
-    def __init__(self, engine, kv=None, sampler=None, N: int = 5, W: int = 7, G: int = 7,
-                 pool_from_prompt: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        N: int = 5,
+        W: int = 7,
+        G: int = 7,
+        pool_from_prompt: bool = False,
+        seed: int = 0,
+    ) -> None:
         if N < 3 or W < 1 or G < 1:
             raise ValueError(f"lookahead needs N >= 3, W >= 1, G >= 1; got N={N} W={W} G={G}")
         super().__init__(engine, kv, sampler)
@@ -160,8 +175,13 @@ class Lookahead(BaseDecoder):
         return self.kv.lossless
 
     def params(self) -> dict:
-        return {"N": self.N, "W": self.W, "G": self.G, "pool_from_prompt": self.pool_from_prompt,
-                "seed": self.seed}
+        return {
+            "N": self.N,
+            "W": self.W,
+            "G": self.G,
+            "pool_from_prompt": self.pool_from_prompt,
+            "seed": self.seed,
+        }
 
     def _stage_lens(self, filled: int) -> list[int]:
         """Level lengths with `filled` levels above level 0 (warm-up: filled < N-2)."""
@@ -189,8 +209,9 @@ class Lookahead(BaseDecoder):
         restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
         return RestrictedView(self.kv, eng.scale, block_mask, restricted)
 
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         eng, k = self.engine, self.N - 1
         rng = random.Random(self.seed)
         window = JacobiWindow(self.N, self.W, [rng.choice(prompt) for _ in range(self.W + self.N - 3)])
@@ -204,8 +225,9 @@ class Lookahead(BaseDecoder):
             guesses = pool.get((root,))
             lay = self._layout(window.lens(), len(guesses))
             cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
-            tokens = torch.tensor([root, *window.flat(), *cands.flatten().tolist()], dtype=torch.long,
-                                  device=eng.device)
+            tokens = torch.tensor(
+                [root, *window.flat(), *cands.flatten().tolist()], dtype=torch.long, device=eng.device
+            )
             view = self._view(lay.block_mask, cache_len)
             logits = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows)
             preds = logits.argmax(dim=-1).cpu()

@@ -40,11 +40,14 @@ class PromptLookup(BaseDecoder):
 
     name = "pld"
 
-    def __init__(self, engine, kv=None, sampler=None, max_matching_ngram_size: int = 2,
-                 num_tokens: int = 10) -> None:
+    def __init__(
+        self, engine, kv=None, sampler=None, max_matching_ngram_size: int = 2, num_tokens: int = 10
+    ) -> None:
         if max_matching_ngram_size < 1 or num_tokens < 1:
-            raise ValueError("pld needs max_matching_ngram_size >= 1 and num_tokens >= 1, got "
-                             f"{max_matching_ngram_size} and {num_tokens}")
+            raise ValueError(
+                "pld needs max_matching_ngram_size >= 1 and num_tokens >= 1, got "
+                f"{max_matching_ngram_size} and {num_tokens}"
+            )
         super().__init__(engine, kv, sampler)
         self.max_ngram = max_matching_ngram_size
         self.num_tokens = num_tokens
@@ -59,8 +62,9 @@ class PromptLookup(BaseDecoder):
     def max_block(self) -> int:
         return 1 + self.num_tokens
 
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         eng = self.engine
         seq = list(prompt) + out
         done = False

@@ -19,8 +19,9 @@ class Vanilla(BaseDecoder):
     def lossless(self) -> bool:  # type: ignore[override]
         return self.kv.lossless
 
-    def _decode(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int],
-                counts: Counts) -> None:
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
         eng = self.engine
         tok = torch.empty(1, dtype=torch.long, device=eng.device)
         pos = torch.empty(1, dtype=torch.long, device=eng.device)

@@ -121,8 +121,9 @@ def sample_verify(
     return Verdict(alive[0], len(accepted), [*accepted, bonus])
 
 
-def verify_logits(sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, first: int,
-                  preds: torch.Tensor | None = None) -> Verdict:
+def verify_logits(
+    sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, first: int, preds: torch.Tensor | None = None
+) -> Verdict:
     """Verify `cands` [g, k] from one forward's logits rows: the root's at row 0, candidate j
     token t's at row `first + j*k + t`. Greedy (argmax; `preds` = precomputed argmax of every row)
     or sampling verification, following the sampler."""
@@ -131,5 +132,6 @@ def verify_logits(sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, f
         if preds is None:
             preds = logits.argmax(dim=-1).cpu()
         return greedy_verify(cands, int(preds[0]), preds[first : first + g * k].reshape(g, k))
-    return sample_verify(cands, sampler.probs(logits[0]),
-                         lambda j, t: sampler.probs(logits[first + j * k + t]), sampler)
+    return sample_verify(
+        cands, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler
+    )

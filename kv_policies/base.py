@@ -145,7 +145,7 @@ class KVPolicy:
         hkv = k_cache.shape[0]
         if self.keeps_all(layer, cache_len):
             return torch.ones(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
-        sel = self.select(layer, q, k_cache, cache_len)
+        sel = self.select(layer, q, k_cache, cache_len).to(k_cache.device)
         return sel.gather(1, self.logical_of_slots(layer, hkv, cache_len, k_cache.device))
 
     # --- layout helpers ------------------------------------------------------------------------
@@ -179,8 +179,9 @@ class KVPolicy:
         return k_cache.gather(1, slots.unsqueeze(-1).expand(-1, -1, d))
 
     # --- views ---------------------------------------------------------------------------------
-    def restricted_view(self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor,
-                        backend: str | None = None) -> Any:
+    def restricted_view(
+        self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, backend: str | None = None
+    ) -> Any:
         """A view where `restricted` rows see only this policy's selection of the cache (plus the block
         through `block_mask [n, n]`) and the other rows the whole cache."""
         backend = backend or self.backend
@@ -221,5 +222,10 @@ class KVPolicy:
     def _note_large_budget(self, prompt_len: int) -> None:
         if self.budget is not None and self.budget >= prompt_len and not self._noted_large:
             self._noted_large = True
-            log.info("kv=%s: budget %d >= prompt length %d: every entry is kept until the context outgrows "
-                     "the budget (exactly like kv=full until then)", self.name, self.budget, prompt_len)
+            log.info(
+                "kv=%s: budget %d >= prompt length %d: every entry is kept until the context outgrows "
+                "the budget (exactly like kv=full until then)",
+                self.name,
+                self.budget,
+                prompt_len,
+            )

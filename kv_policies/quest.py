@@ -49,8 +49,9 @@ def page_minmax(k: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Te
 class Quest(KVPolicy):
     name = "quest"
 
-    def __init__(self, budget: int = 760, page_size: int = 16, dense_layers: int = 2,
-                 backend: str = "dense") -> None:
+    def __init__(
+        self, budget: int = 760, page_size: int = 16, dense_layers: int = 2, backend: str = "dense"
+    ) -> None:
         if not isinstance(page_size, int) or page_size <= 0 or REGION_BLOCK % page_size:
             raise HarnessError(
                 f"kv=quest: page_size ({page_size}) must be a positive divisor of the attention block size "
@@ -69,8 +70,13 @@ class Quest(KVPolicy):
         self._seen: dict[int, int] = {}
 
     def params(self) -> dict:
-        return {"budget": self.budget, "page_size": self.page_size, "dense_layers": self.dense_layers,
-                "pages": self.n_pages, "backend": self.backend}
+        return {
+            "budget": self.budget,
+            "page_size": self.page_size,
+            "dense_layers": self.dense_layers,
+            "pages": self.n_pages,
+            "backend": self.backend,
+        }
 
     def reset(self, prompt_len: int) -> None:
         super().reset(prompt_len)

@@ -25,8 +25,9 @@ from core.types import HarnessError
 from kv_policies.base import KVPolicy, check_backend, check_budget
 
 
-def snapkv_scores(q_win: torch.Tensor, k: torch.Tensor, scale: float, kernel: int,
-                  pooling: str) -> torch.Tensor:
+def snapkv_scores(
+    q_win: torch.Tensor, k: torch.Tensor, scale: float, kernel: int, pooling: str
+) -> torch.Tensor:
     """Pooled votes `[n_kv_heads, L - W]` of the W window queries `[H, W, d]` (the last W positions)
     for the earlier keys of `k [n_kv_heads, L, d]`."""
     h, w, d = q_win.shape
@@ -45,8 +46,14 @@ def snapkv_scores(q_win: torch.Tensor, k: torch.Tensor, scale: float, kernel: in
 class SnapKV(KVPolicy):
     name = "snapkv"
 
-    def __init__(self, budget: int = 760, window: int = 32, kernel: int = 7, pooling: str = "max",
-                 backend: str = "dense") -> None:
+    def __init__(
+        self,
+        budget: int = 760,
+        window: int = 32,
+        kernel: int = 7,
+        pooling: str = "max",
+        backend: str = "dense",
+    ) -> None:
         if not isinstance(window, int) or window < 1:
             raise HarnessError(f"kv=snapkv: window must be a positive integer, got {window!r}")
         if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
@@ -61,8 +68,13 @@ class SnapKV(KVPolicy):
         self._keep: dict[int, torch.Tensor] = {}
 
     def params(self) -> dict:
-        return {"budget": self.budget, "window": self.window, "kernel": self.kernel, "pooling": self.pooling,
-                "backend": self.backend}
+        return {
+            "budget": self.budget,
+            "window": self.window,
+            "kernel": self.kernel,
+            "pooling": self.pooling,
+            "backend": self.backend,
+        }
 
     def reset(self, prompt_len: int) -> None:
         super().reset(prompt_len)

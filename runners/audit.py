@@ -27,7 +27,9 @@ def digest(ids: list[int]) -> str:
 class VanillaAudit:
     def __init__(self, engine: Engine, cache_dir: Path, model_key: str) -> None:
         self.engine = engine
-        self.reference = Vanilla(engine)  # full KV, greedy; shares the run's engine (one cache, one weight copy)
+        self.reference = Vanilla(
+            engine
+        )  # full KV, greedy; shares the run's engine (one cache, one weight copy)
         self.path = cache_dir / f"{model_key}.jsonl"
         self.known: dict[str, list[int]] = {}
         if self.path.exists():
@@ -65,8 +67,9 @@ class VanillaAudit:
             self.record(prompt, max_new_tokens, stop_ids, ids)
         return self.known[key]
 
-    def compare(self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int]
-                ) -> tuple[bool, int | None, float | None]:
+    def compare(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int]
+    ) -> tuple[bool, int | None, float | None]:
         """(matches, first divergence index, vanilla top-2 logit gap at that index)."""
         ref = self.vanilla_ids(prompt, max_new_tokens, stop_ids)
         if out == ref:

@@ -14,10 +14,21 @@ PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "numpy", "panda
 
 def git_sha(repo: Path) -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=5)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if sha.returncode == 0 else "unknown"
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return (
+            sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+            if sha.returncode == 0
+            else "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

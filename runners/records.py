@@ -22,16 +22,42 @@ import pandas as pd
 
 # nullable ints: a failed (sample, turn) row has an error and no measurements
 SAMPLE_COLUMNS = {
-    "run_id": "string", "sample_id": "string", "turn": "int64", "category": "string",
-    "prompt_tokens": "Int64", "new_tokens": "Int64", "prefill_s": "float64", "decode_s": "float64",
-    "wall_s": "float64", "forwards": "Int64", "drafted": "Int64", "accepted": "Int64", "committed": "Int64",
-    "tau": "float64", "tok_s": "float64", "decode_tok_s": "float64", "peak_mem_mb": "float64",
-    "kv_cache_mb": "float64", "kv_read_mb": "float64", "output_digest": "string", "output_text": "string",
-    "matches_vanilla": "boolean", "first_divergence": "Int64", "divergence_gap": "float64", "error": "string",
+    "run_id": "string",
+    "sample_id": "string",
+    "turn": "int64",
+    "category": "string",
+    "prompt_tokens": "Int64",
+    "new_tokens": "Int64",
+    "prefill_s": "float64",
+    "decode_s": "float64",
+    "wall_s": "float64",
+    "forwards": "Int64",
+    "drafted": "Int64",
+    "accepted": "Int64",
+    "committed": "Int64",
+    "tau": "float64",
+    "tok_s": "float64",
+    "decode_tok_s": "float64",
+    "peak_mem_mb": "float64",
+    "kv_cache_mb": "float64",
+    "kv_read_mb": "float64",
+    "output_digest": "string",
+    "output_text": "string",
+    "matches_vanilla": "boolean",
+    "first_divergence": "Int64",
+    "divergence_gap": "float64",
+    "error": "string",
 }
 STEP_COLUMNS = {
-    "run_id": "string", "sample_id": "string", "turn": "int64", "step": "int64", "block_tokens": "int64",
-    "drafted": "int64", "accepted": "int64", "committed": "int64", "kv_attended": "int64",
+    "run_id": "string",
+    "sample_id": "string",
+    "turn": "int64",
+    "step": "int64",
+    "block_tokens": "int64",
+    "drafted": "int64",
+    "accepted": "int64",
+    "committed": "int64",
+    "kv_attended": "int64",
 }
 SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
 
@@ -82,7 +108,9 @@ class RunDir:
     def write_run(self, row: dict[str, Any]) -> None:
         write_parquet_atomic(pd.DataFrame([row]), self.path / "runs.parquet")
 
-    def write_sample(self, sample_id: str, samples: list[dict], steps: list[dict], scores: list[dict]) -> None:
+    def write_sample(
+        self, sample_id: str, samples: list[dict], steps: list[dict], scores: list[dict]
+    ) -> None:
         stem = safe_name(sample_id)
         # steps/scores first: the samples part is the commit marker of a finished sample
         write_parquet_atomic(typed_frame(steps, STEP_COLUMNS), self.parts / f"{stem}.steps.parquet")
@@ -106,4 +134,3 @@ class RunDir:
 
     def mark_complete(self) -> None:
         (self.path / "COMPLETE").write_text("complete\n")
-

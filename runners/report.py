@@ -31,13 +31,25 @@ def print_summary(run_path: Path) -> None:
         return
     s = run_summary(pd.read_parquet(path))
     runs = pd.read_parquet(run_path / "runs.parquet").iloc[0]
-    print(f"\n{runs['decoder']} + kv={runs['kv']} on {runs['task']}  ({runs['model']}, {runs['dtype']}, "
-          f"{runs['device_name']})")
-    table = pd.DataFrame([{
-        "samples": s["samples"], "turns": s["turns"], "failed": s["failed"], "new tokens": s["new_tokens"],
-        "tau": round(s["tau"], 3), "tok/s": round(s["tok_s"], 2), "prefill s": round(s["prefill_s"], 2),
-        "decode s": round(s["decode_s"], 2), "peak mem MB": round(s["peak_mem_mb"], 1),
-        "matches vanilla": round(s["match_rate"], 3),
-    }])
+    print(
+        f"\n{runs['decoder']} + kv={runs['kv']} on {runs['task']}  ({runs['model']}, {runs['dtype']}, "
+        f"{runs['device_name']})"
+    )
+    table = pd.DataFrame(
+        [
+            {
+                "samples": s["samples"],
+                "turns": s["turns"],
+                "failed": s["failed"],
+                "new tokens": s["new_tokens"],
+                "tau": round(s["tau"], 3),
+                "tok/s": round(s["tok_s"], 2),
+                "prefill s": round(s["prefill_s"], 2),
+                "decode s": round(s["decode_s"], 2),
+                "peak mem MB": round(s["peak_mem_mb"], 1),
+                "matches vanilla": round(s["match_rate"], 3),
+            }
+        ]
+    )
     print(table.to_string(index=False))
     print(f"records: {run_path}/{{runs,samples,steps,scores}}.parquet")

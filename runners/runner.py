@@ -81,25 +81,46 @@ class Runner:
             self.task.max_new_tokens = int(run.max_new_tokens)
         if self.task.max_new_tokens <= 0:
             raise HarnessError(f"max_new_tokens must be positive, got {self.task.max_new_tokens}")
-        self.stop_ids = set() if getattr(self.task, "ignore_eos", False) else stop_ids_for(self.lm.tokenizer, self.lm.model)
-        fallback = {"model": self.lm.name, "decoder": getattr(self.decoder, "name", "decoder"),
-                    "kv": getattr(self.kv, "name", "kv"), "task": getattr(self.task, "name", "task")}
+        self.stop_ids = (
+            set()
+            if getattr(self.task, "ignore_eos", False)
+            else stop_ids_for(self.lm.tokenizer, self.lm.model)
+        )
+        fallback = {
+            "model": self.lm.name,
+            "decoder": getattr(self.decoder, "name", "decoder"),
+            "kv": getattr(self.kv, "name", "kv"),
+            "task": getattr(self.task, "name", "task"),
+        }
         choices = cfg.get("choices") or {}
         self.names = {k: str(choices.get(k) or fallback[k]) for k in fallback}
         self.identity = {
-            "model": self.names["model"], "model_name": self.lm.name, "dtype": str(self.lm.dtype).replace("torch.", ""),
-            "device": self.lm.device.type, "decoder": self.names["decoder"], "decoder_params": _params(cfg.decoder),
-            "kv": self.names["kv"], "kv_params": _params(cfg.kv), "task": self.names["task"],
-            "task_params": _params(cfg.task), "task_version": self.task.version, "limit": run.limit,
-            "max_new_tokens": self.task.max_new_tokens, "seed": int(run.seed), "sampling": _params(cfg.sampling),
+            "model": self.names["model"],
+            "model_name": self.lm.name,
+            "dtype": str(self.lm.dtype).replace("torch.", ""),
+            "device": self.lm.device.type,
+            "decoder": self.names["decoder"],
+            "decoder_params": _params(cfg.decoder),
+            "kv": self.names["kv"],
+            "kv_params": _params(cfg.kv),
+            "task": self.names["task"],
+            "task_params": _params(cfg.task),
+            "task_version": self.task.version,
+            "limit": run.limit,
+            "max_new_tokens": self.task.max_new_tokens,
+            "seed": int(run.seed),
+            "sampling": _params(cfg.sampling),
         }
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         self.greedy = self.sampler.greedy
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
         model_key = f"{self.lm.name.replace('/', '_')}-{self.identity['dtype']}-{self.lm.device.type}"
-        self.audit = VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", model_key) \
-            if run.audit and self.greedy else None
+        self.audit = (
+            VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", model_key)
+            if run.audit and self.greedy
+            else None
+        )
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -120,8 +141,12 @@ class Runner:
             if todo and cfg.run.warmup:
                 self._warmup(samples[0])
             total = sum(self.task.n_turns(s) for s in todo)
-            bar = tqdm(total=total, desc=f"{self.names['decoder']}+{self.names['kv']} on {self.names['task']}",
-                       unit="turn", disable=None)
+            bar = tqdm(
+                total=total,
+                desc=f"{self.names['decoder']}+{self.names['kv']} on {self.names['task']}",
+                unit="turn",
+                disable=None,
+            )
             if done:
                 print(f"[run] resuming {self.run_id}: {len(done)} samples already done, {len(todo)} to go")
             for sample in todo:
@@ -144,7 +169,8 @@ class Runner:
             if n + self.task.max_new_tokens > limit:
                 raise HarnessError(
                     f"sample {s.sample_id}: prompt of {n} tokens + max_new_tokens {self.task.max_new_tokens} "
-                    f"exceeds the model context ({limit}); lower run.max_new_tokens or use a longer-context model"
+                    f"exceeds the model context ({limit}); "
+                    "lower run.max_new_tokens or use a longer-context model"
                 )
 
     def _warmup(self, sample: Sample) -> None:
@@ -162,7 +188,12 @@ class Runner:
         tok = self.lm.tokenizer
         error = None
         for turn in range(self.task.n_turns(sample)):
-            base = {"run_id": self.run_id, "sample_id": sample.sample_id, "turn": turn, "category": sample.category}
+            base = {
+                "run_id": self.run_id,
+                "sample_id": sample.sample_id,
+                "turn": turn,
+                "category": sample.category,
+            }
             try:
                 prompt = self.task.prompt_ids(sample, turn, history, tok)
                 row, counts, out = self._generate(prompt)
@@ -183,8 +214,10 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - a scorer bug must not lose the timed sample
                 metrics = {}
                 rows[-1]["error"] = f"scoring failed: {exc.__class__.__name__}: {exc}"
-            scores = [{"run_id": self.run_id, "sample_id": sample.sample_id, "metric": k, "value": float(v)}
-                      for k, v in metrics.items()]
+            scores = [
+                {"run_id": self.run_id, "sample_id": sample.sample_id, "metric": k, "value": float(v)}
+                for k, v in metrics.items()
+            ]
         return rows, steps, scores
 
     def _generate(self, prompt: list[int]) -> tuple[dict, Counts, list[int]]:
@@ -207,15 +240,30 @@ class Runner:
         n_new = len(out)
         per_entry = eng.cache.bytes_per_entry()
         row = {
-            "prompt_tokens": len(prompt), "new_tokens": n_new, "prefill_s": clock.prefill_s,
-            "decode_s": clock.decode_s, "wall_s": clock.wall_s, "forwards": counts.forwards,
-            "drafted": counts.drafted, "accepted": counts.accepted, "committed": counts.committed,
-            "tau": counts.tau if counts.forwards else 1.0, "tok_s": n_new / clock.wall_s,
-            "decode_tok_s": (n_new - 1) / clock.decode_s if n_new > 1 and clock.decode_s > 0 else float("nan"),
-            "peak_mem_mb": peak, "kv_cache_mb": eng.cache.capacity * per_entry / 2**20,
-            "kv_read_mb": counts.kv_attended * per_entry / 2**20, "output_digest": digest(out),
-            "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True), "output_ids": out,
-            "matches_vanilla": matches, "first_divergence": first_div, "divergence_gap": gap, "error": None,
+            "prompt_tokens": len(prompt),
+            "new_tokens": n_new,
+            "prefill_s": clock.prefill_s,
+            "decode_s": clock.decode_s,
+            "wall_s": clock.wall_s,
+            "forwards": counts.forwards,
+            "drafted": counts.drafted,
+            "accepted": counts.accepted,
+            "committed": counts.committed,
+            "tau": counts.tau if counts.forwards else 1.0,
+            "tok_s": n_new / clock.wall_s,
+            "decode_tok_s": (n_new - 1) / clock.decode_s
+            if n_new > 1 and clock.decode_s > 0
+            else float("nan"),
+            "peak_mem_mb": peak,
+            "kv_cache_mb": eng.cache.capacity * per_entry / 2**20,
+            "kv_read_mb": counts.kv_attended * per_entry / 2**20,
+            "output_digest": digest(out),
+            "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
+            "output_ids": out,
+            "matches_vanilla": matches,
+            "first_divergence": first_div,
+            "divergence_gap": gap,
+            "error": None,
         }
         return row, counts, out
 
@@ -223,17 +271,30 @@ class Runner:
         import json
 
         return {
-            "run_id": self.run_id, "status": status, "started": started,
+            "run_id": self.run_id,
+            "status": status,
+            "started": started,
             "finished": datetime.now(timezone.utc).isoformat() if status == "complete" else None,
-            "git_sha": provenance.git_sha(REPO), "versions": json.dumps(provenance.versions()),
-            "device_name": provenance.device_name(self.lm.device), "threads": torch.get_num_threads(),
-            "model": self.names["model"], "model_name": self.lm.name, "dtype": self.identity["dtype"],
-            "decoder": self.names["decoder"], "decoder_params": json.dumps(self.identity["decoder_params"]),
-            "lossless": bool(self.decoder.lossless), "kv": self.names["kv"],
-            "kv_params": json.dumps(self.identity["kv_params"]), "task": self.names["task"],
-            "task_version": self.task.version, "task_params": json.dumps(self.identity["task_params"]),
-            "limit": self.cfg.run.limit, "max_new_tokens": self.task.max_new_tokens, "seed": int(self.cfg.run.seed),
-            "sampling": json.dumps(self.identity["sampling"]), "time": time.time(),
+            "git_sha": provenance.git_sha(REPO),
+            "versions": json.dumps(provenance.versions()),
+            "device_name": provenance.device_name(self.lm.device),
+            "threads": torch.get_num_threads(),
+            "model": self.names["model"],
+            "model_name": self.lm.name,
+            "dtype": self.identity["dtype"],
+            "decoder": self.names["decoder"],
+            "decoder_params": json.dumps(self.identity["decoder_params"]),
+            "lossless": bool(self.decoder.lossless),
+            "kv": self.names["kv"],
+            "kv_params": json.dumps(self.identity["kv_params"]),
+            "task": self.names["task"],
+            "task_version": self.task.version,
+            "task_params": json.dumps(self.identity["task_params"]),
+            "limit": self.cfg.run.limit,
+            "max_new_tokens": self.task.max_new_tokens,
+            "seed": int(self.cfg.run.seed),
+            "sampling": json.dumps(self.identity["sampling"]),
+            "time": time.time(),
         }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from pathlib import Path
@@ -55,10 +56,8 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     elif _CLEAR_REFS.exists():
-        try:
+        with contextlib.suppress(OSError):
             _CLEAR_REFS.write_text("5")  # resets the process's peak RSS (VmHWM) on Linux
-        except OSError:
-            pass
 
 
 def peak_memory_mb(device: torch.device) -> float:

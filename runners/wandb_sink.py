@@ -20,10 +20,16 @@ class WandbSink:
             import wandb
 
             self.run = wandb.init(
-                project=cfg.get("project", "draftless-harness"), entity=cfg.get("entity"), name=run_id,
-                group=cfg.get("group") or names.get("task"), job_type=names.get("decoder"),
+                project=cfg.get("project", "draftless-harness"),
+                entity=cfg.get("entity"),
+                name=run_id,
+                group=cfg.get("group") or names.get("task"),
+                job_type=names.get("decoder"),
                 tags=[names.get("decoder", ""), names.get("kv", ""), names.get("task", "")],
-                config=config, dir=cfg.get("dir"), mode=cfg.get("mode"), reinit="finish_previous",
+                config=config,
+                dir=cfg.get("dir"),
+                mode=cfg.get("mode"),
+                reinit="finish_previous",
             )
         except Exception as exc:  # noqa: BLE001
             self._warn("init", exc)
@@ -38,8 +44,12 @@ class WandbSink:
             self.run.summary.update({k: float(v) for k, v in run_summary(samples).items()})
             scores = tables["scores"]
             if len(scores):
-                self.run.summary.update(scores.groupby("metric")["value"].mean().add_prefix("score/").to_dict())
-            self.run.log({"samples": wandb.Table(dataframe=samples.drop(columns=["output_ids"], errors="ignore"))})
+                self.run.summary.update(
+                    scores.groupby("metric")["value"].mean().add_prefix("score/").to_dict()
+                )
+            self.run.log(
+                {"samples": wandb.Table(dataframe=samples.drop(columns=["output_ids"], errors="ignore"))}
+            )
             art = wandb.Artifact(name=f"records-{run_path.name}", type="results")
             for p in run_path.glob("*.parquet"):
                 art.add_file(str(p))
@@ -56,5 +66,7 @@ class WandbSink:
 
     @staticmethod
     def _warn(stage: str, exc: Exception) -> None:
-        print(f"[wandb] {stage} failed ({exc.__class__.__name__}: {exc}); records on disk are unaffected",
-              file=sys.stderr)
+        print(
+            f"[wandb] {stage} failed ({exc.__class__.__name__}: {exc}); records on disk are unaffected",
+            file=sys.stderr,
+        )

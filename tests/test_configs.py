@@ -11,8 +11,9 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 GROUPS = ["model", "decoder", "kv", "task", "launcher", "experiment", "debug"]
-OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))
-           if not p.stem.endswith(".example")]
+OPTIONS = [
+    (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")) if not p.stem.endswith(".example")
+]
 HUB_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: hub" in p.read_text()}
 
 

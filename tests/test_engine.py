@@ -24,7 +24,7 @@ def test_prefill_matches_hf_forward(tiny_lm):
     ids = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(0))
     eng.reset(64)
     ours = eng.prefill(ids.tolist())
-    ref = tiny_lm.model(ids[None]).logits[0, -1]
+    ref = tiny_lm.model(ids[None].to(eng.device)).logits[0, -1]
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 

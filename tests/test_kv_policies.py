@@ -44,18 +44,21 @@ class FakeEngine:
 
 
 # --- bad input ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,params,needle", [
-    ("streaming", {"budget": 4, "sinks": 4}, "must exceed sinks"),
-    ("h2o", {"budget": 100, "recent": 100}, "must exceed the recent window"),
-    ("snapkv", {"budget": 32, "window": 32}, "must exceed the observation window"),
-    ("quest", {"budget": 760, "page_size": 24}, "must be a positive divisor"),
-    ("quest", {"budget": 16, "page_size": 16}, "must exceed one page"),
-    ("quest", {"budget": 31, "page_size": 16}, "at least two pages"),
-    ("streaming", {"budget": 0}, "positive integer"),
-    ("streaming", {"budget": 100, "backend": "cuda-magic"}, "backend must be one of"),
-    ("snapkv", {"kernel": 4}, "odd"),
-    ("lru", {}, "unknown KV policy 'lru'"),
-])
+@pytest.mark.parametrize(
+    "name,params,needle",
+    [
+        ("streaming", {"budget": 4, "sinks": 4}, "must exceed sinks"),
+        ("h2o", {"budget": 100, "recent": 100}, "must exceed the recent window"),
+        ("snapkv", {"budget": 32, "window": 32}, "must exceed the observation window"),
+        ("quest", {"budget": 760, "page_size": 24}, "must be a positive divisor"),
+        ("quest", {"budget": 16, "page_size": 16}, "must exceed one page"),
+        ("quest", {"budget": 31, "page_size": 16}, "at least two pages"),
+        ("streaming", {"budget": 0}, "positive integer"),
+        ("streaming", {"budget": 100, "backend": "cuda-magic"}, "backend must be one of"),
+        ("snapkv", {"kernel": 4}, "odd"),
+        ("lru", {}, "unknown KV policy 'lru'"),
+    ],
+)
 def test_bad_input_is_one_clear_line(name, params, needle):
     with pytest.raises(HarnessError, match=needle) as err:
         build_policy(name, **params)
@@ -73,8 +76,13 @@ def test_streaming_keeps_sinks_and_recent_within_budget(length):
 
 # --- quest ----------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), length=st.integers(1, 70), page=st.sampled_from([1, 2, 4, 8, 16]),
-       rows=st.integers(1, 3), scale=st.floats(0.01, 100.0))
+@given(
+    seed=st.integers(0, 10_000),
+    length=st.integers(1, 70),
+    page=st.sampled_from([1, 2, 4, 8, 16]),
+    rows=st.integers(1, 3),
+    scale=st.floats(0.01, 100.0),
+)
 def test_quest_page_bound_never_below_true_max(seed, length, page, rows, scale):
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(3, length, 8, generator=g) * scale
@@ -116,8 +124,13 @@ def test_quest_selects_top_pages_per_kv_head_and_the_last_page():
     sel = pol.select(1, q, eng.cache.k[1, :, :150], 150)
     kmin, kmax = page_minmax(eng.cache.k[1, :, :150], 16)
     for h in range(2):  # brute force: max over the group's heads and rows, top 3 older pages + last
-        b = [max(float(page_bounds(q[2 * h + g], kmin[h, p : p + 1], kmax[h, p : p + 1]).max())
-                 for g in range(2)) for p in range(9)]
+        b = [
+            max(
+                float(page_bounds(q[2 * h + g], kmin[h, p : p + 1], kmax[h, p : p + 1]).max())
+                for g in range(2)
+            )
+            for p in range(9)
+        ]
         want = sorted(sorted(range(9), key=lambda p: -b[p])[:3] + [9])
         got = sorted({i // 16 for i in sel[h].nonzero().squeeze(1).tolist()})
         assert got == want
@@ -130,14 +143,18 @@ def test_policies_see_logical_positions_through_a_permuted_cache():
     eng.append(torch.randn(3, 2, 200, 8))
     q = torch.randn(4, 1, 8)
     before = {}
-    for name, pol in (("quest", Quest(budget=64, page_size=16, dense_layers=0)),
-                      ("streaming", StreamingLLM(budget=50, sinks=4))):
+    for name, pol in (
+        ("quest", Quest(budget=64, page_size=16, dense_layers=0)),
+        ("streaming", StreamingLLM(budget=50, sinks=4)),
+    ):
         pol.attach(eng)
         before[name] = pol.visible(2, q, eng.cache.k[2, :, :200], 200)
     other = 100 + torch.randperm(100, generator=torch.Generator().manual_seed(1))
     eng.cache.swap_slots(torch.arange(100), other)  # slot s < 100 <-> a random slot >= 100
-    for name, pol in (("quest", Quest(budget=64, page_size=16, dense_layers=0)),
-                      ("streaming", StreamingLLM(budget=50, sinks=4))):
+    for name, pol in (
+        ("quest", Quest(budget=64, page_size=16, dense_layers=0)),
+        ("streaming", StreamingLLM(budget=50, sinks=4)),
+    ):
         pol.attach(eng)
         after = pol.visible(2, q, eng.cache.k[2, :, :200], 200)
         assert torch.equal(after, before[name][:, eng.cache.slot_pos[:200]])
@@ -200,8 +217,10 @@ def test_snapkv_selection_equals_brute_force_across_prefill_chunks(tiny_lm, pool
             kept = set(sel[h].nonzero().squeeze(1).tolist())
             assert set(range(124, 132)) <= kept  # the observation window
             assert_top_k(kept - set(range(124, 132)), sc, 40 - 8)
-        assert torch.equal(pol.select(layer, q_all[:, -1:], eng.cache.k[layer, :, :150], 150)[:, 132:],
-                           torch.ones(k.shape[0], 18, dtype=torch.bool))  # generated tokens stay
+        assert torch.equal(
+            pol.select(layer, q_all[:, -1:], eng.cache.k[layer, :, :150], 150)[:, 132:].cpu(),
+            torch.ones(k.shape[0], 18, dtype=torch.bool),
+        )  # generated tokens stay
 
 
 # --- h2o ------------------------------------------------------------------------------------------

@@ -30,8 +30,12 @@ CONFIGS = [(3, 1, 1), (3, 3, 2), (4, 4, 4), (5, 7, 7), (6, 3, 10)]
 def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
     """Random token ids and byte text, short and long, so that candidates are accepted and rejected."""
     rng = random.Random(seed)
-    texts = ["The quick brown fox jumps over the lazy dog. " * 2, "def f(x):\n    return x * x\n",
-             "1, 2, 3, 4, 5, 6, 7, 8", "MT-Bench asks: compose a travel blog post about Hawaii."]
+    texts = [
+        "The quick brown fox jumps over the lazy dog. " * 2,
+        "def f(x):\n    return x * x\n",
+        "1, 2, 3, 4, 5, 6, 7, 8",
+        "MT-Bench asks: compose a travel blog post about Hawaii.",
+    ]
     out = []
     for i in range(n):
         if i % 2:
@@ -74,7 +78,7 @@ def test_every_row_sees_a_causal_chain(tiny_lm, lens, n_guess):
     eng.reset(len(prompt) + n + 1)
     eng.prefill(prompt[:-1])
     p = len(prompt) - 1
-    mask = torch.cat([torch.ones(n, p, dtype=torch.bool), lay.block_mask], dim=1)
+    mask = torch.cat([torch.ones(n, p, dtype=torch.bool, device=eng.device), lay.block_mask], dim=1)
     logits = eng.step(tokens, lay.offsets + p, MaskView(mask, eng.scale))
     for r in range(n):
         rows = lay.block_mask[r].nonzero().flatten()
@@ -120,8 +124,14 @@ def test_greedy_equals_vanilla_tiny(refs, cfg, pool_from_prompt):
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(N=st.integers(3, 6), W=st.integers(1, 8), G=st.integers(1, 8), seed=st.integers(0, 3),
-       pool=st.booleans(), prompt=st.lists(st.integers(0, 259), min_size=1, max_size=40))
+@given(
+    N=st.integers(3, 6),
+    W=st.integers(1, 8),
+    G=st.integers(1, 8),
+    seed=st.integers(0, 3),
+    pool=st.booleans(),
+    prompt=st.lists(st.integers(0, 259), min_size=1, max_size=40),
+)
 def test_greedy_equals_vanilla_random_settings(refs, N, W, G, seed, pool, prompt):
     eng, _ = refs
     ref = Vanilla(eng).generate(prompt, 24, set(), Counts())
@@ -153,7 +163,7 @@ def test_cache_ends_exactly_as_vanilla(refs):
     got = Lookahead(eng, N=5, W=7, G=7, pool_from_prompt=True).generate(prompt, 40, set(), counts)
     assert got == ref and counts.accepted > 0
     assert eng.length == n == len(prompt) + len(ref) - 1
-    assert torch.equal(eng.cache.slot_pos[:n], torch.arange(n))
+    assert torch.equal(eng.cache.slot_pos[:n].cpu(), torch.arange(n))
     torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(eng.cache.v[:, :, :n], v_ref, atol=1e-5, rtol=1e-5)
 
@@ -206,8 +216,9 @@ def test_sampling_is_lossless_in_distribution():
     (enumerated), and so does vanilla's own (sanity of the enumeration). Candidates come from the
     prompt's n-grams, so many are accepted. The test's power is shown in tests/test_verify.py."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
-    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4,
-                    tiny=dict(vocab_size=16))
+    lm = load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
+    )
     eng = Engine(lm.model)
     prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())  # its n-grams are likely
     exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))

@@ -44,10 +44,11 @@ def test_draft_equals_hf_prompt_lookup():
     for _ in range(300):
         seq = [rng.randrange(4) for _ in range(rng.randint(1, 30))]
         ngram, k = rng.randint(1, 4), rng.randint(1, 8)
-        hf = PromptLookupCandidateGenerator(num_output_tokens=k, max_matching_ngram_size=ngram,
-                                            max_length=10_000)
+        hf = PromptLookupCandidateGenerator(
+            num_output_tokens=k, max_matching_ngram_size=ngram, max_length=10_000
+        )
         ids, _ = hf.get_candidates(torch.tensor([seq]))
-        assert find_candidate(seq, ngram, k) == ids[0, len(seq):].tolist(), (seq, ngram, k)
+        assert find_candidate(seq, ngram, k) == ids[0, len(seq) :].tolist(), (seq, ngram, k)
 
 
 def test_draft_examples():
@@ -94,7 +95,7 @@ def test_cache_ends_exactly_as_vanilla(refs):
     counts = Counts()
     assert PromptLookup(eng, num_tokens=8).generate(prompt, 40, set(), counts) == ref
     assert counts.accepted > 0 and eng.length == n == len(prompt) + len(ref) - 1
-    assert torch.equal(eng.cache.slot_pos[:n], torch.arange(n))
+    assert torch.equal(eng.cache.slot_pos[:n].cpu(), torch.arange(n))
     torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
 
 
@@ -109,8 +110,9 @@ def test_bad_parameters(refs):
 def test_sampling_is_lossless_in_distribution():
     """First 3 sampled tokens: PLD's joint distribution fits the exact vanilla-sampling one."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
-    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4,
-                    tiny=dict(vocab_size=16))
+    lm = load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
+    )
     eng = Engine(lm.model)
     prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
     exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))

@@ -18,9 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_cfg(tmp_path: Path, *overrides: str):
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["model=tiny_llama", "task._target_=tests.fake_task.FakeTask",
-                                           "run.max_new_tokens=6", "run.limit=null", "run.warmup=false",
-                                           f"run.out_dir={tmp_path}", *overrides])
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=tiny_llama",
+                "task._target_=tests.fake_task.FakeTask",
+                "run.max_new_tokens=6",
+                "run.limit=null",
+                "run.warmup=false",
+                f"run.out_dir={tmp_path}",
+                *overrides,
+            ],
+        )
     return cfg
 
 
@@ -91,8 +100,13 @@ def test_failing_sample_is_recorded_and_run_goes_on(tmp_path):
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "run.py"), f"run.out_dir={tmp_path}", *args],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "run.py"), f"run.out_dir={tmp_path}", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,17 @@ from kv_policies.base import build_policy
 from kv_policies.view import RestrictedView
 
 
-def case(seed: int, h: int, hkv: int, d: int, n: int, cache_len: int, kv_len: int, mixed: bool,
-         dtype: torch.dtype = torch.float32):
+def case(
+    seed: int,
+    h: int,
+    hkv: int,
+    d: int,
+    n: int,
+    cache_len: int,
+    kv_len: int,
+    mixed: bool,
+    dtype: torch.dtype = torch.float32,
+):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, h, n, d, generator=g).to(dtype)
     k = torch.randn(1, hkv, kv_len, d, generator=g).to(dtype)
@@ -52,14 +61,20 @@ def reference(q, k, v, cache_len, region_len, restricted, block_vis, scale):
             mask[head, r, : region_len[head // (h // hkv)] if restricted[r] else cache_len] = True
     mask[:, :, cache_len:] = block_vis
     kk, vv = k[:, :, : cache_len + n].float(), v[:, :, : cache_len + n].float()
-    return F.scaled_dot_product_attention(q.float(), kk, vv, attn_mask=mask[None], scale=scale,
-                                          enable_gqa=h != hkv), mask
+    return F.scaled_dot_product_attention(
+        q.float(), kk, vv, attn_mask=mask[None], scale=scale, enable_gqa=h != hkv
+    ), mask
 
 
 SHAPES = [  # h, hkv, d, n, cache_len, kv_len, mixed
-    (4, 4, 16, 1, 300, 400, False), (4, 2, 16, 1, 700, 701, False), (6, 2, 8, 5, 129, 200, False),
-    (4, 2, 16, 7, 513, 777, True), (2, 1, 32, 40, 1000, 1100, True), (8, 2, 16, 3, 64, 300, True),
-    (4, 1, 8, 16, 256, 272, False), (3, 3, 8, 2, 1, 10, False),
+    (4, 4, 16, 1, 300, 400, False),
+    (4, 2, 16, 1, 700, 701, False),
+    (6, 2, 8, 5, 129, 200, False),
+    (4, 2, 16, 7, 513, 777, True),
+    (2, 1, 32, 40, 1000, 1100, True),
+    (8, 2, 16, 3, 64, 300, True),
+    (4, 1, 8, 16, 256, 272, False),
+    (3, 3, 8, 2, 1, 10, False),
 ]
 
 
@@ -99,11 +114,16 @@ def test_eager_flex_mask_mod_equals_dense_reference(shape):
     assert (out - ref).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("shape,dtype", [
-    ((4, 2, 16, 1, 700, 701, False), torch.float32),
-    ((4, 2, 16, 7, 513, 777, True), torch.float32),
-    pytest.param((4, 2, 16, 3, 300, 701, False), torch.bfloat16, marks=pytest.mark.slow),  # its own compile
-])
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [
+        ((4, 2, 16, 1, 700, 701, False), torch.float32),
+        ((4, 2, 16, 7, 513, 777, True), torch.float32),
+        pytest.param(
+            (4, 2, 16, 3, 300, 701, False), torch.bfloat16, marks=pytest.mark.slow
+        ),  # its own compile
+    ],
+)
 def test_compiled_flex_equals_dense_reference(shape, dtype):
     h, hkv, d, n, cache_len, kv_len, mixed = shape
     q, k, v, region_len, restricted, block_vis = case(5, *shape, dtype=dtype)
@@ -126,8 +146,15 @@ def test_sliced_and_flash_plumbing_equal_dense_reference(shape):
     scale = d**-0.5
     ref, _ = reference(q, k, v, cache_len, region_len, restricted, block_vis, scale)
     top = int(region_len.max())
-    args = (k[:, :, :top], v[:, :, :top], region_len, k[:, :, cache_len : cache_len + n],
-            v[:, :, cache_len : cache_len + n], block_vis, scale)
+    args = (
+        k[:, :, :top],
+        v[:, :, :top],
+        region_len,
+        k[:, :, cache_len : cache_len + n],
+        v[:, :, cache_len : cache_len + n],
+        block_vis,
+        scale,
+    )
     assert (sliced_attend(q, *args) - ref).abs().max() <= 1e-5
     assert (flash_region_attend(q, *args, varlen=reference_varlen) - ref).abs().max() <= 1e-5
 
@@ -157,8 +184,12 @@ def test_merge_lse_equals_softmax_over_the_union():
 
 
 # --- through the engine ---------------------------------------------------------------------------
-POLICIES = {"streaming": {"budget": 40, "sinks": 4}, "snapkv": {"budget": 40, "window": 8},
-            "quest": {"budget": 48, "page_size": 8, "dense_layers": 1}, "h2o": {"budget": 40, "recent": 16}}
+POLICIES = {
+    "streaming": {"budget": 40, "sinks": 4},
+    "snapkv": {"budget": 40, "window": 8},
+    "quest": {"budget": 48, "page_size": 8, "dense_layers": 1},
+    "h2o": {"budget": 40, "recent": 16},
+}
 
 
 @pytest.mark.parametrize("backend", ["sliced", "flex"])

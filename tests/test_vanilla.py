@@ -14,9 +14,15 @@ from tests.conftest import needs_smollm
 
 
 def _hf_greedy(model, prompt: list[int], n: int, eos: int | None) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
-                         pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
