@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow lint bench
+.PHONY: demo test test-slow test-gpu lint bench
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -13,8 +13,14 @@ test:            ## install with test extras, then run the suite (CPU, no hub; s
 test-slow:       ## the long checks: full MT-Bench losslessness on SmolLM2 etc.
 	$(PY) -m pytest -q -m slow
 
+test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites on a CUDA device (fp32, TF32 off)
+	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" tests/test_engine.py tests/test_vanilla.py \
+	  tests/test_lossless_fafo.py tests/test_lossless_lookahead.py tests/test_lossless_pld.py \
+	  tests/test_sparse_attention.py tests/test_kv_policies.py
+
 bench:           ## the speed claims, one script each (run one at a time)
-	$(PY) -m benchmarks.bench_vanilla_vs_hf
+	for b in bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo; do \
+	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -31,7 +31,7 @@ PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper
 PAPER_ENV = "fp16, batch 1, 1x A100-80GB"
 KV_LABEL = {"streaming": "Stream", "quest": "Quest", "snapkv": "SnapKV", "h2o": "H2O", "full": "Full"}
 TASKS = {"mtbench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval-Completion", "multi_if": "Multi-IF"}
-ENV = ["model", "dtype", "task", "device_name"]
+ENV = ["model", "dtype", "linear", "task", "device_name"]
 # The setting each table holds fixed (the paper's best, conf/decoder/fafo.yaml + kv budget 760, and
 # Lookahead's README G=7); a sweep frees its own column. Pass `fixed=` for other presets (e.g. CPU).
 PAPER_SETTING = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "decoder.G": 7}

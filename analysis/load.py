@@ -44,6 +44,7 @@ def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.Da
             continue
         run.update(_flatten("decoder", run.get("decoder_params")))
         run.update(_flatten("kv", run.get("kv_params")))
+        run.setdefault("linear", "aten")  # runs recorded before run.linear existed
         run["path"] = str(path.parent)
         rows.append(run)
     return pd.DataFrame(rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-ENV = ["model", "dtype", "device_name", "task", "max_new_tokens"]
+ENV = ["model", "dtype", "linear", "device_name", "task", "max_new_tokens"]
 
 
 def method_label(row: pd.Series) -> str:
@@ -42,6 +42,8 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
     ok = samples[samples["error"].isna()].copy()
     ok["method"] = ok.apply(method_label, axis=1)
     out = []
+    if "linear" not in ok.columns:
+        ok = ok.assign(linear="aten")
     for env, group in ok.groupby(ENV, dropna=False):
         base = group[(group["decoder"] == "vanilla") & (group["kv"] == "full")]
         base = base.drop_duplicates(["sample_id", "turn"], keep="last").set_index(["sample_id", "turn"])

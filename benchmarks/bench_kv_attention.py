@@ -186,7 +186,7 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
     from decoders.vanilla import Vanilla
     from tasks.pg19 import PG19
 
-    lm = load_model("packaged", "smollm2-135m", dtype="bfloat16", device="cpu")
+    lm = load_model("packaged", "smollm2-135m", dtype="auto", device="cpu")  # bf16 only where native
     eng = Engine(lm.model)
     configs = {
         "full": lambda: build_policy("full"),
@@ -195,7 +195,8 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
     }
     decoders = {name: Vanilla(eng, make()) for name, make in configs.items()}
     print(
-        f"\nPart B: SmolLM2-135M bf16, vanilla greedy, {new} new tokens, streaming budget {budget} "
+        f"\nPart B: SmolLM2-135M {str(lm.dtype).replace('torch.', '')}, vanilla greedy, {new} new tokens, "
+        f"streaming budget {budget} "
         f"(4 sinks), pg19 offline essays; decode tok/s (best of {repeats}) and prefill s"
     )
 

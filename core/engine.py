@@ -19,6 +19,7 @@ same engine setting.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +27,19 @@ import torch
 from core.attention import CausalView
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
+
+
+def onednn_applies(model: torch.nn.Module) -> bool:
+    """Prepacked oneDNN linears: fp32 weights on an x86 CPU with mkldnn and a bias-free LM head."""
+    p = next(model.parameters())
+    head = model.get_output_embeddings()
+    return (
+        p.device.type == "cpu"
+        and p.dtype == torch.float32
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and getattr(head, "bias", None) is None
+    )
 
 
 class Engine:

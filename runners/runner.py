@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from core.engine import Engine
+from core.engine import Engine, onednn_applies
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
 from decoders.vanilla import Vanilla
@@ -63,6 +63,18 @@ def stop_ids_for(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
+def resolve_linear(choice: str | None, lm) -> str:
+    """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU)."""
+    choice = choice or "auto"
+    if choice == "auto":
+        return "onednn" if onednn_applies(lm.model) else "aten"
+    if choice not in ("aten", "onednn"):
+        raise HarnessError(f"run.linear must be aten, onednn or auto, got {choice!r}")
+    if choice == "onednn" and not onednn_applies(lm.model):
+        raise HarnessError("run.linear=onednn needs an fp32 model on an x86 CPU; use run.linear=auto")
+    return choice
+
+
 class Runner:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -71,7 +83,8 @@ class Runner:
             torch.set_num_threads(int(run.threads))
         torch.manual_seed(int(run.seed))
         self.lm = build(cfg.model)
-        self.engine = Engine(self.lm.model, prefill_chunk=int(run.prefill_chunk))
+        linear = resolve_linear(run.get("linear"), self.lm)
+        self.engine = Engine(self.lm.model, prefill_chunk=int(run.prefill_chunk), linear=linear)
         s = cfg.sampling
         self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
         self.kv = build(cfg.kv)
@@ -99,6 +112,7 @@ class Runner:
             "model_name": self.lm.name,
             "dtype": str(self.lm.dtype).replace("torch.", ""),
             "device": self.lm.device.type,
+            "linear": self.engine.linear,
             "decoder": self.names["decoder"],
             "decoder_params": _params(cfg.decoder),
             "kv": self.names["kv"],
@@ -115,7 +129,9 @@ class Runner:
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         self.greedy = self.sampler.greedy
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
-        model_key = f"{self.lm.name.replace('/', '_')}-{self.identity['dtype']}-{self.lm.device.type}"
+        model_key = "-".join(
+            [self.lm.name.replace("/", "_"), self.identity["dtype"], self.lm.device.type, self.engine.linear]
+        )
         self.audit = (
             VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", model_key)
             if run.audit and self.greedy
@@ -282,6 +298,7 @@ class Runner:
             "model": self.names["model"],
             "model_name": self.lm.name,
             "dtype": self.identity["dtype"],
+            "linear": self.engine.linear,
             "decoder": self.names["decoder"],
             "decoder_params": json.dumps(self.identity["decoder_params"]),
             "lossless": bool(self.decoder.lossless),

@@ -125,3 +125,26 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, message):
     last = res.stderr.strip().splitlines()[-1]
     assert message in last and last.startswith("error:")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_engine_linear_choice(tmp_path):
+    """run.linear=auto takes the prepacked oneDNN GEMMs for fp32 on x86 CPUs and aten elsewhere; the
+    choice is recorded and keys the vanilla reference cache; a bad value is one clear error."""
+    import platform
+
+    import torch
+
+    from core.types import HarnessError
+
+    auto = Runner(make_cfg(tmp_path, "model.dtype=float32"))
+    x86 = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+    assert auto.engine.linear == ("onednn" if x86 else "aten")
+    assert Runner(make_cfg(tmp_path, "model.dtype=bfloat16")).engine.linear == "aten"
+    aten = Runner(make_cfg(tmp_path, "model.dtype=float32", "run.linear=aten"))
+    assert aten.engine.linear == "aten" and aten.run_id != auto.run_id
+    path = aten.run()
+    assert pd.read_parquet(path / "runs.parquet")["linear"].iloc[0] == "aten"
+    with pytest.raises(HarnessError, match="run.linear must be"):
+        Runner(make_cfg(tmp_path, "run.linear=fast"))
+    with pytest.raises(HarnessError, match="needs an fp32 model"):
+        Runner(make_cfg(tmp_path, "model.dtype=bfloat16", "run.linear=onednn"))
