@@ -6,9 +6,9 @@ studies use; FAFO does not state its prompt, so `prompt_suffix=` can append an i
 "Let's think step by step" line) and is logged with the task parameters.
 Score: `accuracy` = the extracted final number (tasks/answers.py) equals the gold after "####".
 
-Data: `data_path=` a local test.jsonl; by default `../shared/data/gsm8k/test.jsonl` relative to the
-repo root (the MIT-licensed file from grade_school_math); the hub `openai/gsm8k` (config main) when the
-file is absent (`source=auto`) or with `source=hub`.
+Data: `data_path=` a local test.jsonl; by default the copy shipped in `tasks/data/gsm8k/` (the
+MIT-licensed test split from openai/grade_school_math, LICENSE beside it), so it works offline; the
+hub `openai/gsm8k` (config main) when that file is absent (`source=auto`) or with `source=hub`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from tasks.base import Task
 from tasks.hub import load_hub
 from tasks.jsonl import parse_rows, read_jsonl, require_str
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FILE = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+DEFAULT_FILE = Path(__file__).resolve().parent / "data" / "gsm8k" / "test.jsonl"
 
 
 def gold_answer(solution: str) -> str:

@@ -8,6 +8,7 @@ divergence the continuations legitimately differ, so nothing later is compared.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,12 @@ def exact_distribution(engine, prompt: Sequence[int], n: int, sampler) -> dict[t
     return out
 
 
+def mtbench_engine_linear() -> str:
+    """Engine GEMMs for the SmolLM2 MT-Bench checks: HARNESS_TEST_LINEAR=onednn halves their time on
+    x86 CPUs (vanilla and the decoder share the engine, so the comparison stays like for like)."""
+    return os.environ.get("HARNESS_TEST_LINEAR", "aten")
+
+
 def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_new: int) -> list[float]:
     """Run vanilla greedy and every decoder `make(engine)` on MT-Bench (turn 2 sees vanilla's own
     turn-1 answer, chat template via the task); assert each output exact or a near-tie; return taus."""
@@ -114,7 +121,7 @@ def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_
     from runners.runner import stop_ids_for
     from tasks.mtbench import MTBench
 
-    tok, eng = lm.tokenizer, Engine(lm.model)
+    tok, eng = lm.tokenizer, Engine(lm.model, linear=mtbench_engine_linear())
     stop = stop_ids_for(tok, lm.model)
     task = MTBench(limit=n_questions)
     taus = []

@@ -22,7 +22,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue
+from tests.lossless_check import check_lossless, chi_square_pvalue, mtbench_engine_linear
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -252,7 +252,7 @@ def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False
     from tasks.mtbench import MTBench
 
     tok = lm.tokenizer
-    eng = Engine(lm.model)
+    eng = Engine(lm.model, linear=mtbench_engine_linear())
     task = MTBench(limit=n_questions)
     stop = {tok.eos_token_id}
     runs = []
