@@ -133,7 +133,9 @@ def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_
             for make in makers:
                 counts = Counts(keep_steps=False)
                 got = make(eng).generate(prompt, max_new, stop, counts)
-                check_lossless(eng, prompt, ref, got)
+                div = check_lossless(eng, prompt, ref, got)
                 taus.append(counts.tau)
+                note = "exact" if div is None else f"near-tie at {div.index} (gap {div.gap:.2g})"
+                print(f"[mtbench] {sample.sample_id} turn {turn}: {note}, tau {counts.tau:.2f}", flush=True)
             history.append(tok.decode(ref, skip_special_tokens=True))
     return taus
