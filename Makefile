@@ -8,7 +8,8 @@ demo:            ## install, then run the default job (SmolLM2, vanilla, full KV
 
 test:            ## install with test extras, then run the suite (CPU, no hub; slow tests excluded)
 	scripts/install.sh --test
-	$(PY) -m pytest -q -m "not slow and not gpu"
+	$(PY) -m pytest -q -m "not slow and not gpu"; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; fi; exit $$rc
 
 test-slow:       ## the long checks: full MT-Bench losslessness on SmolLM2 etc.
 	$(PY) -m pytest -q -m slow
