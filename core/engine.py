@@ -64,11 +64,9 @@ class Engine:
             raise ValueError(f"linear must be 'aten' or 'onednn', got {linear!r}")
 
     def _pack_onednn(self) -> None:
-        if self.dtype != torch.float32 or self.device.type != "cpu":
-            raise ValueError("linear='onednn' needs an fp32 model on CPU")
-        head = getattr(self.w.lm_head, "weight", None)
-        if getattr(self.w.lm_head, "bias", None) is not None or head is None:
-            raise ValueError("linear='onednn' needs a bias-free LM head")
+        if not onednn_applies(self.model):
+            raise ValueError("linear='onednn' needs an fp32 model on an x86 CPU with a bias-free LM head")
+        head = self.w.lm_head.weight
         names = ("wqkv", "wo", "wgu", "wdown")
         weights = [head] + [getattr(layer, n) for layer in self.w.layers for n in names]
         with torch.inference_mode():
