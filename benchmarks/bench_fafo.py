@@ -110,6 +110,30 @@ def methods() -> list[tuple[str, str, str, Maker]]:
     return out
 
 
+def custom_fafo(spec: str) -> tuple[str, str, str, Maker]:
+    """A `--fafo` row from 'key=value ...' (values parsed as int / float / bool / str)."""
+    kw: dict = {}
+    for item in spec.split():
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--fafo: expected key=value, got {item!r}")
+        low = raw.lower()
+        if low in ("true", "false"):
+            kw[key] = low == "true"
+        else:
+            try:
+                kw[key] = int(raw)
+            except ValueError:
+                try:
+                    kw[key] = float(raw)
+                except ValueError:
+                    kw[key] = raw
+    kv, budget = kw.pop("kv", "streaming"), kw.pop("budget", 760)
+    extra = {"sinks": 4} if kv == "streaming" else {}
+    label = f"FAFO-{kv}"
+    return label, spec, "custom", lambda e: FAFO(e, kv=build_policy(kv, budget=budget, **extra), **kw)
+
+
 def build_prompts(n_questions: int, new: int) -> tuple[list[list[int]], set[int]]:
     """Turn-1 and turn-2 prompt ids (turn 2 sees fp32 vanilla's answer), as bench_lookahead does."""
     from benchmarks.bench_lookahead import build_prompts as shared
@@ -192,6 +216,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated substrings of 'group method params' to run")
     ap.add_argument("--profile", action="store_true", help="cProfile the FAFO generations")
+    ap.add_argument(
+        "--fafo",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="extra FAFO row, e.g. 'k=3 n=1 m=4 tree=true kv=streaming budget=760' (repeatable; "
+        "any FAFO keyword, plus kv and budget)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     chosen = methods()
@@ -200,6 +232,7 @@ def main() -> None:
         chosen = [chosen[0]] + [
             m for m in chosen[1:] if any(k in f"{m[2]} {m[0]} {m[1]}".lower() for k in keys)
         ]
+    chosen += [custom_fafo(spec) for spec in args.fafo]
     prompts, stop = build_prompts(args.questions, args.new)
     print(
         f"# bench_fafo: torch {torch.__version__}, threads {args.threads}, {len(prompts)} prompts "

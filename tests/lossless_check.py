@@ -112,6 +112,15 @@ def mtbench_engine_linear() -> str:
     return os.environ.get("HARNESS_TEST_LINEAR", "aten")
 
 
+def mtbench_selected(sample_id: str) -> bool:
+    """HARNESS_MTBENCH_FROM=116 / HARNESS_MTBENCH_TO=140 (question ids, inclusive) run one slice of a
+    full MT-Bench check (default: every question): a long check resumes where it stopped or splits
+    across processes; the per-prompt progress lines name each question, so the slices add up."""
+    lo = int(os.environ.get("HARNESS_MTBENCH_FROM", "0"))
+    hi = int(os.environ.get("HARNESS_MTBENCH_TO", str(10**9)))
+    return not sample_id.isdigit() or lo <= int(sample_id) <= hi
+
+
 def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_new: int) -> list[float]:
     """Run vanilla greedy and every decoder `make(engine)` on MT-Bench (turn 2 sees vanilla's own
     turn-1 answer, chat template via the task); assert each output exact or a near-tie; return taus."""
@@ -126,6 +135,8 @@ def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_
     task = MTBench(limit=n_questions)
     taus = []
     for sample in task.load():
+        if not mtbench_selected(sample.sample_id):
+            continue
         history: list[str] = []
         for turn in range(turns):
             prompt = task.prompt_ids(sample, turn, history, tok)

@@ -22,7 +22,12 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, mtbench_engine_linear
+from tests.lossless_check import (
+    check_lossless,
+    chi_square_pvalue,
+    mtbench_engine_linear,
+    mtbench_selected,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -257,25 +262,31 @@ def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False
     stop = {tok.eos_token_id}
     runs = []
     for kw, only in plan:
-        runs.append((kw, FullKV))
+        runs.append((kw, "full", FullKV))
         for name, make in project_policies():
             if (
                 name != "full"
                 and (backends or "-" not in name)
                 and (only is None or name.split("-")[0] in only)
             ):
-                runs.append((kw, make))
+                runs.append((kw, name, make))
     taus = []
     for sample in task.load():
+        if not mtbench_selected(sample.sample_id):
+            continue
         history: list[str] = []
         for turn in range(turns):
             prompt = task.prompt_ids(sample, turn, history, tok)
             ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
-            for kw, make_kv in runs:
+            notes = []
+            for kw, name, make_kv in runs:
                 counts = Counts()
                 got = FAFO(eng, kv=make_kv(), **kw).generate(prompt, max_new, stop, counts)
-                check_lossless(eng, prompt, ref, got)
+                div = check_lossless(eng, prompt, ref, got)
                 taus.append(counts.tau)
+                tie = "" if div is None else f" near-tie@{div.index}"
+                notes.append(f"k{kw['k']}n{kw['n']}/{name}{tie} {counts.tau:.2f}")
+            print(f"[mtbench] {sample.sample_id} turn {turn} lossless: {', '.join(notes)}", flush=True)
             history.append(tok.decode(ref, skip_special_tokens=True))
     assert max(taus) > 1.0
 
