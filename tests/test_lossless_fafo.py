@@ -237,7 +237,7 @@ def test_smollm_mtbench_fast(smollm):
         n_questions=1,
         turns=2,
         max_new=40,
-        plan=[(dict(k=3, n=5, tree=True), ("streaming", "quest"))],
+        plan=[(dict(k=3, n=5, tree=True), ("full", "streaming", "quest"))],
     )
 
 
@@ -253,7 +253,8 @@ def test_smollm_mtbench_full(smollm):
 
 
 def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False) -> None:
-    """`plan`: (decoder kwargs, conf/kv names or None = all) pairs; kv=full always runs too."""
+    """`plan`: (decoder kwargs, conf/kv names or None = all) pairs; `backends`: the first plan entry
+    also runs each policy's compressed-region layout (`-sliced`)."""
     from tasks.mtbench import MTBench
 
     tok = lm.tokenizer
@@ -261,12 +262,13 @@ def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False
     task = MTBench(limit=n_questions)
     stop = {tok.eos_token_id}
     runs = []
-    for kw, only in plan:
-        runs.append((kw, "full", FullKV))
+    for i, (kw, only) in enumerate(plan):
+        if only is None or "full" in only:
+            runs.append((kw, "full", FullKV))
         for name, make in project_policies():
             if (
                 name != "full"
-                and (backends or "-" not in name)
+                and (backends and i == 0 or "-" not in name)
                 and (only is None or name.split("-")[0] in only)
             ):
                 runs.append((kw, name, make))
