@@ -20,7 +20,7 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 	  tests/test_sparse_attention.py tests/test_kv_policies.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo; do \
+	for b in bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 lint:

@@ -1,0 +1,85 @@
+"""What one forward of a B-token block costs relative to a 1-token (vanilla) step, on this machine.
+
+    flock /tmp/harness-bench.lock python -m benchmarks.bench_block_cost \\
+        [--model smollm2-135m] [--dtype float32] [--linear onednn] [--threads 2] [--context 400]
+
+Every draftless decoder trades rows for tokens: a step over B rows commits tau tokens, so its
+speedup over vanilla is about tau / cost(B), where cost(B) = time(B-row step) / time(1-row step).
+On a GPU cost(B) stays near 1 up to hundreds of rows (memory-bound); on a small CPU every row adds
+real compute, which decides what a CPU preset can afford (see conf/decoder/fafo_cpu.yaml). This
+prints cost(B) for a causal block over a `--context`-token cache (median of --reps, two passes, the
+second reported), the marginal cost per row from a least-squares line, and the tau each B needs to
+break even and to reach 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from core.attention import MaskView
+from core.engine import Engine
+from core.models import load_model
+
+ROWS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+
+
+def step_seconds(eng: Engine, context: int, rows: int, reps: int) -> float:
+    mask = torch.ones(rows, context + rows, dtype=torch.bool)
+    mask[:, context:] = torch.tril(torch.ones(rows, rows, dtype=torch.bool))
+    view = MaskView(mask.to(eng.device), eng.scale)
+    tokens = torch.arange(rows) + 3  # any ids: the cost does not depend on them
+    pos = torch.arange(context, context + rows)
+    times = []
+    for _ in range(reps):
+        if eng.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        eng.step(tokens, pos, view, logits_rows=[rows - 1])
+        if eng.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        eng.commit([])  # nothing kept: the cache stays at `context`
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--linear", default="onednn", choices=["aten", "onednn"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
+    linear = args.linear if args.device == "cpu" else "aten"
+    eng = Engine(lm.model, linear=linear)
+    eng.reset(args.context + max(ROWS) + 1)
+    eng.prefill(list(range(100, 100 + args.context)))
+    secs: dict[int, float] = {}
+    for _ in range(2):  # the first pass warms allocator and kernels
+        secs = {b: step_seconds(eng, args.context, b, args.reps) for b in ROWS}
+    base = secs[1]
+    xs, ys = list(secs), [secs[b] / base for b in secs]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    print(
+        f"# bench_block_cost: {args.model} {args.dtype} on {args.device} (linear={linear}, "
+        f"{args.threads} threads), cache {args.context} tokens, torch {torch.__version__}\n"
+    )
+    print("| block rows | ms / step | cost vs 1 row | tau to break even | tau for 1.3x |")
+    print("|---:|---:|---:|---:|---:|")
+    for b, s in secs.items():
+        c = s / base
+        print(f"| {b} | {s * 1e3:.1f} | {c:.2f} | {c:.2f} | {1.3 * c:.2f} |")
+    print(f"\nmarginal cost per extra row (least squares): {slope:.3f} of a 1-row step")
+
+
+if __name__ == "__main__":
+    main()
