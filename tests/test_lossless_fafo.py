@@ -9,6 +9,7 @@ acceptance is exercised (tau > 1).
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -283,11 +284,13 @@ def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False
             notes = []
             for kw, name, make_kv in runs:
                 counts = Counts()
+                t0 = time.perf_counter()
                 got = FAFO(eng, kv=make_kv(), **kw).generate(prompt, max_new, stop, counts)
+                secs = time.perf_counter() - t0
                 div = check_lossless(eng, prompt, ref, got)
                 taus.append(counts.tau)
                 tie = "" if div is None else f" near-tie@{div.index}"
-                notes.append(f"k{kw['k']}n{kw['n']}/{name}{tie} {counts.tau:.2f}")
+                notes.append(f"k{kw['k']}n{kw['n']}/{name}{tie} tau {counts.tau:.2f} {secs:.0f}s")
             print(f"[mtbench] {sample.sample_id} turn {turn} lossless: {', '.join(notes)}", flush=True)
             history.append(tok.decode(ref, skip_special_tokens=True))
     assert max(taus) > 1.0
