@@ -23,6 +23,7 @@ import torch
 from core.attention import MaskView
 from core.engine import Engine
 from core.models import load_model
+from runners.timing import synchronize
 
 ROWS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 
@@ -35,12 +36,10 @@ def step_seconds(eng: Engine, context: int, rows: int, reps: int) -> float:
     pos = torch.arange(context, context + rows)
     times = []
     for _ in range(reps):
-        if eng.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(eng.device)
         t0 = time.perf_counter()
         eng.step(tokens, pos, view, logits_rows=[rows - 1])
-        if eng.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(eng.device)
         times.append(time.perf_counter() - t0)
         eng.commit([])  # nothing kept: the cache stays at `context`
     return statistics.median(times)
@@ -73,11 +72,11 @@ def main() -> None:
         f"# bench_block_cost: {args.model} {args.dtype} on {args.device} (linear={linear}, "
         f"{args.threads} threads), cache {args.context} tokens, torch {torch.__version__}\n"
     )
-    print("| block rows | ms / step | cost vs 1 row | tau to break even | tau for 1.3x |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| block rows | ms / step | cost vs 1 row (= tau to break even) | tau for 1.3x |")
+    print("|---:|---:|---:|---:|")
     for b, s in secs.items():
         c = s / base
-        print(f"| {b} | {s * 1e3:.1f} | {c:.2f} | {c:.2f} | {1.3 * c:.2f} |")
+        print(f"| {b} | {s * 1e3:.1f} | {c:.2f} | {1.3 * c:.2f} |")
     print(f"\nmarginal cost per extra row (least squares): {slope:.3f} of a 1-row step")
 
 

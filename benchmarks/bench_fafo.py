@@ -73,11 +73,13 @@ class Tally:
         return self.committed / self.forwards if self.forwards else float("nan")
 
 
-def methods() -> list[tuple[str, str, str, Maker]]:
-    def fafo(kv: str, budget: int = 760, cls=FAFO, **kw) -> Maker:
-        extra = {"sinks": 4} if kv == "streaming" else {}
-        return lambda e: cls(e, kv=build_policy(kv, budget=budget, **extra), **kw)
+def fafo(kv: str, budget: int = 760, cls=FAFO, **kw) -> Maker:
+    """A FAFO (or FAFO-2forward) maker over `kv` at `budget` (StreamingLLM with 4 sinks)."""
+    extra = {"sinks": 4} if kv == "streaming" else {}
+    return lambda e: cls(e, kv=build_policy(kv, budget=budget, **extra), **kw)
 
+
+def methods() -> list[tuple[str, str, str, Maker]]:
     paper = f"k={PAPER['k']} n={PAPER['n']} m={PAPER['n']} budget=760"
     cpu = "k=3 n=2 m=3 tree pool_from_prompt cap=16 budget=760"
     pure = "k=3 n=4 m=4 tree budget=760"
@@ -128,10 +130,8 @@ def custom_fafo(spec: str) -> tuple[str, str, str, Maker]:
                     kw[key] = float(raw)
                 except ValueError:
                     kw[key] = raw
-    kv, budget = kw.pop("kv", "streaming"), kw.pop("budget", 760)
-    extra = {"sinks": 4} if kv == "streaming" else {}
-    label = f"FAFO-{kv}"
-    return label, spec, "custom", lambda e: FAFO(e, kv=build_policy(kv, budget=budget, **extra), **kw)
+    kv = kw.pop("kv", "streaming")
+    return f"FAFO-{kv}", spec, "custom", fafo(kv, **kw)
 
 
 def build_prompts(n_questions: int, new: int) -> tuple[list[list[int]], set[int]]:

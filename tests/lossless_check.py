@@ -122,8 +122,11 @@ def mtbench_selected(sample_id: str) -> bool:
 
 
 def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_new: int) -> list[float]:
-    """Run vanilla greedy and every decoder `make(engine)` on MT-Bench (turn 2 sees vanilla's own
-    turn-1 answer, chat template via the task); assert each output exact or a near-tie; return taus."""
+    """Run vanilla greedy and every `(label, make)` decoder `make(engine)` on MT-Bench (turn 2 sees
+    vanilla's own turn-1 answer, chat template via the task); assert each output exact or a near-tie;
+    print one line per prompt (each decoder's tau and seconds); return every run's tau."""
+    import time
+
     from core.engine import Engine
     from core.types import Counts
     from decoders.vanilla import Vanilla
@@ -141,12 +144,16 @@ def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_
         for turn in range(turns):
             prompt = task.prompt_ids(sample, turn, history, tok)
             ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
-            for make in makers:
+            notes = []
+            for label, make in makers:
                 counts = Counts(keep_steps=False)
+                t0 = time.perf_counter()
                 got = make(eng).generate(prompt, max_new, stop, counts)
+                secs = time.perf_counter() - t0
                 div = check_lossless(eng, prompt, ref, got)
                 taus.append(counts.tau)
-                note = "exact" if div is None else f"near-tie at {div.index} (gap {div.gap:.2g})"
-                print(f"[mtbench] {sample.sample_id} turn {turn}: {note}, tau {counts.tau:.2f}", flush=True)
+                tie = "" if div is None else f" near-tie at {div.index} (gap {div.gap:.2g})"
+                notes.append(f"{label}{tie} tau {counts.tau:.2f} {secs:.0f}s")
+            print(f"[mtbench] {sample.sample_id} turn {turn} lossless: {', '.join(notes)}", flush=True)
             history.append(tok.decode(ref, skip_special_tokens=True))
     return taus

@@ -9,7 +9,6 @@ acceptance is exercised (tau > 1).
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
-from tests.lossless_check import (
-    check_lossless,
-    chi_square_pvalue,
-    mtbench_engine_linear,
-    mtbench_selected,
-)
+from tests.lossless_check import check_lossless, chi_square_pvalue, mtbench_lossless
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -256,43 +250,20 @@ def test_smollm_mtbench_full(smollm):
 def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False) -> None:
     """`plan`: (decoder kwargs, conf/kv names or None = all) pairs; `backends`: the first plan entry
     also runs each policy's compressed-region layout (`-sliced`)."""
-    from tasks.mtbench import MTBench
-
-    tok = lm.tokenizer
-    eng = Engine(lm.model, linear=mtbench_engine_linear())
-    task = MTBench(limit=n_questions)
-    stop = {tok.eos_token_id}
-    runs = []
+    makers = []
     for i, (kw, only) in enumerate(plan):
-        if only is None or "full" in only:
-            runs.append((kw, "full", FullKV))
-        for name, make in project_policies():
-            if (
-                name != "full"
-                and (backends and i == 0 or "-" not in name)
-                and (only is None or name.split("-")[0] in only)
-            ):
-                runs.append((kw, name, make))
-    taus = []
-    for sample in task.load():
-        if not mtbench_selected(sample.sample_id):
-            continue
-        history: list[str] = []
-        for turn in range(turns):
-            prompt = task.prompt_ids(sample, turn, history, tok)
-            ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
-            notes = []
-            for kw, name, make_kv in runs:
-                counts = Counts()
-                t0 = time.perf_counter()
-                got = FAFO(eng, kv=make_kv(), **kw).generate(prompt, max_new, stop, counts)
-                secs = time.perf_counter() - t0
-                div = check_lossless(eng, prompt, ref, got)
-                taus.append(counts.tau)
-                tie = "" if div is None else f" near-tie@{div.index}"
-                notes.append(f"k{kw['k']}n{kw['n']}/{name}{tie} tau {counts.tau:.2f} {secs:.0f}s")
-            print(f"[mtbench] {sample.sample_id} turn {turn} lossless: {', '.join(notes)}", flush=True)
-            history.append(tok.decode(ref, skip_special_tokens=True))
+        named = [("full", FullKV)] if only is None or "full" in only else []
+        named += [
+            (name, make)
+            for name, make in project_policies()
+            if name != "full"
+            and (backends and i == 0 or "-" not in name)
+            and (only is None or name.split("-")[0] in only)
+        ]
+        for name, make_kv in named:
+            label = f"k{kw['k']}n{kw['n']}/{name}"
+            makers.append((label, lambda e, kw=kw, make_kv=make_kv: FAFO(e, kv=make_kv(), **kw)))
+    taus = mtbench_lossless(lm, makers, n_questions, turns, max_new)
     assert max(taus) > 1.0
 
 

@@ -240,7 +240,9 @@ def test_sampling_is_lossless_in_distribution():
 @needs_smollm
 def test_smollm_mtbench_fast(smollm):
     """Three MT-Bench questions (turn 1), 48 tokens, the README setting with the prompt pool."""
-    taus = mtbench_lossless(smollm, [lambda e: Lookahead(e, N=5, W=7, G=7, pool_from_prompt=True)], 3, 1, 48)
+    taus = mtbench_lossless(
+        smollm, [("lookahead", lambda e: Lookahead(e, N=5, W=7, G=7, pool_from_prompt=True))], 3, 1, 48
+    )
     assert max(taus) > 1.0
 
 
@@ -249,5 +251,5 @@ def test_smollm_mtbench_fast(smollm):
 @needs_smollm
 def test_smollm_mtbench_full(smollm):
     """Every MT-Bench question, both turns, 256 new tokens, Lookahead's README setting (5, 7, 7)."""
-    taus = mtbench_lossless(smollm, [lambda e: Lookahead(e, N=5, W=7, G=7)], None, 2, 256)
+    taus = mtbench_lossless(smollm, [("lookahead", lambda e: Lookahead(e, N=5, W=7, G=7))], None, 2, 256)
     assert sum(taus) / len(taus) > 1.0

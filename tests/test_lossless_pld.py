@@ -130,7 +130,7 @@ def test_sampling_is_lossless_in_distribution():
 @needs_smollm
 def test_smollm_mtbench_fast(smollm):
     """Three MT-Bench questions (turn 1), 48 tokens, HF's default PLD setting."""
-    taus = mtbench_lossless(smollm, [lambda e: PromptLookup(e)], 3, 1, 48)
+    taus = mtbench_lossless(smollm, [("pld", lambda e: PromptLookup(e))], 3, 1, 48)
     assert max(taus) > 1.0
 
 
@@ -139,5 +139,5 @@ def test_smollm_mtbench_fast(smollm):
 @needs_smollm
 def test_smollm_mtbench_full(smollm):
     """Every MT-Bench question, both turns, 256 new tokens."""
-    taus = mtbench_lossless(smollm, [lambda e: PromptLookup(e)], None, 2, 256)
+    taus = mtbench_lossless(smollm, [("pld", lambda e: PromptLookup(e))], None, 2, 256)
     assert sum(taus) / len(taus) > 1.0
