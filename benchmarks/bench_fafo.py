@@ -2,7 +2,7 @@
 
     flock /tmp/harness-bench.lock python -m benchmarks.bench_fafo \\
         [--questions 2] [--new 96] [--dtype float32] [--linear onednn] [--threads 2] \\
-        [--only cpu,pld] [--profile]
+        [--only cpu,pld] [--fafo 'k=6 n=1 m=2 tree=true'] [--repeats 3] [--profile]
 
 Methods (paper rows first, then the CPU preset and the layout rows, reported separately):
 - vanilla (kv=full), the baseline;
@@ -21,6 +21,8 @@ Protocol (as benchmarks/bench_lookahead.py): the first --questions MT-Bench ques
 (turn 2 built from fp32 vanilla's turn-1 answer), stop at EOS or --new tokens; one untimed warm-up
 generation per method; per prompt every method runs in turn (noise hits all alike); decode time starts
 when the prefill is done. speedup = total vanilla time / total method time over the same prompts.
+`--repeats R` runs the whole prompt set R times and adds each method's speedup per repeat as median
+[min-max], so a difference between two methods can be told from this machine's noise.
 Peak memory: the process's peak RSS during the method's generations (VmHWM, reset before each one),
 minus the RSS before any generation (weights, allocator): "extra MB". `exact` = outputs identical to
 vanilla's in the same dtype. Timings on a shared 2-core CPU are noisy: run under flock.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,10 +70,15 @@ class Tally:
     exact: int = 0
     runs: int = 0
     peak_mb: float = 0.0
+    rep_decode: list[float] = field(default_factory=list)  # decode seconds of each repeat
 
     @property
     def tau(self) -> float:
         return self.committed / self.forwards if self.forwards else float("nan")
+
+    def speedups(self, base: Tally) -> list[float]:
+        """Decode speedup over `base` within each repeat (same prompts, same minutes)."""
+        return [b / t for b, t in zip(base.rep_decode, self.rep_decode)]
 
 
 def fafo(kv: str, budget: int = 760, cls=FAFO, **kw) -> Maker:
@@ -149,6 +157,7 @@ def measure(
     stop: set[int],
     profile: bool,
     linear: str = "aten",
+    repeats: int = 1,
 ) -> tuple[list[Tally], float]:
     lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
     eng = Engine(lm.model, linear=linear)
@@ -156,34 +165,50 @@ def measure(
     for _, dec in decs:  # warm-up: layouts, allocator, compiled kernels
         dec.generate(prompts[0], 16, stop, Counts(keep_steps=False))
     base_rss = peak_memory_mb(eng.device)
-    marks: list[float] = []
     prof = cProfile.Profile() if profile else None
     with torch.inference_mode():
-        for prompt in prompts:
-            ref = None
-            for tally, dec in decs:
-                counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
-                reset_peak_memory(eng.device)
-                if prof is not None and tally.group != "baseline":
-                    prof.enable()
-                t0 = time.perf_counter()
-                out = dec.generate(prompt, new, stop, counts)
-                t1 = time.perf_counter()
-                if prof is not None:
-                    prof.disable()
-                tally.peak_mb = max(tally.peak_mb, peak_memory_mb(eng.device))
-                tally.wall += t1 - t0
-                tally.decode += t1 - marks[-1]
-                tally.tokens += len(out)
-                tally.forwards += counts.forwards
-                tally.committed += counts.committed
-                tally.block += [s.block_tokens for s in counts.steps]
-                ref = out if ref is None else ref  # vanilla runs first
-                tally.exact += out == ref
-                tally.runs += 1
+        for _rep in range(repeats):
+            for tally, _ in decs:
+                tally.rep_decode.append(0.0)
+            for prompt in prompts:
+                run_prompt(decs, prompt, new, stop, eng.device, prof)
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     return [t for t, _ in decs], base_rss
+
+
+def run_prompt(
+    decs: list[tuple[Tally, BaseDecoder]],
+    prompt: list[int],
+    new: int,
+    stop: set[int],
+    device: torch.device,
+    prof: cProfile.Profile | None,
+) -> None:
+    """Every method on one prompt in turn (vanilla first: its output is the reference)."""
+    marks: list[float] = []
+    ref = None
+    for tally, dec in decs:
+        counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
+        reset_peak_memory(device)
+        if prof is not None and tally.group != "baseline":
+            prof.enable()
+        t0 = time.perf_counter()
+        out = dec.generate(prompt, new, stop, counts)
+        t1 = time.perf_counter()
+        if prof is not None:
+            prof.disable()
+        tally.peak_mb = max(tally.peak_mb, peak_memory_mb(device))
+        tally.wall += t1 - t0
+        tally.decode += t1 - marks[-1]
+        tally.rep_decode[-1] += t1 - marks[-1]
+        tally.tokens += len(out)
+        tally.forwards += counts.forwards
+        tally.committed += counts.committed
+        tally.block += [s.block_tokens for s in counts.steps]
+        ref = out if ref is None else ref
+        tally.exact += out == ref
+        tally.runs += 1
 
 
 def print_table(dtype: str, threads: int, tallies: list[Tally], base_rss: float) -> None:
@@ -191,16 +216,24 @@ def print_table(dtype: str, threads: int, tallies: list[Tally], base_rss: float)
     print(f"\n### FAFO vs baselines, MT-Bench, SmolLM2-135M-Instruct {dtype}, CPU {threads} threads\n")
     print(
         "| group | method | params | mean block | tau | decode tok/s | wall tok/s | speedup decode | "
-        "speedup wall | peak RSS MB (+extra) | exact |"
+        "speedup decode per repeat: median [min-max] | speedup wall | peak RSS MB (+extra) | exact |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in tallies:
         block = sum(t.block) / len(t.block) if t.block else 0
         print(
             f"| {t.group} | {t.name} | {t.params} | {block:.0f} | {t.tau:.2f} | "
             f"{t.committed / t.decode:.2f} | {t.tokens / t.wall:.2f} | {base.decode / t.decode:.2f} | "
-            f"{base.wall / t.wall:.2f} | {t.peak_mb:.0f} (+{t.peak_mb - base_rss:.0f}) | {t.exact}/{t.runs} |"
+            f"{spread(t.speedups(base))} | {base.wall / t.wall:.2f} | "
+            f"{t.peak_mb:.0f} (+{t.peak_mb - base_rss:.0f}) | {t.exact}/{t.runs} |"
         )
+
+
+def spread(xs: list[float]) -> str:
+    """'median [min-max]' of per-repeat values (a single value when there is one)."""
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
 
 def main() -> None:
@@ -215,6 +248,9 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated substrings of 'group method params' to run")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="measure every prompt this many times (speedup spread)"
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile the FAFO generations")
     ap.add_argument(
         "--fafo",
@@ -238,7 +274,9 @@ def main() -> None:
         f"# bench_fafo: torch {torch.__version__}, threads {args.threads}, {len(prompts)} prompts "
         f"(lengths {[len(p) for p in prompts]}), max_new_tokens {args.new}"
     )
-    tallies, base_rss = measure(args.dtype, chosen, prompts, args.new, stop, args.profile, args.linear)
+    tallies, base_rss = measure(
+        args.dtype, chosen, prompts, args.new, stop, args.profile, args.linear, args.repeats
+    )
     print_table(f"{args.dtype}, linear={args.linear}", args.threads, tallies, base_rss)
 
 

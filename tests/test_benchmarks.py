@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.bench_block_cost import step_seconds
-from benchmarks.bench_fafo import custom_fafo
+from benchmarks.bench_fafo import Tally, custom_fafo, spread
 from core.engine import Engine
 from decoders.fafo import FAFO
 
@@ -31,3 +31,11 @@ def test_custom_fafo_row_parses_types_and_builds_the_decoder(tiny_lm):
 def test_custom_fafo_rejects_a_bare_word():
     with pytest.raises(SystemExit, match="key=value"):
         custom_fafo("k=3 tree")
+
+
+def test_speedup_per_repeat_and_its_spread():
+    base, method = Tally("vanilla", "-", "baseline"), Tally("m", "-", "cpu")
+    base.rep_decode, method.rep_decode = [4.0, 6.0, 3.0], [2.0, 4.0, 3.0]
+    assert method.speedups(base) == [2.0, 1.5, 1.0]
+    assert spread(method.speedups(base)) == "1.50 [1.00-2.00]"
+    assert spread([1.234]) == "1.23"
