@@ -9,7 +9,7 @@ Methods (paper rows first, then the CPU preset and the layout rows, reported sep
 - FAFO-Stream / FAFO-Quest / FAFO-SnapKV: the paper's setting (k 6, n 40, m 40: a 481-token block)
   with kv=streaming / quest / snapkv at the paper's 760-token budget; FAFO-2forward (Table 1);
 - Lookahead (README N 5, W 7, G 7) and PLD (HF defaults: 2-gram match, 10 tokens), the baselines;
-- FAFO CPU preset (`conf/decoder/fafo_cpu.yaml`: a ~10-row block, prefix-trie candidates, prompt /
+- FAFO CPU preset (`conf/decoder/fafo_cpu.yaml`: a ~8-row block, prefix-trie candidates, prompt /
   output n-grams in the pool), and a small preset without the prompt pool (the paper's mechanism only);
 - layout rows: the same FAFO block (padded to a static shape) at a 128-token streaming budget with
   the dense mask, the compressed region + SDPA on its slice (`sliced`) and the compressed region +
@@ -53,7 +53,7 @@ from runners.timing import peak_memory_mb, reset_peak_memory
 
 Maker = Callable[[Engine], BaseDecoder]
 PAPER = dict(k=6, n=40)
-CPU = dict(k=3, n=2, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf/decoder/fafo_cpu.yaml
+CPU = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf/decoder/fafo_cpu.yaml
 
 
 @dataclass
@@ -89,7 +89,7 @@ def fafo(kv: str, budget: int = 760, cls=FAFO, **kw) -> Maker:
 
 def methods() -> list[tuple[str, str, str, Maker]]:
     paper = f"k={PAPER['k']} n={PAPER['n']} m={PAPER['n']} budget=760"
-    cpu = "k=3 n=2 m=3 tree pool_from_prompt cap=16 budget=760"
+    cpu = "k=3 n=1 m=3 tree pool_from_prompt cap=16 budget=760"
     pure = "k=3 n=4 m=4 tree budget=760"
     lay = "k=4 n=6 m=6 padded budget=128"
     out = [

@@ -66,3 +66,12 @@ def test_offline_model_option_instantiates(option):
 def test_slurm_launcher_resolves():
     cfg = _compose("launcher=slurm")
     assert "SlurmLauncher" in cfg.hydra.launcher._target_
+
+
+def test_fafo_cpu_preset_is_the_tested_one():
+    """The preset the lossless tests and bench_fafo name as conf/decoder/fafo_cpu.yaml is the file's."""
+    from benchmarks.bench_fafo import CPU
+    from tests.test_lossless_fafo import CPU_PRESET
+
+    cfg = _compose("decoder=fafo_cpu").decoder
+    assert {key: cfg[key] for key in CPU_PRESET} == CPU_PRESET == CPU

@@ -83,10 +83,13 @@ POLICIES = [
     ("random_subset", RandomSubset),
     *[(f"conf:{name}", make) for name, make in project_policies() if name != "full"],
 ]
-# conf/decoder/fafo_cpu.yaml
-CPU_PRESET = dict(k=3, n=2, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)
+CPU_PRESET = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf fafo_cpu
+# The full MT-Bench check's setting (it began before the preset went from 2 streams to 1): the preset
+# with two fumble streams, so two streams' restricted rows are checked against every policy each step.
+MTBENCH_CPU = {**CPU_PRESET, "n": 2}
 SETTINGS = [
     (FAFO, CPU_PRESET),
+    (FAFO, MTBENCH_CPU),
     (FAFO, dict(k=4, n=8)),
     (FAFO, dict(k=3, n=5, m=2, stream_positions="slide")),
     (FAFO, dict(k=5, n=3, m=12, fumble_sees_last=False)),
@@ -232,10 +235,10 @@ def test_smollm_mtbench_fast(smollm):
 @pytest.mark.smollm
 @needs_smollm
 def test_smollm_mtbench_full(smollm):
-    """Every MT-Bench question, both turns, 256 new tokens: the CPU preset with every configured KV
-    policy (dense and the sliced compressed region), and the paper's k 6, n 40, m 40 with kv=streaming
-    (prefix-trie layout: the same verification as the flat one, a few hours instead of half a day)."""
-    plan = [(CPU_PRESET, None), (dict(k=6, n=40, tree=True), ("streaming",))]
+    """Every MT-Bench question, both turns, 256 new tokens: the CPU preset with two streams and every
+    configured KV policy (dense and the sliced compressed region), and the paper's k 6, n 40, m 40 with
+    kv=streaming (prefix-trie layout: the same verification as the flat one, hours instead of a day)."""
+    plan = [(MTBENCH_CPU, None), (dict(k=6, n=40, tree=True), ("streaming",))]
     _mtbench_check(smollm, n_questions=None, turns=2, max_new=256, plan=plan, backends=True)
 
 
