@@ -115,48 +115,74 @@ def build_layout(
     return _assemble(k, n, cand_mask, depth, cand_rows, empty, fumble_sees_last, device, align)
 
 
+@dataclass(frozen=True)
+class Trie:
+    """Prefix trie of `g` candidates of `k` tokens: one node per distinct candidate prefix, parents
+    first. `parent[node]` (-1: the root x_last) fixes the layout's structure; `tokens` and `rows`
+    (block row of candidate j's token t) fill it in."""
+
+    parent: tuple[int, ...]
+    tokens: list[int]
+    rows: list[list[int]]
+
+    @classmethod
+    def of(cls, cands: torch.Tensor) -> Trie:
+        g, k = cands.shape
+        index: dict[tuple[int, ...], int] = {}
+        parent: list[int] = []
+        tokens: list[int] = []
+        rows = [[0] * k for _ in range(g)]
+        for j, cand in enumerate(cands.tolist()):
+            up = -1
+            for t in range(k):
+                key = tuple(cand[: t + 1])
+                node = index.get(key)
+                if node is None:
+                    node = index[key] = len(parent)
+                    parent.append(up)
+                    tokens.append(cand[t])
+                rows[j][t] = 1 + node
+                up = node
+        return cls(tuple(parent), tokens, rows)
+
+    def fill(self, lay: FafoLayout) -> FafoLayout:
+        """`lay` (this trie's structure) with this trie's candidate tokens and rows."""
+        cand_rows = torch.tensor(self.rows, dtype=torch.long).view(len(self.rows), lay.k)
+        return dataclasses.replace(lay, cand_rows=cand_rows, cand_tokens=torch.tensor(self.tokens))
+
+
+def _tree_structure(
+    parent: tuple[int, ...], k: int, n: int, fumble_sees_last: bool, device: torch.device | str
+) -> FafoLayout:
+    """The layout of a trie with these parents (candidate rows and tokens left empty)."""
+    c = len(parent)
+    cand_mask = torch.zeros(c, c, dtype=torch.bool)
+    depth = [0] * c
+    for node, up in enumerate(parent):  # parents come first: ancestors = parent's ancestors + self
+        if up >= 0:
+            cand_mask[node] = cand_mask[up]
+            depth[node] = depth[up]
+        cand_mask[node, node] = True
+        depth[node] += 1
+    empty = torch.zeros(0, dtype=torch.long)
+    depths = torch.tensor(depth, dtype=torch.long)
+    return _assemble(k, n, cand_mask, depths, empty.view(0, k), empty, fumble_sees_last, device)
+
+
 def build_tree_layout(
     cands: torch.Tensor, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu"
 ) -> FafoLayout:
     """Prefix-trie layout of `cands [g, k]`: one row per distinct candidate prefix."""
-    g, k = cands.shape
-    index: dict[tuple[int, ...], int] = {}
-    parent: list[int] = []  # candidate-region index of each node's parent (-1: the root)
-    tokens: list[int] = []
-    depth: list[int] = []
-    rows = [[0] * k for _ in range(g)]
-    for j, cand in enumerate(cands.tolist()):
-        up = -1
-        for t in range(k):
-            key = tuple(cand[: t + 1])
-            node = index.get(key)
-            if node is None:
-                node = index[key] = len(parent)
-                parent.append(up)
-                tokens.append(cand[t])
-                depth.append(t + 1)
-            rows[j][t] = 1 + node
-            up = node
-    c = len(parent)
-    cand_mask = torch.zeros(c, c, dtype=torch.bool)
-    for node, up in enumerate(parent):  # parents come first: ancestors = parent's ancestors + self
-        if up >= 0:
-            cand_mask[node] = cand_mask[up]
-        cand_mask[node, node] = True
-    return _assemble(
-        k,
-        n,
-        cand_mask,
-        torch.tensor(depth, dtype=torch.long),
-        torch.tensor(rows, dtype=torch.long).view(g, k),
-        torch.tensor(tokens, dtype=torch.long),
-        fumble_sees_last,
-        device,
-    )
+    trie = Trie.of(cands)
+    return trie.fill(_tree_structure(trie.parent, cands.shape[1], n, fumble_sees_last, device))
+
+
+MAX_TREE_LAYOUTS = 512  # distinct trie structures kept (m 40, k 6: up to ~0.25 MB of mask each)
 
 
 class LayoutCache:
-    """Flat layouts by (g, n), built once and reused; tree layouts are built per step."""
+    """Layouts built once and reused: flat ones by (g, n), tree ones by (trie structure, n); each
+    step only fills in its candidates' tokens (and, for a tree, their rows)."""
 
     def __init__(
         self, k: int, fumble_sees_last: bool, device: torch.device | str, tree: bool = False, align: int = 0
@@ -164,11 +190,19 @@ class LayoutCache:
         self.k, self.fumble_sees_last, self.device, self.tree = k, fumble_sees_last, device, tree
         self.align = align
         self._cache: dict[tuple[int, int], FafoLayout] = {}
+        self._trees: dict[tuple[tuple[int, ...], int], FafoLayout] = {}
 
     def get(self, cands: torch.Tensor, n: int) -> FafoLayout:
         """Layout for the block candidates `cands [g, k]` and `n` streams, with `cand_tokens` set."""
         if self.tree and cands.shape[0]:
-            return build_tree_layout(cands, n, self.fumble_sees_last, self.device)
+            trie = Trie.of(cands)
+            lay = self._trees.get((trie.parent, n))
+            if lay is None:
+                lay = _tree_structure(trie.parent, self.k, n, self.fumble_sees_last, self.device)
+                if len(self._trees) >= MAX_TREE_LAYOUTS:  # bounded: drop the oldest structure
+                    del self._trees[next(iter(self._trees))]
+                self._trees[(trie.parent, n)] = lay
+            return trie.fill(lay)
         g = cands.shape[0]
         lay = self._cache.get((g, n))
         if lay is None:

@@ -121,6 +121,12 @@ def mtbench_selected(sample_id: str) -> bool:
     return not sample_id.isdigit() or lo <= int(sample_id) <= hi
 
 
+def mtbench_paper_setting() -> bool:
+    """HARNESS_MTBENCH_PAPER=0 leaves the paper-setting run (k 6, n 40: about two thirds of each
+    prompt's time on a CPU) out of a full MT-Bench check slice; every KV policy still runs."""
+    return os.environ.get("HARNESS_MTBENCH_PAPER", "1") != "0"
+
+
 def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_new: int) -> list[float]:
     """Run vanilla greedy and every `(label, make)` decoder `make(engine)` on MT-Bench (turn 2 sees
     vanilla's own turn-1 answer, chat template via the task); assert each output exact or a near-tie;

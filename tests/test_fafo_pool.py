@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from decoders.fafo import FumbleStreams
-from decoders.fafo_layout import build_layout, build_tree_layout
+from decoders.fafo_layout import LayoutCache, build_layout, build_tree_layout
 from decoders.ngram_pool import NGramPool
 
 
@@ -121,6 +121,28 @@ def test_tree_layout_shares_prefixes():
             assert lay.cand_tokens[r - 1] == cands[j, t] and lay.offsets[r] == t + 1
             seen = set(lay.block_mask[r].nonzero().flatten().tolist())
             assert seen == {0, *(int(x) for x in rows[j, : t + 1])}  # root + own prefix, nothing else
+
+
+def test_layout_cache_reuses_a_tree_structure_with_this_steps_candidates(monkeypatch):
+    """Tree layouts are cached by trie structure: a step whose candidates share another step's
+    structure gets that step's mask and positions with its own tokens and rows, exactly what a fresh
+    build gives; the cache stays bounded."""
+    from decoders import fafo_layout
+
+    cache = LayoutCache(3, True, "cpu", tree=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        g = int(torch.randint(1, 5, (1,), generator=gen))
+        cands = torch.randint(0, 3, (g, 3), generator=gen)  # 3 symbols: prefixes often shared
+        got, fresh = cache.get(cands, 2), build_tree_layout(cands, 2)
+        for field in ("block_mask", "offsets", "is_stream", "logits_rows", "cand_rows", "cand_tokens"):
+            assert torch.equal(getattr(got, field), getattr(fresh, field)), field
+    assert 1 < len(cache._trees) < 60  # structures repeat
+    monkeypatch.setattr(fafo_layout, "MAX_TREE_LAYOUTS", 2)
+    small = LayoutCache(3, True, "cpu", tree=True)
+    for cands in ([[1, 2, 3]], [[1, 2, 3], [1, 2, 4]], [[1, 2, 3], [4, 5, 6]]):
+        small.get(torch.tensor(cands), 1)
+    assert [parent for parent, _ in small._trees] == [(-1, 0, 1, 1), (-1, 0, 1, -1, 3, 4)]
 
 
 def test_tree_and_flat_layouts_give_the_same_logits():
