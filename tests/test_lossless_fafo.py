@@ -25,6 +25,7 @@ from tests.conftest import needs_smollm
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
+    exact_distribution,
     mtbench_lossless,
     mtbench_paper_setting,
 )
@@ -202,23 +203,6 @@ def test_sampling_is_lossless_in_distribution(tiny_lm, tree):
         accepted += counts.accepted
     assert accepted > 50
     assert chi_square_pvalue(samples, probs) > 1e-3
-
-
-def exact_distribution(eng: Engine, prompt: list[int], n: int, sampler: Sampler) -> dict[tuple, float]:
-    """Exact probability of every n-token continuation under the sampler (enumerated by prefill)."""
-    out: dict[tuple, float] = {}
-
-    def walk(prefix: tuple, p: float) -> None:
-        if len(prefix) == n:
-            out[prefix] = p
-            return
-        eng.reset(len(prompt) + n + 1)
-        dist = sampler.probs(eng.prefill(prompt + list(prefix)))
-        for tok in dist.nonzero().flatten().tolist():
-            walk((*prefix, tok), p * float(dist[tok]))
-
-    walk((), 1.0)
-    return out
 
 
 @pytest.mark.smollm

@@ -6,6 +6,7 @@ import pytest
 
 from core.tokenizer import ByteTokenizer
 from core.types import HarnessError
+from tasks.narrativeqa import NarrativeQA
 from tasks.pg19 import PG19
 
 TOK = ByteTokenizer()
@@ -26,11 +27,12 @@ def test_pg19_windows_are_exact_token_length(context_length: int) -> None:
     assert task.score(samples[0], ["zebra " * 40])["rougeL"] == 0.0
 
 
-def test_pg19_hub_unreachable_names_offline_source(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("task_cls", [PG19, NarrativeQA])
+def test_continuation_hub_unreachable_names_offline_source(task_cls, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(HarnessError, match="task.source=package") as err:
-        PG19(context_length=64, source="hub", limit=1).load()
+        task_cls(context_length=64, source="hub", limit=1).load()
     assert "\n" not in str(err.value)
 
 
