@@ -27,7 +27,7 @@ from tests.lossless_check import (
     chi_square_pvalue,
     exact_distribution,
     mtbench_lossless,
-    mtbench_paper_setting,
+    mtbench_policies_only,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -228,9 +228,10 @@ def test_smollm_mtbench_full(smollm):
     configured KV policy (dense and the sliced compressed region), and the paper's k 6, n 40, m 40 with
     kv=streaming (prefix-trie layout: the same verification as the flat one, hours instead of a day)."""
     plan = [(MTBENCH_CPU, None)]
-    if mtbench_paper_setting():
+    every_layout = not mtbench_policies_only()
+    if every_layout:
         plan.append((dict(k=6, n=40, tree=True), ("streaming",)))
-    _mtbench_check(smollm, n_questions=None, turns=2, max_new=256, plan=plan, backends=True)
+    _mtbench_check(smollm, n_questions=None, turns=2, max_new=256, plan=plan, backends=every_layout)
 
 
 def _mtbench_check(lm, n_questions, turns, max_new, plan, backends: bool = False) -> None:
