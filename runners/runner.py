@@ -89,7 +89,9 @@ class Runner:
         self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
         self.kv = build(cfg.kv)
         self.decoder = build(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
-        self.task: Task = build(cfg.task, limit=run.limit)
+        # task.limit, when set, is the more specific choice; otherwise run.limit (the default 4)
+        limit = run.limit if cfg.task.get("limit") is None else cfg.task.limit
+        self.task: Task = build(cfg.task, limit=limit)
         if run.max_new_tokens is not None:
             self.task.max_new_tokens = int(run.max_new_tokens)
         if self.task.max_new_tokens <= 0:
@@ -120,7 +122,7 @@ class Runner:
             "task": self.names["task"],
             "task_params": _params(cfg.task),
             "task_version": self.task.version,
-            "limit": run.limit,
+            "limit": self.task.limit,
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(run.seed),
             "sampling": _params(cfg.sampling),
@@ -307,7 +309,7 @@ class Runner:
             "task": self.names["task"],
             "task_version": self.task.version,
             "task_params": json.dumps(self.identity["task_params"]),
-            "limit": self.cfg.run.limit,
+            "limit": self.task.limit,
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(self.cfg.run.seed),
             "sampling": json.dumps(self.identity["sampling"]),

@@ -51,6 +51,16 @@ def test_records_schema(tmp_path):
     assert runs.loc[0, "decoder"] == "vanilla" and "transformers" in runs.loc[0, "versions"]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [(("run.limit=4",), 4), (("run.limit=4", "task.limit=2"), 2), (("run.limit=null", "task.limit=3"), 3)],
+)
+def test_task_limit_wins_over_run_limit(tmp_path, overrides, expected):
+    path = Runner(make_cfg(tmp_path, "+task.n=5", *overrides)).run()
+    assert pd.read_parquet(path / "samples.parquet")["sample_id"].nunique() == expected
+    assert pd.read_parquet(path / "runs.parquet").loc[0, "limit"] == expected
+
+
 def test_rerun_skips_complete_and_resume_adds_only_missing(tmp_path):
     path = Runner(make_cfg(tmp_path)).run()
     before = pd.read_parquet(path / "samples.parquet")
