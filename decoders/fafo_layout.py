@@ -177,7 +177,8 @@ def build_tree_layout(
     return trie.fill(_tree_structure(trie.parent, cands.shape[1], n, fumble_sees_last, device))
 
 
-MAX_TREE_LAYOUTS = 512  # distinct trie structures kept (m 40, k 6: up to ~0.25 MB of mask each)
+MAX_TREE_LAYOUTS = 64  # trie structures kept: small presets repeat a few dozen; k 6 m 40 ones (~0.25 MB
+# of mask each) rarely repeat, so the bound keeps their cost under ~16 MB
 
 
 class LayoutCache:
