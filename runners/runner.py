@@ -89,7 +89,7 @@ class Runner:
         self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
         self.kv = build(cfg.kv)
         self.decoder = build(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
-        # task.limit, when set, is the more specific choice; otherwise run.limit (the default 4)
+        # task.limit, when set, is the more specific choice; otherwise run.limit
         limit = run.limit if cfg.task.get("limit") is None else cfg.task.limit
         self.task: Task = build(cfg.task, limit=limit)
         if run.max_new_tokens is not None:
