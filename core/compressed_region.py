@@ -242,12 +242,15 @@ class RegionView:
             policy.observe(layer, q_rows)
         if not self.rows.numel() or policy.keeps_all(layer, cache_len):
             self._read.append(cache_len)
+            if self.rows.numel():
+                policy.activity.note(layer, cache_len, cache_len)
             return self._dense(q, k, v, cache_len)
         reg.sync(cache_len)
         if not (policy.shared and reg.placed_shared(cache_len)):  # shared: once per step, all layers
             reg.place(layer, policy.select(layer, q_rows, k[0, :, :cache_len], cache_len))
         rl = reg.region_len[layer]
         self._read.append(int(rl.sum()) // rl.numel())
+        policy.activity.note(layer, self._read[-1], cache_len)
         if reg.backend == "flex":
             return self._flex(layer, q, cache_len, rl)
         return self._gathered(layer, q, k, v, cache_len, rl)

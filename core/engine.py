@@ -55,7 +55,6 @@ class Engine:
         self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype, cfg.device)
         self.prefill_chunk = prefill_chunk
         self.max_positions = cfg.max_positions
-        self.prefill_hooks: list = []  # fn(layer, q, k_all, cache_len) run during prefill (SnapKV etc.)
         self.linear = linear
         self._packed: dict[int, torch.Tensor] = {}
         if linear == "onednn":
@@ -83,16 +82,23 @@ class Engine:
     def reset(self, capacity: int) -> None:
         self.cache.reset(capacity)
 
+    def reserve(self, capacity: int) -> None:
+        """Allocate the cache for `capacity` entries now (a run reserves its largest context once, so
+        no timed generation pays for a reallocation)."""
+        self.cache.reset(capacity)
+
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Fill the empty cache with `token_ids` (chunked); return the last row's logits [vocab]."""
+    def prefill(self, token_ids: Sequence[int], hooks: Sequence = ()) -> torch.Tensor:
+        """Fill the empty cache with `token_ids` (chunked); return the last row's logits [vocab].
+        `hooks`: fn(layer, q, k_all, cache_len) called in every layer of every chunk (a KV policy's
+        `prefill_hooks()` for this generation: SnapKV's observation window, H2O's prefill scores)."""
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device)
         view = CausalView(self.scale)
         logits = None
         for lo in range(0, ids.numel(), self.prefill_chunk):
             chunk = ids[lo : lo + self.prefill_chunk]
             pos = torch.arange(lo, lo + chunk.numel(), device=self.device)
-            logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=self.prefill_hooks)
+            logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=hooks)
             self.cache.commit(torch.arange(chunk.numel()))
         assert logits is not None
         return logits[0]

@@ -22,6 +22,7 @@ class KVCache:
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.dtype, self.device = dtype, device
         self.capacity = 0
+        self.allocations = 0  # times the tensors were (re)allocated: grows only with capacity
         self.length = 0
         self.staged = 0
         self.k = self.v = torch.empty(0)
@@ -35,6 +36,7 @@ class KVCache:
             self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self.slot_pos = torch.zeros(capacity, dtype=torch.long, device=self.device)
             self.capacity = capacity
+            self.allocations += 1
         self.length = 0
         self.staged = 0
 

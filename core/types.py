@@ -42,6 +42,8 @@ class Counts:
         self.kv_attended = 0
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
+        self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
+        self.kv_activity: Any = None  # kv_policies.activity.Activity: how much the policy restricted
 
     def prefill_done(self, n_tokens: int) -> None:
         self.prefill_tokens += n_tokens

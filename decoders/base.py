@@ -21,7 +21,6 @@ class BaseDecoder:
         self.engine = engine
         self.kv = kv or FullKV()
         self.sampler = sampler or Sampler()
-        self.kv.attach(engine)
 
     def max_block(self) -> int:
         """Largest number of query tokens one step may stage (sizes the cache)."""
@@ -29,6 +28,11 @@ class BaseDecoder:
 
     def params(self) -> dict:
         return {}
+
+    def compiles_attention(self) -> bool:
+        """True when this decoder's attention compiles per shape (FlexAttention): the runner's warm-up
+        then covers the whole generation length."""
+        return getattr(self.kv, "backend", "dense") == "flex" and not self.kv.lossless
 
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
@@ -45,15 +49,18 @@ class BaseDecoder:
                 f"context ({eng.max_positions}); lower max_new_tokens or truncate the task's inputs"
             )
         eng.reset(need + self.max_block() + 1)
-        self.kv.reset(len(prompt_ids))
-        logits = eng.prefill(prompt_ids)
+        # the policy's state and hooks live for this generation only (the engine may serve others)
+        self.kv.attach(eng)
+        self.kv.reset(len(prompt_ids), need)
+        counts.kv_budget = self.kv.budget
+        logits = eng.prefill(prompt_ids, hooks=self.kv.prefill_hooks())
         self.kv.after_prefill(eng)
         first = self.sampler.pick(logits)
         counts.prefill_done(len(prompt_ids))
         out = [first]
-        if first in stop_ids or max_new_tokens == 1:
-            return out
-        self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
+        if first not in stop_ids and max_new_tokens > 1:
+            self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
+        counts.kv_activity = self.kv.activity_summary(counts.forwards)
         return out
 
     def _decode(

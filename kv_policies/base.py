@@ -24,25 +24,35 @@ restricted, backend)`:
 `flex` / `sliced` / `flash` keep the selection in a block-aligned region at the head of the KV
 tensors (`core.compressed_region.CompressedRegion`) and skip the rest for real.
 
-Hooks: `attach(engine)` once, `reset(prompt_len)` per generation, `on_prefill(layer, q, k_all,
-cache_len)` (registered in `engine.prefill_hooks`: SnapKV's observation window, H2O's prefill scores),
-`after_prefill(engine)` (static selections such as SnapKV), `observe(layer, q)` (queries of the
-restricted rows, for accumulated scores), `after_commit(engine, n_new)` (sliding windows, H2O).
+Hooks, all scoped to one generation (a policy's state lives for one generation, and nothing a
+constructor does touches an engine): `attach(engine)` and `reset(prompt_len, context_len)` at the
+start of every generation (`BaseDecoder.generate`), `prefill_hooks()` handed to that generation's
+`engine.prefill(..., hooks=...)` (`on_prefill(layer, q, k_all, cache_len)`: SnapKV's observation
+window, H2O's prefill scores), `after_prefill(engine)` (static selections such as SnapKV),
+`observe(layer, q)` (queries of the restricted rows, for accumulated scores), `after_commit(engine,
+n_new)` (sliding windows, H2O). Several decoders (a run's decoder and the audit's vanilla reference)
+may share one engine: each brings its own policy to each generation.
 
 A budget counts cached entries per KV head; the block's own tokens are always visible on top of it.
-A budget at or above the context keeps everything, and the decode view is then exactly the full
-(`CausalView`) path, so the output equals `kv=full` token for token.
+`budget_frac` (when set) replaces the absolute budget per generation by that fraction of the
+context the generation can reach (prompt + max_new_tokens), never below the policy's smallest valid
+budget: the papers' 760-of-~8k budgets scaled to contexts of a few hundred tokens. A budget at or
+above the context keeps everything, and the decode view is then exactly the full (`CausalView`)
+path, so the output equals `kv=full` token for token; `activity` says per generation how often the
+policy really restricted attention (`kv_policies.activity`).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
 from typing import Any
 
 import torch
 
 from core.types import HarnessError
+from kv_policies.activity import Activity, SelectionActivity
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,15 @@ def check_budget(name: str, budget: int, fixed: int, fixed_what: str) -> int:
     return budget
 
 
+def check_budget_frac(name: str, budget_frac: float | None) -> float | None:
+    """Validate `kv.budget_frac` (null, or a fraction of the context in (0, 1])."""
+    if budget_frac is None:
+        return None
+    if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float)) or not 0 < budget_frac <= 1:
+        raise HarnessError(f"kv={name}: budget_frac must be in (0, 1] (or null), got {budget_frac!r}")
+    return float(budget_frac)
+
+
 def check_backend(name: str, backend: str) -> str:
     if backend not in BACKENDS:
         raise HarnessError(f"kv={name}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -97,22 +116,51 @@ class KVPolicy:
 
     # --- hooks ---------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
-        """Bind to `engine`; an engine serves one policy at a time, so an earlier policy's prefill
-        hook is removed and this policy's `on_prefill` (if it has one) is registered."""
+        """Bind to the engine of the generation about to start (reads it; changes nothing in it)."""
         self.engine = engine
-        hooks = getattr(engine, "prefill_hooks", None)
-        if hooks is None:
-            return
-        hooks[:] = [h for h in hooks if not isinstance(getattr(h, "__self__", None), KVPolicy)]
-        if type(self).on_prefill is not KVPolicy.on_prefill:
-            hooks.append(self.on_prefill)
+
+    def prefill_hooks(self) -> list:
+        """Callbacks for this generation's `engine.prefill(..., hooks=...)`."""
+        return [self.on_prefill] if type(self).on_prefill is not KVPolicy.on_prefill else []
 
     def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
         """In each prefill chunk: q `[n_heads, chunk, d]`, keys `[n_kv_heads, cache_len + chunk, d]`."""
 
-    def reset(self, prompt_len: int) -> None:
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
+        """Start a generation over a prompt of `prompt_len` tokens that may grow to `context_len`."""
         self.region = None
-        self._note_large_budget(prompt_len)
+        context = max(context_len or prompt_len, prompt_len)
+        if self.budget_frac is not None:
+            self.set_budget(max(self.min_budget(), math.ceil(self.budget_frac * context)))
+        self.activity.reset()
+        if not self.can_restrict(prompt_len, context):
+            self._warn_inactive(context)
+
+    # --- budget --------------------------------------------------------------------------------
+    budget_frac: float | None = None
+
+    def min_budget(self) -> int:
+        """Smallest valid budget (the always-kept part plus one selectable entry)."""
+        return 1
+
+    def can_restrict(self, prompt_len: int, context: int) -> bool:
+        """False when this generation's selection is bound to keep every entry (budget >= context)."""
+        return self.budget is None or self.budget < context
+
+    def set_budget(self, budget: int) -> None:
+        """Use `budget` from now on (subclasses recompute what derives from it)."""
+        self.budget = budget
+
+    @property
+    def activity(self) -> SelectionActivity:
+        act = self.__dict__.get("_activity")
+        if act is None:
+            act = self.__dict__["_activity"] = SelectionActivity()
+        return act
+
+    def activity_summary(self, forwards: int) -> Activity:
+        """How much this generation's `forwards` decode forwards were restricted."""
+        return self.activity.summary(forwards)
 
     def after_prefill(self, engine: Any) -> None:
         pass
@@ -219,13 +267,15 @@ class KVPolicy:
         return self.restricted_view(engine, tril, torch.ones(n_block, dtype=torch.bool, device=dev))
 
     # --- misc ----------------------------------------------------------------------------------
-    def _note_large_budget(self, prompt_len: int) -> None:
-        if self.budget is not None and self.budget >= prompt_len and not self._noted_large:
+    def _warn_inactive(self, context: int) -> None:
+        """Warn once per policy object when its budget cannot restrict a generation."""
+        if not self._noted_large:
             self._noted_large = True
-            log.info(
-                "kv=%s: budget %d >= prompt length %d: every entry is kept until the context outgrows "
-                "the budget (exactly like kv=full until then)",
+            log.warning(
+                "kv=%s: budget %d cannot restrict a context of %d tokens (prompt + max_new_tokens): "
+                "such generations equal kv=full; kv.budget_frac (e.g. the *_ctx10 presets) gives a budget "
+                "that bites at this scale",
                 self.name,
                 self.budget,
-                prompt_len,
+                context,
             )

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
 
 PREFILL_TILE = 256
 
@@ -43,23 +43,44 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float, first_row: in
 class H2O(KVPolicy):
     name = "h2o"
 
-    def __init__(self, budget: int = 760, recent: int | None = None, backend: str = "dense") -> None:
+    def __init__(
+        self,
+        budget: int = 760,
+        recent: int | None = None,
+        backend: str = "dense",
+        budget_frac: float | None = None,
+    ) -> None:
+        self._recent_cfg = recent  # None: half of the budget, whatever the budget becomes
         recent = budget // 2 if recent is None and isinstance(budget, int) else recent
         if not isinstance(recent, int) or recent < 0:
             raise HarnessError(f"kv=h2o: recent must be a non-negative integer, got {recent!r}")
-        self.budget = check_budget(self.name, budget, recent, "the recent window")
-        self.recent, self.heavy = recent, budget - recent
+        self.set_budget(check_budget(self.name, budget, recent, "the recent window"))
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
         self._score: dict[int, torch.Tensor] = {}
         self._alive: dict[int, torch.Tensor] = {}
         self._q: dict[int, torch.Tensor] = {}
         self._evicted = False
 
-    def params(self) -> dict:
-        return {"budget": self.budget, "recent": self.recent, "heavy": self.heavy, "backend": self.backend}
+    def min_budget(self) -> int:
+        return 2 if self._recent_cfg is None else self._recent_cfg + 1
 
-    def reset(self, prompt_len: int) -> None:
-        super().reset(prompt_len)
+    def set_budget(self, budget: int) -> None:
+        self.budget = budget
+        self.recent = budget // 2 if self._recent_cfg is None else self._recent_cfg
+        self.heavy = budget - self.recent
+
+    def params(self) -> dict:
+        return {
+            "budget": self.budget,
+            "budget_frac": self.budget_frac,
+            "recent": self.recent,
+            "heavy": self.heavy,
+            "backend": self.backend,
+        }
+
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
+        super().reset(prompt_len, context_len)
         self._score, self._alive, self._q = {}, {}, {}
         self._evicted = False
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
 
 REGION_BLOCK = 128
 
@@ -50,7 +50,12 @@ class Quest(KVPolicy):
     name = "quest"
 
     def __init__(
-        self, budget: int = 760, page_size: int = 16, dense_layers: int = 2, backend: str = "dense"
+        self,
+        budget: int = 760,
+        page_size: int = 16,
+        dense_layers: int = 2,
+        backend: str = "dense",
+        budget_frac: float | None = None,
     ) -> None:
         if not isinstance(page_size, int) or page_size <= 0 or REGION_BLOCK % page_size:
             raise HarnessError(
@@ -59,27 +64,39 @@ class Quest(KVPolicy):
             )
         if not isinstance(dense_layers, int) or dense_layers < 0:
             raise HarnessError(f"kv=quest: dense_layers must be a non-negative integer, got {dense_layers!r}")
-        self.budget = check_budget(self.name, budget, page_size, "one page (the always-kept last page)")
+        check_budget(self.name, budget, page_size, "one page (the always-kept last page)")
         if budget // page_size < 2:
             raise HarnessError(f"kv=quest: budget ({budget}) must hold at least two pages of {page_size}")
         self.page_size, self.dense_layers = page_size, dense_layers
-        self.n_pages = budget // page_size
+        self.set_budget(budget)
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
         self._kmin: dict[int, torch.Tensor] = {}
         self._kmax: dict[int, torch.Tensor] = {}
         self._seen: dict[int, int] = {}
 
+    def min_budget(self) -> int:
+        return 2 * self.page_size
+
+    def set_budget(self, budget: int) -> None:
+        self.budget, self.n_pages = budget, budget // self.page_size
+
+    def can_restrict(self, prompt_len: int, context: int) -> bool:
+        layers = self.engine.cache.n_layers if self.engine is not None else None
+        return super().can_restrict(prompt_len, context) and (layers is None or self.dense_layers < layers)
+
     def params(self) -> dict:
         return {
             "budget": self.budget,
+            "budget_frac": self.budget_frac,
             "page_size": self.page_size,
             "dense_layers": self.dense_layers,
             "pages": self.n_pages,
             "backend": self.backend,
         }
 
-    def reset(self, prompt_len: int) -> None:
-        super().reset(prompt_len)
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
+        super().reset(prompt_len, context_len)
         self._kmin, self._kmax, self._seen = {}, {}, {}
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
 
 
 def snapkv_scores(
@@ -53,6 +53,7 @@ class SnapKV(KVPolicy):
         kernel: int = 7,
         pooling: str = "max",
         backend: str = "dense",
+        budget_frac: float | None = None,
     ) -> None:
         if not isinstance(window, int) or window < 1:
             raise HarnessError(f"kv=snapkv: window must be a positive integer, got {window!r}")
@@ -62,6 +63,7 @@ class SnapKV(KVPolicy):
             raise HarnessError(f"kv=snapkv: pooling must be 'max' or 'avg', got {pooling!r}")
         self.budget = check_budget(self.name, budget, window, "the observation window")
         self.window, self.kernel, self.pooling = window, kernel, pooling
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
         self.prompt_len = 0
         self._q: dict[int, list[torch.Tensor]] = {}
@@ -70,15 +72,22 @@ class SnapKV(KVPolicy):
     def params(self) -> dict:
         return {
             "budget": self.budget,
+            "budget_frac": self.budget_frac,
             "window": self.window,
             "kernel": self.kernel,
             "pooling": self.pooling,
             "backend": self.backend,
         }
 
-    def reset(self, prompt_len: int) -> None:
-        super().reset(prompt_len)
+    def min_budget(self) -> int:
+        return self.window + 1
+
+    def can_restrict(self, prompt_len: int, context: int) -> bool:
+        return prompt_len > self.budget  # only the prompt is compressed; generated tokens stay visible
+
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len = prompt_len
+        super().reset(prompt_len, context_len)
         self._q, self._keep = {}, {}
 
     def _compresses(self) -> bool:

@@ -16,23 +16,37 @@ from __future__ import annotations
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
 
 
 class StreamingLLM(KVPolicy):
     name = "streaming"
     shared = True
 
-    def __init__(self, budget: int = 760, sinks: int = 4, backend: str = "dense") -> None:
+    def __init__(
+        self, budget: int = 760, sinks: int = 4, backend: str = "dense", budget_frac: float | None = None
+    ) -> None:
         if not isinstance(sinks, int) or sinks < 0:
             raise HarnessError(f"kv=streaming: sinks must be a non-negative integer, got {sinks!r}")
-        self.budget = check_budget(self.name, budget, sinks, "sinks")
         self.sinks = sinks
-        self.recent = budget - sinks
+        self.set_budget(check_budget(self.name, budget, sinks, "sinks"))
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
 
+    def min_budget(self) -> int:
+        return self.sinks + 1
+
+    def set_budget(self, budget: int) -> None:
+        self.budget, self.recent = budget, budget - self.sinks
+
     def params(self) -> dict:
-        return {"budget": self.budget, "sinks": self.sinks, "recent": self.recent, "backend": self.backend}
+        return {
+            "budget": self.budget,
+            "budget_frac": self.budget_frac,
+            "sinks": self.sinks,
+            "recent": self.recent,
+            "backend": self.backend,
+        }
 
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         return self.selection(cache_len, k_cache.device).expand(k_cache.shape[0], cache_len)

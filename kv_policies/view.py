@@ -42,7 +42,10 @@ class RestrictedView:
             vis = self.policy.visible(layer, q_rows, k[0, :, :cache_len], cache_len)  # [hkv, L]
         else:
             vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
-        self._read.append(int(vis.sum().item()) // hkv)
+        read = int(vis.sum().item()) // hkv
+        self._read.append(read)
+        if rows.numel():
+            self.policy.activity.note(layer, read, cache_len)
         mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
         mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
         mask[:, :, cache_len:] = self.block_mask

@@ -1,7 +1,10 @@
 """Losslessness audit: compare a decoder's greedy output with vanilla greedy on the same prompt.
 
-Vanilla outputs are cached per (model, dtype, max_new_tokens, prompt digest) in
-`results/vanilla_cache/`, so a sweep computes each reference once. At the first divergence the
+Vanilla outputs are cached in `results/vanilla_cache/<key>.jsonl`, one file per `reference_key`:
+everything that changes a vanilla greedy output (model, dtype, device name, linear, threads,
+prefill_chunk, torch/transformers versions, and a digest of the code that computes it), one line
+per (prompt, max_new_tokens, stop ids), so a sweep computes each reference once and never reuses one
+computed under other numerics. At the first divergence the
 audit records vanilla's top-2 logit gap there: a gap below ~1e-4 means a numerical near-tie
 (floating-point non-associativity between block and single-token forwards), not a bug.
 """
@@ -18,10 +21,31 @@ import torch
 from core.engine import Engine
 from core.types import Counts
 from decoders.vanilla import Vanilla
+from runners.provenance import source_digest
+
+# the code a vanilla greedy output depends on (a change to any of these invalidates cached references)
+REFERENCE_CODE = (
+    "core/engine.py",
+    "core/kv_cache.py",
+    "core/attention.py",
+    "core/hf_compat.py",
+    "core/models.py",
+    "core/sampling.py",
+    "decoders/base.py",
+    "decoders/vanilla.py",
+    "kv_policies/full.py",
+)
 
 
 def digest(ids: list[int]) -> str:
     return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+def reference_key(env: dict, repo: Path) -> str:
+    """File stem for the cached references of one numeric environment: readable prefix + hash."""
+    blob = json.dumps({**env, "code": source_digest(repo, REFERENCE_CODE)}, sort_keys=True, default=str)
+    prefix = "-".join(str(env.get(k, "")) for k in ("model_name", "dtype", "linear")).replace("/", "_")
+    return f"{prefix}-{hashlib.sha1(blob.encode()).hexdigest()[:12]}"
 
 
 class VanillaAudit:
@@ -59,11 +83,7 @@ class VanillaAudit:
     def vanilla_ids(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
         key = self._key(prompt, max_new_tokens, stop_ids)
         if key not in self.known:
-            hooks, self.engine.prefill_hooks = self.engine.prefill_hooks, []  # no policy side effects
-            try:
-                ids = self.reference.generate(prompt, max_new_tokens, stop_ids, Counts(keep_steps=False))
-            finally:
-                self.engine.prefill_hooks = hooks
+            ids = self.reference.generate(prompt, max_new_tokens, stop_ids, Counts(keep_steps=False))
             self.record(prompt, max_new_tokens, stop_ids, ids)
         return self.known[key]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -12,25 +13,35 @@ import torch
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "numpy", "pandas")
 
 
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
+
+
 def git_sha(repo: Path) -> str:
+    """The code version: the commit, plus `-dirty-<hash of the diff>` when tracked files differ from it
+    (two different uncommitted states never share a version)."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return (
-            sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-            if sha.returncode == 0
-            else "unknown"
-        )
+        sha = _git(repo, "rev-parse", "HEAD")
+        if sha.returncode != 0:
+            return "unknown"
+        diff = _git(repo, "diff", "HEAD", "--no-ext-diff", "--binary")
+        if diff.returncode != 0:
+            return sha.stdout.strip() + "-dirty"
+        if not diff.stdout:
+            return sha.stdout.strip()
+        return f"{sha.stdout.strip()}-dirty-{hashlib.sha1(diff.stdout.encode()).hexdigest()[:10]}"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def source_digest(repo: Path, paths: tuple[str, ...]) -> str:
+    """Hash of the contents of `paths` (the code that computes something cached, e.g. vanilla outputs)."""
+    h = hashlib.sha1()
+    for rel in paths:
+        p = repo / rel
+        h.update(rel.encode())
+        h.update(p.read_bytes() if p.exists() else b"missing")
+    return h.hexdigest()[:12]
 
 
 def versions() -> dict[str, str]:

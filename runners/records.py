@@ -5,8 +5,11 @@ A run directory `results/runs/<run_id>/` holds:
 - `parts/<sample>.parquet`, `parts/<sample>.steps.parquet`, `parts/<sample>.scores.parquet`
                      written atomically per finished sample (all its turns): the resume unit
 - `samples.parquet`, `steps.parquet`, `scores.parquet`   consolidated at the end
-- `COMPLETE`         written last; a complete directory is skipped by a rerun of the same command.
-A crashed run resumes from its parts: finished samples are skipped, none is duplicated.
+- `COMPLETE`         written last, only when every sample succeeded; a complete directory is
+                     skipped by a rerun of the same command.
+- `LOCK`             held (flock) by the process writing the run (`runners.lock`).
+A crashed run resumes from its parts: finished samples are skipped, none is duplicated. A sample
+whose row carries an error is not finished: a rerun retries it (its part is overwritten).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ SAMPLE_COLUMNS = {
     "peak_mem_mb": "float64",
     "kv_cache_mb": "float64",
     "kv_read_mb": "float64",
+    "kv_budget": "Int64",
+    "restricted_frac": "float64",
+    "visible_frac": "float64",
     "output_digest": "string",
     "output_text": "string",
     "matches_vanilla": "boolean",
@@ -97,13 +103,32 @@ class RunDir:
     def complete(self) -> bool:
         return (self.path / "COMPLETE").exists()
 
+    def _part_status(self) -> pd.DataFrame:
+        frames = [
+            pd.read_parquet(p, columns=["sample_id", "error"]) for p in self.parts.glob("*.samples.parquet")
+        ]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return pd.DataFrame({"sample_id": [], "error": []})
+        return pd.concat(frames, ignore_index=True).astype({"sample_id": str})
+
     def done_samples(self) -> set[str]:
+        """Samples whose every turn succeeded (failed samples are retried by a rerun)."""
         if not self.parts.exists():
             return set()
-        done = set()
-        for p in self.parts.glob("*.samples.parquet"):
-            done.update(pd.read_parquet(p, columns=["sample_id"])["sample_id"].astype(str))
-        return done
+        rows = self._part_status()
+        failed = set(rows.loc[rows["error"].notna(), "sample_id"])
+        return set(rows["sample_id"]) - failed
+
+    def failed_samples(self) -> set[str]:
+        if not self.parts.exists():
+            return set()
+        rows = self._part_status()
+        return set(rows.loc[rows["error"].notna(), "sample_id"])
+
+    def read_run(self) -> dict[str, Any] | None:
+        path = self.path / "runs.parquet"
+        return pd.read_parquet(path).iloc[0].to_dict() if path.exists() else None
 
     def write_run(self, row: dict[str, Any]) -> None:
         write_parquet_atomic(pd.DataFrame([row]), self.path / "runs.parquet")

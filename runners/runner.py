@@ -1,14 +1,22 @@
 """The one runner: compose objects from the config, time every (sample, turn), write the records.
 
-Timing protocol (the same for every method): torch threads pinned, one untimed warm-up generation,
-device synchronised before every clock read, prefill and decode timed apart (the decoder stamps the
-end of prefill through `Counts.prefill_done`; it never reads a clock), tokens counted from the
-returned ids. tau = tokens committed by decode forwards / decode forwards (bonus included).
+Timing protocol (the same for every method): torch threads set explicitly and recorded; the KV cache
+allocated once for the largest context of the run; one untimed warm-up generation on the longest
+prompt (over the whole length when the attention backend compiles, so that no compile happens inside
+a timed sample); device synchronised before every clock read; prefill and decode timed apart (the
+decoder stamps the end of prefill through `Counts.prefill_done`; it never reads a clock); tokens
+counted from the returned ids. tau = tokens committed by decode forwards / decode forwards (bonus
+included).
+
+A run is identified by everything that changes its numbers (model, dtype, device name, threads,
+linear, prefill_chunk, decoder, kv, task, limits, seed, sampling). A resumed run must also have been
+started by the same code and package versions, or it is refused instead of mixing samples.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +33,8 @@ from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
 from decoders.vanilla import Vanilla
 from runners import provenance
-from runners.audit import VanillaAudit, digest
+from runners.audit import VanillaAudit, digest, reference_key
+from runners.lock import RunLock
 from runners.records import RunDir, run_id_for
 from runners.report import print_summary
 from runners.timing import SampleClock, peak_memory_mb
@@ -33,6 +42,7 @@ from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
 REPO = Path(__file__).resolve().parents[1]
+WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
 
 
 def _params(node: Any) -> dict[str, Any]:
@@ -63,6 +73,23 @@ def stop_ids_for(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
+def positive_int(value: Any, what: str, allow_null: bool = False) -> int | None:
+    """`value` as a positive integer (or None when `allow_null`), else one clear error."""
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        also = " or null (the whole task)" if allow_null else ""
+        raise HarnessError(f"{what} must be a positive integer{also}, got {value!r}")
+    return value
+
+
+def pin_threads(value: Any) -> int:
+    """`run.threads` (null = torch's default count), set explicitly so that every timing records it."""
+    n = torch.get_num_threads() if value is None else positive_int(value, "run.threads")
+    torch.set_num_threads(n)
+    return n
+
+
 def resolve_linear(choice: str | None, lm) -> str:
     """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU)."""
     choice = choice or "auto"
@@ -79,18 +106,21 @@ class Runner:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         run = cfg.run
-        if run.get("threads"):
-            torch.set_num_threads(int(run.threads))
+        self.threads = pin_threads(run.get("threads"))
+        prefill_chunk = positive_int(run.prefill_chunk, "run.prefill_chunk")
+        limit_field = (
+            "run.limit" if cfg.task.get("limit") is None else "task.limit"
+        )  # task's is more specific
+        limit = positive_int(OmegaConf.select(cfg, limit_field), limit_field, allow_null=True)
         torch.manual_seed(int(run.seed))
         self.lm = build(cfg.model)
         linear = resolve_linear(run.get("linear"), self.lm)
-        self.engine = Engine(self.lm.model, prefill_chunk=int(run.prefill_chunk), linear=linear)
+        self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear)
+        self.device_name = provenance.device_name(self.lm.device)
         s = cfg.sampling
         self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
         self.kv = build(cfg.kv)
         self.decoder = build(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
-        # task.limit, when set, is the more specific choice; otherwise run.limit
-        limit = run.limit if cfg.task.get("limit") is None else cfg.task.limit
         self.task: Task = build(cfg.task, limit=limit)
         if run.max_new_tokens is not None:
             self.task.max_new_tokens = int(run.max_new_tokens)
@@ -114,6 +144,9 @@ class Runner:
             "model_name": self.lm.name,
             "dtype": str(self.lm.dtype).replace("torch.", ""),
             "device": self.lm.device.type,
+            "device_name": self.device_name,
+            "threads": self.threads,
+            "prefill_chunk": prefill_chunk,
             "linear": self.engine.linear,
             "decoder": self.names["decoder"],
             "decoder_params": _params(cfg.decoder),
@@ -129,15 +162,30 @@ class Runner:
         }
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
+        self.code_version = provenance.git_sha(REPO)
+        self.versions = provenance.versions()
         self.greedy = self.sampler.greedy
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
-        model_key = "-".join(
-            [self.lm.name.replace("/", "_"), self.identity["dtype"], self.lm.device.type, self.engine.linear]
-        )
         self.audit = (
-            VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", model_key)
+            VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", self._reference_key())
             if run.audit and self.greedy
             else None
+        )
+
+    def _reference_key(self) -> str:
+        """Everything that changes a vanilla greedy output on this engine."""
+        return reference_key(
+            {
+                "model_name": self.lm.name,
+                "dtype": self.identity["dtype"],
+                "device_name": self.device_name,
+                "linear": self.engine.linear,
+                "threads": self.threads,
+                "prefill_chunk": self.identity["prefill_chunk"],
+                "torch": self.versions.get("torch"),
+                "transformers": self.versions.get("transformers"),
+            },
+            REPO,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -148,40 +196,88 @@ class Runner:
             print_summary(self.rundir.path)
             return self.rundir.path
         samples = self.task.load()
-        self._check_prompts(samples)
-        done = self.rundir.done_samples()
-        todo = [s for s in samples if s.sample_id not in done]
-        self.rundir.path.mkdir(parents=True, exist_ok=True)
-        started = datetime.now(timezone.utc).isoformat()
-        self.rundir.write_run(self._run_row("running", started))
-        sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
-        try:
-            if todo and cfg.run.warmup:
-                self._warmup(samples[0])
-            total = sum(self.task.n_turns(s) for s in todo)
-            bar = tqdm(
-                total=total,
-                desc=f"{self.names['decoder']}+{self.names['kv']} on {self.names['task']}",
-                unit="turn",
-                disable=None,
-            )
-            if done:
-                print(f"[run] resuming {self.run_id}: {len(done)} samples already done, {len(todo)} to go")
-            for sample in todo:
-                rows, steps, scores = self._run_sample(sample, bar)
-                self.rundir.write_sample(sample.sample_id, rows, steps, scores)
-            bar.close()
-            tables = self.rundir.consolidate()
-            self.rundir.write_run(self._run_row("complete", started))
-            self.rundir.mark_complete()
-            sink.log(tables, self.rundir.path)
-        finally:
-            sink.finish()
+        lengths = self._check_prompts(samples)
+        self.sample_set = digest([s.sample_id for s in samples])
+        with RunLock(self.rundir.path):
+            self._check_resume()
+            done = self.rundir.done_samples()
+            todo = [s for s in samples if s.sample_id not in done]
+            started = datetime.now(timezone.utc).isoformat()
+            self.rundir.write_run(self._run_row("running", started))
+            sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
+            try:
+                self.engine.reserve(self._capacity_bound(samples))
+                if todo and cfg.run.warmup:
+                    self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
+                self._run_samples(todo, len(done))
+                failed = self.rundir.failed_samples()
+                tables = self.rundir.consolidate()
+                self.rundir.write_run(self._run_row("failed" if failed else "complete", started))
+                if not failed:
+                    self.rundir.mark_complete()
+                sink.log(tables, self.rundir.path)
+            finally:
+                sink.finish()
         print_summary(self.rundir.path)
+        if failed:
+            self._raise_failed(failed, len(samples))
         return self.rundir.path
 
-    def _check_prompts(self, samples: list[Sample]) -> None:
+    def _run_samples(self, todo: list[Sample], n_done: int) -> None:
+        total = sum(self.task.n_turns(s) for s in todo)
+        bar = tqdm(
+            total=total,
+            desc=f"{self.names['decoder']}+{self.names['kv']} on {self.names['task']}",
+            unit="turn",
+            disable=None,
+        )
+        if n_done:
+            print(f"[run] resuming {self.run_id}: {n_done} samples already done, {len(todo)} to go")
+        for sample in todo:
+            rows, steps, scores = self._run_sample(sample, bar)
+            self.rundir.write_sample(sample.sample_id, rows, steps, scores)
+        bar.close()
+
+    def _raise_failed(self, failed: set[str], n_samples: int) -> None:
+        import pandas as pd
+
+        errors = pd.read_parquet(self.rundir.path / "samples.parquet", columns=["sample_id", "error"])
+        first = errors["error"].dropna().iloc[0] if errors["error"].notna().any() else "?"
+        which = "every sample" if len(failed) >= n_samples else f"{len(failed)} of {n_samples} samples"
+        raise HarnessError(
+            f"{which} of run {self.run_id} failed (first: {first}); the run is not complete: rerunning "
+            "the same command retries the failed samples"
+        )
+
+    def _check_resume(self) -> None:
+        """Refuse to add samples to a run started by other code, packages, hardware or threads."""
+        old = self.rundir.read_run()
+        if old is None or not self.rundir.done_samples():
+            return
+        now = {
+            "code version": self.code_version,
+            "package versions": json.dumps(self.versions),
+            "device": self.device_name,
+            "threads": self.threads,
+        }
+        then = {
+            "code version": old.get("git_sha"),
+            "package versions": old.get("versions"),
+            "device": old.get("device_name"),
+            "threads": old.get("threads"),
+        }
+        diff = [k for k in now if str(now[k]) != str(then[k])]
+        if diff:
+            what = "; ".join(f"{k}: {then[k]} then, {now[k]} now" for k in diff)
+            raise HarnessError(
+                f"run {self.run_id} was started with another {', '.join(diff)} ({what}); resuming would mix "
+                f"samples: remove {self.rundir.path} to start it afresh, or set run.out_dir to another folder"
+            )
+
+    def _check_prompts(self, samples: list[Sample]) -> dict[str, int]:
+        """Turn-0 prompt length of every sample; a prompt that cannot fit stops the run before it starts."""
         limit = self.engine.max_positions
+        lengths = {}
         for s in samples:
             n = len(self.task.prompt_ids(s, 0, [], self.lm.tokenizer))
             if n + self.task.max_new_tokens > limit:
@@ -190,10 +286,32 @@ class Runner:
                     f"exceeds the model context ({limit}); "
                     "lower run.max_new_tokens or use a longer-context model"
                 )
+            lengths[s.sample_id] = n
+        return lengths
+
+    def _capacity_bound(self, samples: list[Sample]) -> int:
+        """KV entries the longest generation of the run can need: the last turn's prompt with every
+        earlier answer at full length, + max_new_tokens, + the decoder's block (+10% for re-tokenising)."""
+        max_new = self.task.max_new_tokens
+        filler = " ".join(["the"] * max_new)
+        bound = 0
+        for s in samples:
+            last = self.task.n_turns(s) - 1
+            try:
+                prompt = self.task.prompt_ids(s, last, [filler] * last, self.lm.tokenizer)
+            except Exception:  # noqa: BLE001 - a sample that cannot render fails in its own timed turn
+                prompt = self.task.prompt_ids(s, 0, [], self.lm.tokenizer)
+            bound = max(bound, len(prompt) + max_new)
+        extra = self.decoder.max_block() + 1
+        return min(int(bound * 1.1) + extra, self.engine.max_positions + extra)
 
     def _warmup(self, sample: Sample) -> None:
+        """One untimed generation on the longest prompt; over the whole length when the attention
+        backend compiles per shape (so the timed samples reuse what it compiled)."""
         ids = self.task.prompt_ids(sample, 0, [], self.lm.tokenizer)
-        self.decoder.generate(ids, min(16, self.task.max_new_tokens), self.stop_ids, Counts(keep_steps=False))
+        max_new = self.task.max_new_tokens
+        n = max_new if self.decoder.compiles_attention() else min(WARMUP_TOKENS, max_new)
+        self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
 
     def _seed_for(self, sample_id: str, turn: int) -> int:
         h = hashlib.sha1(f"{self.cfg.run.seed}-{sample_id}-{turn}".encode()).hexdigest()
@@ -257,6 +375,7 @@ class Runner:
                 matches, first_div, gap = self.audit.compare(prompt, out, max_new, self.stop_ids)
         n_new = len(out)
         per_entry = eng.cache.bytes_per_entry()
+        activity = counts.kv_activity
         row = {
             "prompt_tokens": len(prompt),
             "new_tokens": n_new,
@@ -275,6 +394,9 @@ class Runner:
             "peak_mem_mb": peak,
             "kv_cache_mb": eng.cache.capacity * per_entry / 2**20,
             "kv_read_mb": counts.kv_attended * per_entry / 2**20,
+            "kv_budget": counts.kv_budget,
+            "restricted_frac": activity.restricted_frac if activity else 0.0,
+            "visible_frac": activity.visible_frac if activity else 1.0,
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
             "output_ids": out,
@@ -286,17 +408,16 @@ class Runner:
         return row, counts, out
 
     def _run_row(self, status: str, started: str) -> dict[str, Any]:
-        import json
-
         return {
             "run_id": self.run_id,
             "status": status,
             "started": started,
-            "finished": datetime.now(timezone.utc).isoformat() if status == "complete" else None,
-            "git_sha": provenance.git_sha(REPO),
-            "versions": json.dumps(provenance.versions()),
-            "device_name": provenance.device_name(self.lm.device),
-            "threads": torch.get_num_threads(),
+            "finished": datetime.now(timezone.utc).isoformat() if status != "running" else None,
+            "git_sha": self.code_version,
+            "versions": json.dumps(self.versions),
+            "device_name": self.device_name,
+            "threads": self.threads,
+            "prefill_chunk": self.identity["prefill_chunk"],
             "model": self.names["model"],
             "model_name": self.lm.name,
             "dtype": self.identity["dtype"],
@@ -310,6 +431,7 @@ class Runner:
             "task_version": self.task.version,
             "task_params": json.dumps(self.identity["task_params"]),
             "limit": self.task.limit,
+            "sample_set": self.sample_set,
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(self.cfg.run.seed),
             "sampling": json.dumps(self.identity["sampling"]),

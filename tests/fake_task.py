@@ -10,13 +10,14 @@ class FakeTask(Task):
     name = "fake"
     version = "1"
 
-    def __init__(self, n: int = 3, broken: str | None = None, **kw) -> None:
+    def __init__(self, n: int = 3, broken: str | None = None, pad: int = 0, **kw) -> None:
         super().__init__(**kw)
-        self.n, self.broken = n, broken
+        self.n, self.broken, self.pad = n, broken, pad  # pad: filler words making prompts longer
 
     def _load(self) -> list[Sample]:
+        filler = " ".join(["filler"] * self.pad)
         return [
-            Sample(f"s{i}", [f"question {i}", f"follow-up {i}"], "cat", reference=str(i))
+            Sample(f"s{i}", [f"question {i} {filler}".strip(), f"follow-up {i}"], "cat", reference=str(i))
             for i in range(self.n)
         ]
 

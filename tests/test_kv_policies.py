@@ -28,7 +28,7 @@ class FakeEngine:
     def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
         self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))
         self.cache.reset(capacity)
-        self.scale, self.device, self.prefill_hooks = d**-0.5, torch.device("cpu"), []
+        self.scale, self.device = d**-0.5, torch.device("cpu")
 
     @property
     def length(self) -> int:
@@ -202,11 +202,11 @@ def test_snapkv_selection_equals_brute_force_across_prefill_chunks(tiny_lm, pool
     pol = SnapKV(budget=40, window=8, kernel=5, pooling=pooling)
     pol.attach(eng)
     captured: dict[int, list[torch.Tensor]] = {}
-    eng.prefill_hooks.append(lambda li, q, k, cl: captured.setdefault(li, []).append(q.clone()))
+    capture = lambda li, q, k, cl: captured.setdefault(li, []).append(q.clone())  # noqa: E731
     prompt = torch.randint(0, 256, (132,), generator=torch.Generator().manual_seed(3)).tolist()
     eng.reset(200)
     pol.reset(len(prompt))
-    eng.prefill(prompt)
+    eng.prefill(prompt, hooks=[*pol.prefill_hooks(), capture])
     pol.after_prefill(eng)
     for layer in range(eng.cache.n_layers):
         q_all = torch.cat(captured[layer], dim=1)
@@ -255,7 +255,7 @@ def test_h2o_selection_equals_brute_force():
     eng = FakeEngine(layers=1, hkv=2, d=8, capacity=128)
     pol = H2O(budget=24, recent=8)
     pol.attach(eng)
-    assert pol.on_prefill in eng.prefill_hooks
+    assert pol.on_prefill in pol.prefill_hooks()
     ref = BruteH2O(2, 24, 8, eng.scale)
     pol.reset(30)
     k = torch.randn(1, 2, 70, 8) * 2

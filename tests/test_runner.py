@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from core.types import HarnessError
 from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS
 from runners.runner import Runner
 
@@ -100,7 +101,12 @@ def test_crash_mid_run_then_resume(tmp_path, monkeypatch):
 
 
 def test_failing_sample_is_recorded_and_run_goes_on(tmp_path):
-    path = Runner(make_cfg(tmp_path, "+task.broken=s1")).run()
+    runner = Runner(make_cfg(tmp_path, "+task.broken=s1"))
+    with pytest.raises(HarnessError, match="1 of 3 samples"):
+        runner.run()
+    path = runner.rundir.path
+    assert not (path / "COMPLETE").exists()
+    assert pd.read_parquet(path / "runs.parquet").loc[0, "status"] == "failed"
     samples = pd.read_parquet(path / "samples.parquet")
     bad = samples[samples["error"].notna()]
     assert list(bad["sample_id"]) == ["s1"] and "broken sample" in bad["error"].iloc[0]

@@ -210,7 +210,7 @@ def test_region_view_equals_restricted_view_on_a_mixed_block(tiny_lm, name, back
         pol.attach(eng)
         eng.reset(200)
         pol.reset(len(prompt))
-        eng.prefill(prompt)
+        eng.prefill(prompt, hooks=pol.prefill_hooks())
         pol.after_prefill(eng)
         logits = []
         for step in range(3):
