@@ -11,10 +11,10 @@ gate/up projections, our own static KV cache, no per-step mask or cache-object a
 
 `linear="onednn"` (opt-in, fp32 on CPU): the projection and LM-head weights are prepacked once for
 oneDNN (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor uses for frozen CPU linears). On
-CPUs where aten's MKL sgemm takes a slow path (measured on this project's AMD EPYC: 2-3x slower at
-1..64 rows, benchmarks/bench_fafo.py) every forward gets faster, multi-row blocks most. Results
-differ from aten's in the last bits (max |diff| ~1e-4 on logits ~1e2), so compare decoders on the
-same engine setting.
+CPUs where aten's MKL sgemm takes a slow path (AMD EPYC; `python -m benchmarks.bench_block_cost
+--linear aten` against `--linear onednn` shows it on yours) every forward gets faster, multi-row
+blocks most. Results differ from aten's in the last bits (max |diff| ~1e-4 on logits ~1e2), so
+compare decoders on the same engine setting.
 """
 
 from __future__ import annotations

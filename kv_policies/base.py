@@ -19,7 +19,7 @@ Decoders combine a policy with their block layout through `restricted_view(engin
 restricted, backend)`:
 - vanilla + policy (the lossy baseline): every decode row is restricted (`decode_view`);
 - FAFO: only the fumble rows are restricted (verification rows see the full cache);
-- TriForce / SFI: the draft / sparse rows are restricted.
+- Lookahead / prompt lookup with a lossy policy: every block row is restricted (lossy variants).
 `backend="dense"` is `kv_policies.view.RestrictedView` (SDPA with a mask, the reference);
 `flex` / `sliced` / `flash` keep the selection in a block-aligned region at the head of the KV
 tensors (`core.compressed_region.CompressedRegion`) and skip the rest for real.

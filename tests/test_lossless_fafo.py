@@ -67,12 +67,15 @@ class RandomSubset(KVPolicy):
 def project_policies() -> list[tuple[str, object]]:
     """Every KV policy configured in conf/kv/ (instantiated from its yaml), with small budgets where
     the policy exposes one so that the restriction bites on short test contexts."""
+    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    conf = Path(__file__).resolve().parents[1] / "conf"
     out = []
-    for path in sorted(Path(__file__).resolve().parents[1].glob("conf/kv/*.yaml")):
-        cfg = OmegaConf.load(path)
+    for path in sorted(conf.glob("kv/*.yaml")):
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            cfg = OmegaConf.create(OmegaConf.to_container(compose("config", [f"kv={path.stem}"]).kv))
         for key, small in (("budget", 16), ("sink", 2), ("page_size", 4), ("window", 4), ("recent", 8)):
             if key in cfg:
                 cfg[key] = small
