@@ -218,17 +218,32 @@ class CompressedRegion:
         return set(self.pos[layer, head, : int(self.region_len[layer, head])].tolist())
 
     # --- views ---------------------------------------------------------------------------------
-    def view(self, block_mask: torch.Tensor, restricted: torch.Tensor) -> RegionView:
-        return RegionView(self, block_mask, restricted)
+    def view(
+        self, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None = None
+    ) -> RegionView:
+        if tail_from is not None and self.backend == "flex":
+            raise HarnessError(
+                f"kv={self.policy.name}: backend=flex keeps one static block mask and cannot add a draft "
+                "tail; use backend=sliced (or dense) with a self-drafting decoder"
+            )
+        return RegionView(self, block_mask, restricted, tail_from)
 
 
 class RegionView:
     """Attention view: `restricted` rows see the region (the policy's selection), the other rows the
-    whole cache, every row the block through `block_mask [n, n]`. Same contract as `RestrictedView`."""
+    whole cache, every row the block through `block_mask [n, n]`. Same contract as `RestrictedView`,
+    `tail_from` included (the tail stays at slot == position: the region never moves it)."""
 
-    def __init__(self, region: CompressedRegion, block_mask: torch.Tensor, restricted: torch.Tensor) -> None:
+    def __init__(
+        self,
+        region: CompressedRegion,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None = None,
+    ) -> None:
         self.region, self.scale = region, region.engine.scale
         self.block_vis, self.restricted = block_mask.bool(), restricted.bool()
+        self.tail_from = tail_from
         self.rows = self.restricted.nonzero().squeeze(1)
         self._read: list[int] = []
         self._mask: RegionBlockMask | None = None
@@ -237,20 +252,23 @@ class RegionView:
         reg, policy = self.region, self.region.policy
         n = q.shape[2]
         cache_len = k.shape[2] - n
+        sel_len = cache_len if self.tail_from is None else min(self.tail_from, cache_len)
         q_rows = q[0, :, self.rows]
         if self.rows.numel():
             policy.observe(layer, q_rows)
-        if not self.rows.numel() or policy.keeps_all(layer, cache_len):
+        if not self.rows.numel() or policy.keeps_all(layer, sel_len):
             self._read.append(cache_len)
             if self.rows.numel():
-                policy.activity.note(layer, cache_len, cache_len)
+                policy.activity.note(layer, sel_len, sel_len)
             return self._dense(q, k, v, cache_len)
-        reg.sync(cache_len)
-        if not (policy.shared and reg.placed_shared(cache_len)):  # shared: once per step, all layers
-            reg.place(layer, policy.select(layer, q_rows, k[0, :, :cache_len], cache_len))
+        reg.sync(sel_len)
+        if not (policy.shared and reg.placed_shared(sel_len)):  # shared: once per step, all layers
+            reg.place(layer, policy.select(layer, q_rows, k[0, :, :sel_len], sel_len))
         rl = reg.region_len[layer]
-        self._read.append(int(rl.sum()) // rl.numel())
-        policy.activity.note(layer, self._read[-1], cache_len)
+        self._read.append(int(rl.sum()) // rl.numel() + cache_len - sel_len)
+        policy.activity.note(layer, self._read[-1] - (cache_len - sel_len), sel_len)
+        if self.tail_from is not None:  # the tail joins the block: always visible, read in place
+            return self._gathered(layer, q, k, v, sel_len, rl)
         if reg.backend == "flex":
             return self._flex(layer, q, cache_len, rl)
         return self._gathered(layer, q, k, v, cache_len, rl)
@@ -279,20 +297,26 @@ class RegionView:
     def _gathered(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int, rl: torch.Tensor
     ) -> torch.Tensor:
-        n = q.shape[2]
+        """The restricted rows over the region slice + everything from `cache_len` on (the block, with
+        a draft tail in front of it when `tail_from` is set); the other rows over the whole cache."""
+        n, total = q.shape[2], k.shape[2]
         top = int(rl.max())
         kb, vb = k[:, :, cache_len:], v[:, :, cache_len:]
+        tail = total - n - cache_len
+        bvis = self.block_vis
+        if tail:
+            bvis = torch.cat([torch.ones(n, tail, dtype=torch.bool, device=q.device), bvis], dim=1)
         args = (k[:, :, :top], v[:, :, :top], rl, kb, vb)
         rows = self.rows
         if self.region.backend == "flash":
-            o_r = flash_region_attend(q[:, :, rows], *args, self.block_vis[rows], self.scale)
+            o_r = flash_region_attend(q[:, :, rows], *args, bvis[rows], self.scale)
         else:
-            o_r = sliced_attend(q[:, :, rows], *args, self.block_vis[rows], self.scale)
+            o_r = sliced_attend(q[:, :, rows], *args, bvis[rows], self.scale)
         if rows.numel() == n:
             return o_r
         full = (~self.restricted).nonzero().squeeze(1)  # these rows see the whole cache
-        mask = torch.ones(full.numel(), cache_len + n, dtype=torch.bool, device=q.device)
-        mask[:, cache_len:] = self.block_vis[full]
+        mask = torch.ones(full.numel(), total, dtype=torch.bool, device=q.device)
+        mask[:, cache_len:] = bvis[full]
         out = torch.empty_like(q)
         out[:, :, full] = sdpa(q[:, :, full], k, v, mask, self.scale)
         out[:, :, rows] = o_r

@@ -27,6 +27,7 @@ class StepRecord:
     accepted: int  # candidate tokens accepted (bonus excluded)
     committed: int  # tokens appended to the output (accepted + bonus)
     kv_attended: int  # cached KV entries read by this forward, summed over layers and KV heads / n_kv_heads
+    draft: bool = False  # a self-speculative draft forward (the target over a KV policy's selection)
 
 
 class Counts:
@@ -40,6 +41,7 @@ class Counts:
         self.accepted = 0
         self.committed = 0
         self.kv_attended = 0
+        self.draft_forwards = 0  # self-speculative draft forwards (not in `forwards`, not in tau)
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
@@ -58,6 +60,13 @@ class Counts:
         self.kv_attended += kv_attended
         if self.keep_steps:
             self.steps.append(StepRecord(block_tokens, drafted, accepted, committed, kv_attended))
+
+    def draft_step(self, kv_attended: int) -> None:
+        """One draft forward of one row (self-speculation): its KV reads count, its tokens do not."""
+        self.draft_forwards += 1
+        self.kv_attended += kv_attended
+        if self.keep_steps:
+            self.steps.append(StepRecord(1, 0, 0, 0, kv_attended, draft=True))
 
     @property
     def tau(self) -> float:

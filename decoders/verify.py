@@ -16,7 +16,10 @@ target distribution after the prefix + a_j1..a_jt.
   token is sampled from the residual p. Lossless in distribution: with one-hot drafts, "accept x
   w.p. p(x), else sample from p with x removed" draws exactly from p, at every depth.
 
-Both return a `Verdict`: the committed tokens (accepted + bonus), the winning candidate and how
+- `speculative_verify`: one drafted chain with the drafter's real distributions (self-speculative
+  decoding, TriForce): standard speculative sampling, exact in distribution.
+
+All return a `Verdict`: the committed tokens (accepted + bonus), the winning candidate and how
 many of its tokens were accepted, from which `commit_rows` gives the block rows whose KV to keep
 (the root's row and the accepted candidate tokens' rows; the bonus token's KV is computed when it
 is fed as the next root).
@@ -135,3 +138,32 @@ def verify_logits(
     return sample_verify(
         cands, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler
     )
+
+
+def speculative_verify(
+    drafts: Sequence[int],
+    draft_probs: Sequence[torch.Tensor],
+    target_probs: Callable[[int], torch.Tensor],
+    sampler: Sampler,
+) -> Verdict:
+    """Speculative sampling of one drafted chain with real draft distributions (Leviathan et al. 2023,
+    Chen et al. 2023): draft token i, drawn from `draft_probs[i]`, is accepted with probability
+    min(1, p_i(x) / q_i(x)) where `target_probs(i)` is the target's distribution at its row; on the
+    first rejection the replacement is drawn from norm(max(0, p_i - q_i)), and when every draft is
+    accepted a bonus is drawn from `target_probs(len(drafts))`. The committed tokens are distributed
+    exactly as sampling from the target. Greedy drafts (one-hot q) reduce to accept-while-argmax."""
+    accepted: list[int] = []
+    for i, x in enumerate(drafts):
+        p = target_probs(i).float()
+        q = draft_probs[i].float().to(p.device)
+        px, qx = float(p[x]), float(q[x])
+        u = float(torch.rand((), generator=sampler.generator))
+        if qx > 0 and u < min(1.0, px / qx):
+            accepted.append(int(x))
+            continue
+        residual = (p - q).clamp(min=0)
+        total = float(residual.sum())
+        fix = sampler.sample_from(residual / total if total > 0 else p)
+        return Verdict(0 if accepted else -1, len(accepted), [*accepted, fix])
+    bonus = sampler.sample_from(target_probs(len(drafts)).float())
+    return Verdict(0 if accepted else -1, len(accepted), [*accepted, bonus])

@@ -65,6 +65,8 @@ REGISTRY = {
     "quest": "kv_policies.quest:Quest",
     "snapkv": "kv_policies.snapkv:SnapKV",
     "h2o": "kv_policies.h2o:H2O",
+    "retrieval": "kv_policies.retrieval:Retrieval",
+    "topk": "kv_policies.topk:TopK",
 }
 
 
@@ -171,6 +173,9 @@ class KVPolicy:
     def after_commit(self, engine: Any, n_new: int) -> None:
         pass
 
+    def rebuild(self, engine: Any) -> None:
+        """Choose the selection again from what has been observed (a drafting decoder's stride)."""
+
     def params(self) -> dict:
         return {}
 
@@ -228,16 +233,34 @@ class KVPolicy:
 
     # --- views ---------------------------------------------------------------------------------
     def restricted_view(
-        self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, backend: str | None = None
+        self,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        backend: str | None = None,
+        tail_from: int | None = None,
     ) -> Any:
         """A view where `restricted` rows see only this policy's selection of the cache (plus the block
-        through `block_mask [n, n]`) and the other rows the whole cache."""
+        through `block_mask [n, n]`) and the other rows the whole cache. `tail_from`: cached entries
+        from that position on (a self-drafting decoder's fresh tokens) are visible to every row and
+        the policy selects over the entries before it only."""
         backend = backend or self.backend
         if backend == "dense":
             from kv_policies.view import RestrictedView
 
-            return RestrictedView(self, engine.scale, block_mask, restricted)
-        return self.region_for(engine, backend).view(block_mask, restricted)
+            return RestrictedView(self, engine.scale, block_mask, restricted, tail_from)
+        return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
+
+    def draft_view(self, engine: Any, tail_from: int) -> Any:
+        """One restricted row (a self-speculative draft step) over the selection of `[0, tail_from)`
+        plus the fresh tail `[tail_from, length)`; the plain causal view when nothing is restricted."""
+        unobserved = type(self).observe is KVPolicy.observe
+        if unobserved and all(self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)):
+            from core.attention import CausalView
+
+            return CausalView(engine.scale)
+        one = torch.ones(1, 1, dtype=torch.bool, device=engine.device)
+        return self.restricted_view(engine, one, one[0], tail_from=tail_from)
 
     def region_for(self, engine: Any, backend: str) -> Any:
         """The compressed region laying out this policy's selection in `engine`'s cache (created once

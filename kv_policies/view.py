@@ -2,7 +2,9 @@
 
 Dense SDPA with a per-KV-head boolean mask: the reference path every sparse backend must equal.
 `block_mask` `[n, n]` gives visibility inside the block; `restricted` `[n]` marks rows that see only
-`policy.visible(...)` of the cache, the other rows see the whole cache.
+`policy.visible(...)` of the cache, the other rows see the whole cache. `tail_from` (optional): cached
+entries from that position on are a speculative tail (a self-drafting decoder's own fresh tokens):
+visible to every row, never offered to the policy, which selects over `[0, tail_from)` only.
 
 `ObservedCausalView`: the plain causal view (bit-identical to `CausalView`) that also hands the
 queries to `policy.observe` (H2O accumulates attention even while the budget still covers everything).
@@ -18,10 +20,18 @@ from core.attention import CausalView, sdpa
 
 
 class RestrictedView:
-    def __init__(self, policy: Any, scale: float, block_mask: torch.Tensor, restricted: torch.Tensor) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        scale: float,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None = None,
+    ) -> None:
         self.policy, self.scale = policy, scale
         self.block_mask = block_mask
         self.restricted = restricted
+        self.tail_from = tail_from
         self._read: list[int] = []
 
     @classmethod
@@ -33,19 +43,19 @@ class RestrictedView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n, total = q.shape[2], k.shape[2]
         cache_len = total - n
+        sel_len = cache_len if self.tail_from is None else min(self.tail_from, cache_len)
         h, hkv = q.shape[1], k.shape[1]
         rows = self.restricted.nonzero().squeeze(1)
         q_rows = q[0, :, rows]
+        vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
         if rows.numel():
             if hasattr(self.policy, "observe"):
                 self.policy.observe(layer, q_rows)
-            vis = self.policy.visible(layer, q_rows, k[0, :, :cache_len], cache_len)  # [hkv, L]
-        else:
-            vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
-        read = int(vis.sum().item()) // hkv
-        self._read.append(read)
+            vis[:, :sel_len] = self.policy.visible(layer, q_rows, k[0, :, :sel_len], sel_len)  # [hkv, L]
+        read = int(vis[:, :sel_len].sum().item()) // hkv
+        self._read.append(read + cache_len - sel_len)
         if rows.numel():
-            self.policy.activity.note(layer, read, cache_len)
+            self.policy.activity.note(layer, read, sel_len)
         mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
         mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
         mask[:, :, cache_len:] = self.block_mask

@@ -35,6 +35,7 @@ SAMPLE_COLUMNS = {
     "decode_s": "float64",
     "wall_s": "float64",
     "forwards": "Int64",
+    "draft_forwards": "Int64",
     "drafted": "Int64",
     "accepted": "Int64",
     "committed": "Int64",
@@ -64,6 +65,7 @@ STEP_COLUMNS = {
     "accepted": "int64",
     "committed": "int64",
     "kv_attended": "int64",
+    "draft": "bool",
 }
 SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
 

@@ -383,6 +383,7 @@ class Runner:
             "decode_s": clock.decode_s,
             "wall_s": clock.wall_s,
             "forwards": counts.forwards,
+            "draft_forwards": counts.draft_forwards,
             "drafted": counts.drafted,
             "accepted": counts.accepted,
             "committed": counts.committed,

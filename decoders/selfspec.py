@@ -1,0 +1,110 @@
+"""Self-speculative decoding: the target drafts for itself through a KV policy, then verifies with
+the full cache (TriForce's "retrieval without hierarchy" with kv=retrieval; MagicDec, LongSpec's
+baseline, with kv=streaming).
+
+One step, with the committed prefix of length P in the cache and the root r = the last output token:
+1. Draft: up to γ one-row forwards of the target. Row i feeds the previous token at position P + i
+   and sees only the policy's selection of `[0, P)` plus the draft's own fresh tail `[P, P + i)`
+   (`KVPolicy.draft_view`); its KV is committed so the next draft row sees it.
+2. Roll back: `engine.crop(P)` forgets every drafted entry (their KV came from a restricted forward).
+3. Verify: one forward of `[r, d1..dγ]` over the full cache; greedy: accept while each draft equals
+   the target's argmax; sampling: speculative sampling with the draft's real distributions
+   (`decoders.verify.speculative_verify`). Commit the root and the accepted drafts, plus the bonus.
+One KV cache throughout: no private copy. Counts: `forwards` are the verification forwards (tau =
+committed tokens per verification forward, as in the papers); the draft forwards are counted apart
+(`Counts.draft_step`, `draft_forwards`), with the cache entries they read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.attention import CausalView
+from core.types import Counts, HarnessError
+from decoders.base import BaseDecoder, extend_output
+from decoders.verify import greedy_verify, speculative_verify
+
+
+class SelfSpeculative(BaseDecoder):
+    name = "selfspec"
+
+    def __init__(self, engine, kv=None, sampler=None, gamma: int = 6, rebuild_every: int = 0) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma <= 0:
+            raise HarnessError(f"decoder=selfspec: gamma must be a positive integer, got {gamma!r}")
+        if isinstance(rebuild_every, bool) or not isinstance(rebuild_every, int) or rebuild_every < 0:
+            raise HarnessError(
+                f"decoder=selfspec: rebuild_every must be a non-negative integer (0 = never), got "
+                f"{rebuild_every!r}"
+            )
+        super().__init__(engine, kv, sampler)
+        if getattr(self.kv, "backend", "dense") == "flex":
+            raise HarnessError(
+                f"decoder=selfspec: kv={self.kv.name} backend=flex keeps one static block mask and cannot "
+                "add the draft's fresh tail; use kv.backend=sliced (or dense)"
+            )
+        self.gamma = gamma
+        self.rebuild_every = rebuild_every  # verification steps between policy rebuilds (kv=retrieval)
+
+    lossless = True  # the full-cache verification decides every token
+
+    def params(self) -> dict:
+        return {"gamma": self.gamma, "rebuild_every": self.rebuild_every}
+
+    def max_block(self) -> int:
+        return self.gamma + 1
+
+    def _draft(self, root: int, length: int, n: int, stop_ids: set[int], counts: Counts):
+        """Up to `n` draft tokens (stopping after a stop token) and, when sampling, their distributions."""
+        eng, kv = self.engine, self.kv
+        tok = torch.empty(1, dtype=torch.long, device=eng.device)
+        pos = torch.empty(1, dtype=torch.long, device=eng.device)
+        drafts: list[int] = []
+        probs: list[torch.Tensor] = []
+        prev = root
+        for i in range(n):
+            tok[0], pos[0] = prev, length + i
+            view = kv.draft_view(eng, length)
+            logits = eng.step(tok, pos, view)
+            eng.commit([0])
+            counts.draft_step(view.kv_read(length + i))
+            if self.sampler.greedy:
+                prev = int(logits[0].argmax())
+            else:
+                p = self.sampler.probs(logits[0])
+                probs.append(p)
+                prev = self.sampler.sample_from(p)
+            drafts.append(prev)
+            if prev in stop_ids:
+                break
+        eng.crop(length)
+        return drafts, probs
+
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        eng, kv = self.engine, self.kv
+        done, steps = False, 0
+        while not done:
+            length = eng.length
+            n = min(self.gamma, max_new_tokens - len(out) - 1)  # the bonus token comes on top
+            drafts, probs = self._draft(out[-1], length, n, stop_ids, counts) if n > 0 else ([], [])
+            k = len(drafts)
+            tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
+            logits = eng.step(
+                tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
+            )
+            if self.sampler.greedy:
+                preds = logits.argmax(-1).cpu()
+                cands = torch.tensor([drafts], dtype=torch.long).reshape(1 if k else 0, k)
+                verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
+            else:
+                target = [self.sampler.probs(row) for row in logits]
+                verdict = speculative_verify(drafts, probs, target.__getitem__, self.sampler)
+            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+            rows = verdict.flat_rows(0, 1, k)[:n_new]
+            eng.commit(rows)
+            kv.after_commit(eng, len(rows))
+            counts.step(k + 1, k, verdict.accepted, n_new, length)
+            steps += 1
+            if self.rebuild_every and steps % self.rebuild_every == 0:
+                kv.rebuild(eng)

@@ -1,0 +1,130 @@
+"""TriForce's retrieval cache (Sun et al. 2024, §4.1; seed-specs §2.2): chunks of the context chosen
+by how much the last query attends to each chunk's mean key.
+
+Build (after prefill, and again on `rebuild`): the committed keys `[0, L)` are split into chunks of
+`chunk` consecutive positions; chunk c scores `q . mean(k_c)` per KV head, where q is the query of
+the last prompt token (or, on a rebuild, of the last row the policy observed). GQA (the reference
+has none): a KV head's score is the mean over its query heads of their dot products with the mean
+key, i.e. the group's mean query against the mean key. The first chunk is always kept (attention
+sink), so is the last, partial chunk when L is not a multiple of `chunk`; the top-scoring other
+chunks fill the budget (`budget // chunk` chunks in all). Entries committed after the build (the
+generated tokens) are always visible: TriForce writes them over the least important slots of a fixed
+cache; here they are kept on top of the budget until the next rebuild (the decoder's stride,
+`decoder.rebuild_every`), a stated simplification.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from core.types import HarnessError
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+
+
+def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Scores `[n_kv_heads, L // chunk]` of the full chunks of keys `k [n_kv_heads, L, d]` against the
+    query `q [n_heads, d]` (mean over each KV head's query heads of q . mean key)."""
+    hkv, length, d = k.shape
+    n = length // chunk
+    kbar = k[:, : n * chunk].float().reshape(hkv, n, chunk, d).mean(2)
+    qg = q.float().reshape(hkv, q.shape[0] // hkv, d)
+    return (qg @ kbar.transpose(1, 2)).mean(1)
+
+
+class Retrieval(KVPolicy):
+    name = "retrieval"
+
+    def __init__(
+        self, budget: int = 4096, chunk: int = 8, backend: str = "dense", budget_frac: float | None = None
+    ) -> None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+            raise HarnessError(f"kv=retrieval: chunk must be a positive integer, got {chunk!r}")
+        self.chunk = chunk
+        self.set_budget(check_budget(self.name, budget, chunk, "the chunk size"))
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
+        self.backend = check_backend(self.name, backend)
+        self.prompt_len = 0
+        self.built_len = 0
+        self._q: dict[int, torch.Tensor] = {}
+        self._keep: dict[int, torch.Tensor] = {}
+
+    def min_budget(self) -> int:
+        return 2 * self.chunk
+
+    def set_budget(self, budget: int) -> None:
+        self.budget, self.n_chunks = budget, budget // self.chunk
+
+    def params(self) -> dict:
+        return {
+            "budget": self.budget,
+            "budget_frac": self.budget_frac,
+            "chunk": self.chunk,
+            "backend": self.backend,
+        }
+
+    def can_restrict(self, prompt_len: int, context: int) -> bool:
+        return prompt_len > self.budget
+
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
+        self.prompt_len, self.built_len = prompt_len, 0
+        self._q, self._keep = {}, {}
+        super().reset(prompt_len, context_len)
+
+    def keeps_all(self, layer: int, cache_len: int) -> bool:
+        return self.built_len <= self.budget or layer not in self._keep
+
+    def max_selected(self, capacity: int) -> int:
+        return min(capacity, self.budget + max(capacity - self.prompt_len, 0))
+
+    # --- queries ---------------------------------------------------------------------------------
+    def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
+        last = self.prompt_len - 1 - cache_len  # row of the last prompt token in this chunk, if any
+        if 0 <= last < q.shape[1]:
+            self._q[layer] = q[:, last].clone()
+
+    def observe(self, layer: int, q: torch.Tensor) -> None:
+        self._q[layer] = q[:, -1]
+
+    # --- building --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def after_prefill(self, engine: Any) -> None:
+        if self.prompt_len > self.budget:
+            self.rebuild(engine)
+
+    @torch.inference_mode()
+    def rebuild(self, engine: Any) -> None:
+        length = engine.length
+        if length <= self.budget or len(self._q) != engine.cache.n_layers:
+            return
+        pos = torch.arange(length, device=engine.device)
+        for layer, q in self._q.items():
+            k = self.gather_keys(layer, engine.cache.k[layer, :, :length], pos)
+            self._keep[layer] = self.choose(q, k)
+        self.built_len = length
+
+    def choose(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """bool `[n_kv_heads, L]`: chunk 0, the partial last chunk, and the top-scoring other chunks."""
+        hkv, length, _ = k.shape
+        c = self.chunk
+        n = length // c
+        partial = length - n * c
+        keep_chunks = torch.zeros(hkv, n, dtype=torch.bool, device=k.device)
+        keep_chunks[:, 0] = True
+        room = self.n_chunks - 1 - (1 if partial else 0)
+        if room > 0 and n > 1:
+            scores = chunk_scores(q, k, c)[:, 1:]
+            keep_chunks.scatter_(1, 1 + scores.topk(min(room, n - 1), dim=1).indices, True)
+        keep = torch.ones(hkv, length, dtype=torch.bool, device=k.device)
+        keep[:, : n * c] = keep_chunks.repeat_interleave(c, dim=1)
+        return keep
+
+    @torch.inference_mode()
+    def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
+        sel = torch.ones(k_cache.shape[0], cache_len, dtype=torch.bool, device=k_cache.device)
+        keep = self._keep.get(layer)
+        if keep is not None:
+            n = min(cache_len, keep.shape[1])
+            sel[:, :n] = keep[:, :n]
+        return sel

@@ -1,0 +1,199 @@
+"""Self-speculative decoding (decoders/selfspec.py) and the policies it drafts through
+(kv=retrieval, kv=topk): greedy equals vanilla greedy (fp32) with every policy and layout, the one
+KV cache ends as vanilla's, sampling is lossless in distribution, speculative sampling itself is
+exact, and bad input is one clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.models import load_model
+from core.sampling import Sampler
+from core.types import Counts, HarnessError
+from decoders.selfspec import SelfSpeculative
+from decoders.vanilla import Vanilla
+from decoders.verify import speculative_verify
+from kv_policies.base import build_policy
+from kv_policies.retrieval import Retrieval, chunk_scores
+from tests.conftest import needs_smollm
+from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.test_lossless_lookahead import varied_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N_NEW = 32
+POLICIES = {
+    "full": {},
+    "streaming": {"budget": 24, "sinks": 4},
+    "quest": {"budget": 32, "page_size": 8, "dense_layers": 0},
+    "snapkv": {"budget": 24, "window": 4},
+    "h2o": {"budget": 24},
+    "retrieval": {"budget": 24, "chunk": 4},
+    "topk": {"budget": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    return eng, [(p, Vanilla(eng).generate(p, N_NEW, set(), Counts())) for p in varied_prompts(6, seed=3)]
+
+
+@pytest.mark.parametrize("backend", ["dense", "sliced"])
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_greedy_equals_vanilla_tiny(refs, name, backend):
+    if name == "full" and backend == "sliced":
+        pytest.skip("kv=full has no compressed layout")
+    eng, cases = refs
+    params = dict(POLICIES[name], **({} if name == "full" else {"backend": backend}))
+    drafted = accepted = draft_forwards = 0
+    for gamma in (1, 4):
+        for prompt, ref in cases:
+            counts = Counts()
+            dec = SelfSpeculative(eng, kv=build_policy(name, **params), gamma=gamma, rebuild_every=3)
+            got = dec.generate(prompt, N_NEW, set(), counts)
+            check_lossless(eng, prompt, ref, got)
+            assert counts.committed == len(got) - 1 and counts.forwards <= len(got) - 1
+            drafted, accepted = drafted + counts.drafted, accepted + counts.accepted
+            draft_forwards += counts.draft_forwards
+    assert draft_forwards == drafted  # one draft forward per drafted token
+    if name == "full":  # drafting over the whole cache is the target itself
+        assert accepted == drafted
+    else:
+        assert 0 < accepted < drafted  # acceptance and rejection both exercised
+
+
+def test_full_policy_drafts_are_always_accepted(refs):
+    """Drafting over the whole cache is the target itself: every draft is accepted (greedy)."""
+    eng, cases = refs
+    for prompt, ref in cases[:3]:
+        counts = Counts()
+        assert SelfSpeculative(eng, gamma=5).generate(prompt, N_NEW, set(), counts) == ref
+        assert counts.accepted == counts.drafted and counts.tau > 4
+
+
+def test_cache_ends_exactly_as_vanilla(refs):
+    eng, cases = refs
+    prompt, ref = cases[0]
+    Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
+    n = eng.length
+    k_ref = eng.cache.k[:, :, :n].clone()
+    got = SelfSpeculative(eng, kv=build_policy("streaming", budget=24), gamma=4).generate(
+        prompt, N_NEW, set(), Counts()
+    )
+    assert got == ref and eng.length == n
+    torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_stop_token_and_length(refs):
+    eng, cases = refs
+    for prompt, ref in cases[:3]:
+        stop = {ref[len(ref) // 2]}
+        want = Vanilla(eng).generate(prompt, N_NEW, stop, Counts())
+        dec = SelfSpeculative(eng, kv=build_policy("streaming", budget=24), gamma=4)
+        check_lossless(eng, prompt, want, dec.generate(prompt, N_NEW, stop, Counts()))
+        for max_new in (1, 2, 3):
+            assert dec.generate(prompt, max_new, set(), Counts()) == ref[:max_new]
+
+
+def test_draft_tail_is_refused_by_flex(refs):
+    with pytest.raises(HarnessError, match="backend=sliced"):
+        SelfSpeculative(refs[0], kv=build_policy("streaming", budget=24, backend="flex"), gamma=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_bad_gamma_is_one_clear_error(refs, bad):
+    with pytest.raises(HarnessError, match="gamma must be a positive integer"):
+        SelfSpeculative(refs[0], gamma=bad)
+
+
+def test_bad_retrieval_budget_is_one_clear_error():
+    with pytest.raises(HarnessError, match="must exceed the chunk size"):
+        Retrieval(budget=8, chunk=8)
+    with pytest.raises(HarnessError, match="chunk must be a positive integer"):
+        Retrieval(chunk=0)
+
+
+# --- the retrieval policy ---------------------------------------------------------------------------
+def test_retrieval_chooses_sink_tail_and_top_chunks_by_mean_key():
+    torch.manual_seed(0)
+    hkv, h, length, d, chunk = 2, 4, 45, 8, 4
+    k = torch.randn(hkv, length, d)
+    q = torch.randn(h, d)
+    pol = Retrieval(budget=20, chunk=chunk)  # 5 chunks: the sink, the partial tail, 3 chosen
+    keep = pol.choose(q, k)
+    scores = chunk_scores(q, k, chunk)
+    for j in range(hkv):
+        brute = [float(q[j * 2 : j * 2 + 2].mean(0) @ k[j, c * 4 : c * 4 + 4].mean(0)) for c in range(11)]
+        torch.testing.assert_close(scores[j], torch.tensor(brute), atol=1e-5, rtol=1e-5)
+        top = sorted(range(1, 11), key=lambda c: -brute[c])[:3]
+        chunks = {c for c in range(11) if keep[j, c * 4]}
+        assert chunks == {0, *top}
+        assert keep[j, 44] and int(keep[j].sum()) == 4 * 4 + 1
+
+
+def test_topk_keeps_the_most_attended_entries(refs):
+    eng, cases = refs
+    pol = build_policy("topk", budget=8)
+    pol.attach(eng)
+    prompt = cases[0][0]
+    eng.reset(len(prompt) + 4)
+    eng.prefill(prompt)
+    q = torch.randn(eng.w.n_heads, 1, eng.w.head_dim)
+    k = eng.cache.k[1, :, : eng.length]
+    sel = pol.select(1, q, k, eng.length)
+    att = (q.reshape(k.shape[0], -1, k.shape[-1]) @ k.transpose(1, 2) * eng.scale).softmax(-1).sum(1)
+    for j in range(k.shape[0]):
+        assert set(sel[j].nonzero().squeeze(1).tolist()) == set(att[j].topk(8).indices.tolist())
+
+
+# --- sampling --------------------------------------------------------------------------------------
+def test_speculative_verify_is_exact_in_distribution():
+    """One draft token from q, verified against p: the committed first token is distributed as p."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(6, generator=g), 0)
+    q = torch.softmax(torch.randn(6, generator=g) * 2, 0)
+    sampler = Sampler(temperature=1.0, seed=3)
+    firsts = []
+    for _ in range(6000):
+        x = sampler.sample_from(q)
+        verdict = speculative_verify([x], [q], lambda i: p, sampler)
+        firsts.append((verdict.tokens[0],))
+    assert chi_square_pvalue(firsts, {(i,): float(p[i]) for i in range(6)}) > 1e-3
+
+
+def test_sampling_is_lossless_in_distribution():
+    """First 3 sampled tokens of self-speculation through a small StreamingLLM budget fit the exact
+    vanilla-sampling distribution."""
+    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
+    lm = load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
+    )
+    eng = Engine(lm.model)
+    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
+    exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    dec = SelfSpeculative(
+        eng, kv=build_policy("streaming", budget=8), gamma=2, sampler=Sampler(seed=1, **sampler_kw)
+    )
+    samples, accepted = [], 0
+    for _ in range(800):
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
+        accepted += counts.accepted
+    assert accepted > 200  # drafts are really accepted under sampling
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+# --- SmolLM2 ----------------------------------------------------------------------------------------
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_mtbench_fast(smollm):
+    """Three MT-Bench questions (turn 1), 48 tokens: MagicDec (streaming) and retrieval drafting."""
+
+    def maker(name: str, **params):
+        return lambda e: SelfSpeculative(e, kv=build_policy(name, budget_frac=0.25, **params), gamma=4)
+
+    makers = [("selfspec-streaming", maker("streaming")), ("selfspec-retrieval", maker("retrieval"))]
+    taus = mtbench_lossless(smollm, makers, 3, 1, 48)
+    assert max(taus) > 1.5
