@@ -11,6 +11,13 @@ import pandas as pd
 from runners.report import run_summary
 
 
+def json_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-sample table as plain Python values W&B can serialise: nullable columns (pd.NA) become
+    None, list columns (output ids) are dropped (the parquet artifact keeps them)."""
+    out = df.drop(columns=["output_ids"], errors="ignore").astype(object)
+    return out.where(out.notna(), None)
+
+
 class WandbSink:
     def __init__(self, cfg: Any, config: dict, run_id: str, names: dict[str, str]) -> None:
         self.run = None
@@ -47,9 +54,7 @@ class WandbSink:
                 self.run.summary.update(
                     scores.groupby("metric")["value"].mean().add_prefix("score/").to_dict()
                 )
-            self.run.log(
-                {"samples": wandb.Table(dataframe=samples.drop(columns=["output_ids"], errors="ignore"))}
-            )
+            self.run.log({"samples": wandb.Table(dataframe=json_safe(samples))})
             art = wandb.Artifact(name=f"records-{run_path.name}", type="results")
             for p in run_path.glob("*.parquet"):
                 art.add_file(str(p))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runners.runner import Runner
@@ -15,7 +17,14 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path, "wandb.enabled=true", "wandb.mode=offline", f"wandb.dir={tmp_path}", "+task.n=1")
     path = Runner(cfg).run()
     assert (path / "COMPLETE").exists()
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run written"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run written"
+    tables = list(runs[0].glob("files/media/table/samples_*.table.json"))
+    assert tables, "the per-sample table was not logged"
+    table = json.loads(tables[0].read_text())
+    assert len(table["data"]) == 2 and "restricted_frac" in table["columns"]  # one sample, two turns
+    log = next(runs[0].glob("run-*.wandb")).read_bytes()  # the artifact and its files are recorded here
+    assert f"records-{path.name}".encode() in log and b"samples.parquet" in log
 
 
 def test_wandb_failure_does_not_break_the_run(tmp_path, monkeypatch, capsys):
