@@ -2,21 +2,29 @@
 
 python run.py                                   # SmolLM2 + vanilla + full KV on MT-Bench
 python run.py decoder=fafo kv=quest task=mtbench
-python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm
+python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm cluster=gpu
+
+In a sweep (`-m`) a job with bad input prints `error: job <n> (<overrides>): <message>` and the
+other jobs still run; the sweep then ends with one line counting the failed jobs and exits non-zero.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from core.types import HarnessError
+from runners.overrides import check_overrides
 
 CONF = Path(__file__).resolve().parent / "conf"
+FAILURES_ENV = "HARNESS_SWEEP_FAILURES"  # file where sweep jobs append their one-line failures
 
 
 def check_group_choices(argv: list[str]) -> None:
@@ -34,19 +42,54 @@ def check_group_choices(argv: list[str]) -> None:
                 sys.exit(f"error: unknown {key} {choice!r}; available: {', '.join(options)}")
 
 
+def _report_job_failure(exc: HarnessError) -> None:
+    job = HydraConfig.get().job
+    line = f"error: job {job.num} ({' '.join(job.override_dirname.split(',')) or 'defaults'}): {exc}"
+    print(line, file=sys.stderr)
+    path = os.environ.get(FAILURES_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\t{line}\n")
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from runners.runner import run
 
+    hc = HydraConfig.get()
     with open_dict(cfg):
-        cfg.choices = {k: v for k, v in HydraConfig.get().runtime.choices.items() if "/" not in k}
+        cfg.choices = {k: v for k, v in hc.runtime.choices.items() if "/" not in k}
     try:
         run(cfg)
     except HarnessError as exc:
+        if hc.mode == RunMode.MULTIRUN:
+            _report_job_failure(exc)  # the sweep goes on with its other jobs
+            return
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 
+def sweep_failures(path: Path) -> list[tuple[int, str]]:
+    """(pid of the job's process, its error line) for every failed sweep job."""
+    rows = path.read_text().splitlines() if path.exists() else []
+    return [(int(pid), line) for pid, _, line in (r.partition("\t") for r in rows)]
+
+
 if __name__ == "__main__":
-    check_group_choices(sys.argv[1:])
-    main()
+    argv = sys.argv[1:]
+    check_group_choices(argv)
+    problem = check_overrides(argv, CONF)
+    if problem:
+        sys.exit(f"error: {problem}")
+    failures = Path(tempfile.gettempdir()) / f"harness-sweep-{os.getpid()}.failures"
+    os.environ[FAILURES_ENV] = str(failures)
+    try:
+        main()
+    finally:
+        failed = sweep_failures(failures)
+        failures.unlink(missing_ok=True)
+    if failed:
+        for pid, line in failed:
+            if pid != os.getpid():  # jobs in other processes (submitit, SLURM) printed to their own logs
+                print(line, file=sys.stderr)
+        sys.exit(f"error: {len(failed)} sweep job(s) failed (each named in an 'error: job' line)")

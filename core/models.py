@@ -171,7 +171,15 @@ def load_model(
             raise HarnessError(f"no packaged model {name!r}; packaged: {sorted(PACKAGED_GGUF)}")
         path: str | Path = packaged_gguf_folder(name)
     elif source == "hub":
+        if not name or name == "???":
+            raise HarnessError("model=hf needs model.name=<hub id or local folder>")
         path = name
+        local = Path(str(name)).expanduser()
+        if local.is_dir() and not (local / "config.json").exists():
+            raise HarnessError(
+                f"model folder {name} holds no model (no config.json); point model.name at a folder "
+                "written by save_pretrained (config.json, weights, tokenizer) or at a hub id"
+            )
     else:
         raise HarnessError(f"unknown model source {source!r}; use packaged, hub or tiny")
     try:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from core.types import HarnessError
 
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError(
-                f"bad sampling parameters: temperature={temperature} top_p={top_p} top_k={top_k}"
-            )
-        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        for field, value, ok, allowed in (
+            ("temperature", temperature, lambda x: x >= 0, "a number >= 0 (0 = greedy)"),
+            ("top_p", top_p, lambda x: 0 < x <= 1, "a number in (0, 1]"),
+            ("top_k", top_k, lambda x: x >= 0 and float(x).is_integer(), "an integer >= 0 (0 = off)"),
+        ):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or not ok(value):
+                raise HarnessError(f"sampling.{field} must be {allowed}, got {value!r}")
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.generator = torch.Generator().manual_seed(seed)
 
     @property

@@ -26,6 +26,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 from tqdm.auto import tqdm
 
 from core.engine import Engine, onednn_applies
@@ -49,13 +50,19 @@ def _params(node: Any) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
 
 
-def build(node: Any, **kwargs: Any) -> Any:
-    """`hydra.utils.instantiate`, but a HarnessError raised by the target surfaces as itself."""
+def build(node: Any, group: str, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate` with user errors as one line: a HarnessError raised by the target
+    surfaces as itself; a ValueError/TypeError of its constructor (a parameter out of range) and a
+    missing mandatory field become a HarnessError naming the config group."""
     try:
         return instantiate(node, **kwargs)
+    except MissingMandatoryValue as exc:
+        raise HarnessError(f"{group}.{exc.key} is required (set {group}.{exc.key}=...)") from None
     except InstantiationException as exc:
         cause = exc.__cause__
         while cause is not None and not isinstance(cause, HarnessError):
+            if isinstance(cause, (ValueError, TypeError)):
+                raise HarnessError(f"{group}: {cause}") from None
             cause = cause.__cause__
         if cause is not None:
             raise cause from None
@@ -113,17 +120,24 @@ class Runner:
         )  # task's is more specific
         limit = positive_int(OmegaConf.select(cfg, limit_field), limit_field, allow_null=True)
         torch.manual_seed(int(run.seed))
-        self.lm = build(cfg.model)
+        self.lm = build(cfg.model, "model")
         linear = resolve_linear(run.get("linear"), self.lm)
         self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear)
         self.device_name = provenance.device_name(self.lm.device)
         s = cfg.sampling
-        self.sampler = Sampler(float(s.temperature), float(s.top_p), int(s.top_k), seed=int(run.seed))
-        self.kv = build(cfg.kv)
-        self.decoder = build(cfg.decoder)(engine=self.engine, kv=self.kv, sampler=self.sampler)
-        self.task: Task = build(cfg.task, limit=limit)
+        self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=int(run.seed))
+        self.kv = build(cfg.kv, "kv")
+        self.decoder = build(cfg.decoder, "decoder")
+        try:
+            self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler)
+        except (ValueError, TypeError) as exc:
+            raise HarnessError(f"decoder: {exc}") from None
+        self.task: Task = build(cfg.task, "task", limit=limit)
         if run.max_new_tokens is not None:
-            self.task.max_new_tokens = int(run.max_new_tokens)
+            max_new = run.max_new_tokens
+            if isinstance(max_new, bool) or not isinstance(max_new, int):
+                raise HarnessError(f"run.max_new_tokens must be a positive integer or null, got {max_new!r}")
+            self.task.max_new_tokens = max_new
         if self.task.max_new_tokens <= 0:
             raise HarnessError(f"max_new_tokens must be positive, got {self.task.max_new_tokens}")
         self.stop_ids = (

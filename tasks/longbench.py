@@ -117,14 +117,14 @@ class LongBench(Task):
             ]
         if self.source in ("package", "local"):
             raise HarnessError(
-                f"task longbench: {self.subset} is hub-only; offline, use task.subset=ruler_niah "
-                "or task.subset=ruler_qa (RULER stand-ins)"
+                f"task longbench: {self.subset} is hub-only; offline, use task=longbench_ruler_niah "
+                "or task=longbench_ruler_qa (RULER stand-ins)"
             )
         ds = load_hub(
             self.name,
             self.hub_id,
             "test",
-            "offline, use task.subset=ruler_niah or task.subset=ruler_qa (RULER stand-ins)",
+            "offline, use task=longbench_ruler_niah or task=longbench_ruler_qa (RULER stand-ins)",
             config=self.subset,
         )
         samples = []

@@ -13,8 +13,8 @@ Metrics per turn, averaged over the sample's turns (simple names):
   by similarity to the reference function as well);
 - icl_manyshot: `accuracy`, the gold label occurs in the output's first line;
 - retr_multihop (variable tracking): `accuracy`, the fraction of gold variable names in the output.
-No offline copy exists: the offline long-context stand-ins are `task=longbench task.subset=ruler_niah`
-and `task.subset=ruler_qa`.
+No offline copy exists: the offline long-context stand-ins are `task=longbench_ruler_niah`
+and `task=longbench_ruler_qa`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ METRIC = {
     "retr_multihop": "accuracy",
 }
 FRAME = "Read the following context carefully; questions about it follow.\n\n{context}\n\n{query}"
-OFFLINE = "SCBench has no offline copy; offline, use task=longbench task.subset=ruler_niah or ruler_qa"
+OFFLINE = "SCBench has no offline copy; offline, use task=longbench_ruler_niah or task=longbench_ruler_qa"
 
 
 def _answers(value: Any) -> list[str]:

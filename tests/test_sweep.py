@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,3 +42,32 @@ def test_submitit_local_two_job_sweep(tmp_path):
     seeds = sorted(int(pd.read_parquet(r / "runs.parquet").loc[0, "seed"]) for r in runs)
     assert seeds == [0, 1]
     assert len(list((tmp_path / "multirun").glob("**/.submitit"))) or (tmp_path / "multirun").exists()
+
+
+def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        str(REPO / "run.py"),
+        "-m",
+        *args,
+        "debug=quick",
+        "run.max_new_tokens=8,-1",  # job 1 is bad input
+        f"run.out_dir={tmp_path}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+
+
+@pytest.mark.parametrize("launcher", [[], ["launcher=submitit_local"]], ids=["local", "submitit_local"])
+def test_one_bad_job_does_not_stop_the_sweep(tmp_path, launcher):
+    res = _sweep(tmp_path, *launcher)
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2, res.stderr[-2000:]
+    assert errors[0].startswith("error: job 1 (") and "max_new_tokens=-1" in errors[0]
+    assert "max_new_tokens must be positive" in errors[0]
+    assert errors[1] == "error: 1 sweep job(s) failed (each named in an 'error: job' line)"
+    assert "Traceback" not in res.stderr
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "COMPLETE").exists()  # the good job ran; the bad wrote nothing

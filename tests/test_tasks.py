@@ -184,7 +184,7 @@ def test_longbench_hub_subsets_offline_error(subset: str, offline_hub: None) -> 
     from tasks.longbench import LongBench
 
     for source in ("hub", "package"):
-        with pytest.raises(HarnessError, match="task.subset=ruler_niah") as err:
+        with pytest.raises(HarnessError, match="task=longbench_ruler_niah") as err:
             LongBench(subset=subset, source=source, limit=2).load()
         assert "\n" not in str(err.value)
 

@@ -1,0 +1,72 @@
+"""Bad input anywhere on the command line is one `error:` line, no traceback, and nothing written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CASES = [
+    (["decoder=lookahead", "decoder.N=0"], "lookahead needs N >= 3"),
+    (["decoder=lookahead", "decoder.W=-1"], "W >= 1"),
+    (["decoder=lookahead", "decoder.G=0"], "G >= 1"),
+    (["decoder=fafo", "decoder.k=0"], "fafo needs k >= 1"),
+    (["decoder=fafo", "decoder.n=0"], "n >= 1"),
+    (["decoder=fafo", "decoder.pool_capacity=0"], "pool_capacity must be >= 1"),
+    (["decoder=pld", "decoder.num_tokens=0"], "num_tokens >= 1"),
+    (["decoder=pld", "decoder.max_matching_ngram_size=0"], "max_matching_ngram_size >= 1"),
+    (["decoder=selfspec", "decoder.gamma=0"], "gamma must be a positive integer"),
+    (["sampling.temperature=-1"], "sampling.temperature must be a number >= 0"),
+    (["sampling.temperature=abc"], "sampling.temperature must be a number >= 0"),
+    (["sampling.top_p=2"], "sampling.top_p must be a number in (0, 1]"),
+    (["sampling.top_k=-3"], "sampling.top_k must be an integer >= 0"),
+    (["model=hf"], "model.name is required"),
+    (["run.limitt=2"], "unknown key run.limitt; run has: audit, keep_steps, limit,"),
+    (["+run.limitt=2"], "unknown key run.limitt; run has:"),
+    (["+sampling.temp=1"], "unknown key sampling.temp; sampling has: temperature, top_k, top_p"),
+    (["decoder=fafo", "decoder.kk=3"], "unknown key decoder.kk; decoder has: backend, fumble_sees_last, k,"),
+    (["run.limit=-1"], "run.limit must be a positive integer or null"),
+    (["run.max_new_tokens=abc"], "run.max_new_tokens must be a positive integer or null"),
+    (["kv=streaming", "kv.budget_frac=2"], "budget_frac must be in (0, 1]"),
+    (["kv=retrieval", "kv.budget=8"], "must exceed the chunk size"),
+]
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "run.py"), "debug=quick", *args, f"run.out_dir={tmp_path}"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _assert_one_line(res: subprocess.CompletedProcess, message: str, tmp_path: Path) -> None:
+    assert res.returncode != 0
+    lines = [line for line in res.stderr.splitlines() if line.strip() and "WARNING" not in line]
+    assert lines and lines[-1].startswith("error:"), res.stderr[-1500:]
+    assert message in lines[-1], lines[-1]
+    assert "Traceback" not in res.stderr and "HYDRA_FULL_ERROR" not in res.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    _assert_one_line(_run(tmp_path, *args), message, tmp_path)
+
+
+def test_model_folder_without_a_model(tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    res = _run(tmp_path, "model=hf", f"model.name={empty}")
+    _assert_one_line(res, "holds no model (no config.json)", tmp_path)
+
+
+def test_offline_hints_name_commands_that_exist():
+    """Every `task=<name>` an error message or docstring of tasks/ suggests is a real option."""
+    options = {p.stem for p in (REPO / "conf" / "task").glob("*.yaml")}
+    named = set()
+    for path in (REPO / "tasks").glob("*.py"):
+        named |= set(re.findall(r"task=([A-Za-z0-9_]+)", path.read_text()))
+    assert named and named <= options, sorted(named - options)
