@@ -16,22 +16,37 @@ lost in the paper's text extraction).
 - `table13`  Init+Local budget sweep (kv.budget), FAFO-Stream.
 - `figure1`  FAFO vs Lookahead against the number of guesses (n resp. G); the paper gives a plot only.
 Speedup = sum of vanilla (kv=full) wall time / sum of the method's wall time over the same
-(sample, turn) pairs in the same environment (model, dtype, task, device); tau = committed / forwards.
-`python -m analysis.fafo_paper [--root results]` prints every table that has runs.
+(sample, turn) pairs in the same environment (`analysis.metrics`: one pairing rule for every table);
+tau = committed / forwards. A table is made within one setup (model, dtype, device, threads, ...:
+`analysis.metrics.SETUP`), a cell holds one run, and either rule broken is an `AnalysisError`, never
+a pooled number. Every cell says how much its KV policy restricted (`kv_activity`: a policy that
+restricted nothing is marked inactive). Paper cells from the prose's approximations are marked "~".
+`python -m analysis.fafo_paper [--root DIR]` prints every table that has runs, once per setup.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.metrics import (
+    ENV,
+    SETUP,
+    AnalysisError,
+    baseline_of,
+    check_one_run,
+    kv_activity,
+    paired_speedup,
+    with_env,
+)
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_fafo.csv"
 PAPER_ENV = "fp16, batch 1, 1x A100-80GB"
 KV_LABEL = {"streaming": "Stream", "quest": "Quest", "snapkv": "SnapKV", "h2o": "H2O", "full": "Full"}
 TASKS = {"mtbench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval-Completion", "multi_if": "Multi-IF"}
-ENV = ["model", "dtype", "linear", "task", "device_name"]
 # The setting each table holds fixed (the paper's best, conf/decoder/fafo.yaml + kv budget 760, and
 # Lookahead's README G=7); a sweep frees its own column. Pass `fixed=` for other presets (e.g. CPU).
 PAPER_SETTING = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "decoder.G": 7}
@@ -53,10 +68,6 @@ def method_of(decoder: str, kv: str) -> str:
     }.get(d, d)
 
 
-def _env(df: pd.DataFrame) -> list[str]:
-    return [c for c in ENV if c in df.columns]
-
-
 def hold(samples: pd.DataFrame, fixed: dict[str, object]) -> pd.DataFrame:
     """Rows whose parameters equal `fixed` (a column a run does not have, or NaN, always passes)."""
     keep = pd.Series(True, index=samples.index)
@@ -66,52 +77,67 @@ def hold(samples: pd.DataFrame, fixed: dict[str, object]) -> pd.DataFrame:
     return samples[keep]
 
 
+def one_setup(samples: pd.DataFrame) -> pd.DataFrame:
+    """`samples` (with environment columns) if they come from one setup, else an AnalysisError."""
+    df = with_env(samples)
+    setups = df[SETUP].drop_duplicates()
+    if len(setups) > 1:
+        differ = [c for c in SETUP if setups[c].nunique() > 1]
+        raise AnalysisError(
+            f"these runs come from {len(setups)} setups (they differ in {', '.join(differ)}); a paper table "
+            "is made per setup (python -m analysis.fafo_paper prints one set of tables per setup)"
+        )
+    return df
+
+
 def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """One row per (environment, method, *by): tau, tok/s, speedup vs vanilla kv=full, peak memory."""
-    df = samples.copy()
+    """One row per (task environment, method, *by): tau, tok/s, KV activity, speedup vs the vanilla
+    kv=full run of the same environment, peak memory. One run per cell, or an AnalysisError."""
+    df = one_setup(samples)
     if "error" in df.columns:
         df = df[df["error"].isna()]
-    if "device_name" in df.columns:
-        df["device_name"] = df["device_name"].fillna("?")
     df["method"] = [method_of(d, k) for d, k in zip(df["decoder"], df["kv"])]
     if "committed" not in df.columns:
         df["committed"] = df["tau"] * df["forwards"]
-    env = _env(df)
     out = []
-    for env_key, group in df.groupby(env, dropna=False):
-        base = group[(group["decoder"] == "vanilla") & (group["kv"] == "full")]
-        base = base.drop_duplicates(["sample_id", "turn"], keep="last").set_index(["sample_id", "turn"])
+    for env_key, group in df.groupby(ENV, sort=True):
+        base = baseline_of(group)
         keys = ["method", *by]
         for key, run in group[group["decoder"] != "vanilla"].groupby(keys, dropna=False):
-            row = dict(zip(env, env_key if isinstance(env_key, tuple) else (env_key,)))
-            row.update(dict(zip(keys, key if isinstance(key, tuple) else (key,))))
+            key = key if isinstance(key, tuple) else (key,)
+            check_one_run(run, f"{dict(zip(keys, key))} on {run['task'].iloc[0]}")
+            row = dict(zip(ENV, env_key))
+            row.update(dict(zip(keys, key)))
             fw = run["forwards"].sum()
             row.update(
                 turns=len(run),
                 tau=run["committed"].sum() / fw if fw else float("nan"),
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
+                kv_activity=kv_activity(run),
             )
             if "peak_mem_mb" in run.columns:
                 row["peak_mem_mb"] = run["peak_mem_mb"].max()
-            paired = run.set_index(["sample_id", "turn"])[["wall_s"]].join(
-                base[["wall_s"]], rsuffix="_base", how="inner"
-            )
-            row["speedup"] = (
-                (paired["wall_s_base"].sum() / paired["wall_s"].sum()) if len(paired) else float("nan")
-            )
+            paired = paired_speedup(run, base)
+            row["speedup"], row["note"] = paired["speedup"], paired["note"]
             out.append(row)
-    return pd.DataFrame(out)
+    columns = [*ENV, "method", *by, "turns", "tau", "tok_s", "kv_activity", "speedup", "note"]
+    return pd.DataFrame(out) if out else pd.DataFrame(columns=columns)
 
 
 def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None) -> str:
-    def names(col: str) -> str:
-        return ", ".join(sorted({str(v) for v in samples[col].dropna()})) if col in samples.columns else "?"
+    """Names our one setup (`one_setup` has refused anything else) and the code version(s)."""
+    df = one_setup(samples) if len(samples) else samples
+
+    def name(col: str) -> str:
+        vals = sorted({str(v) for v in df[col].dropna()}) if col in df.columns else []
+        return ", ".join(vals) if vals else "?"
 
     held = f" Held fixed: {', '.join(f'{k}={v}' for k, v in fixed.items())}." if fixed else ""
     return (
-        f"FAFO {title}. Ours: {names('model')} ({names('dtype')}) on {names('device_name')}; "
-        f"paper: {paper_model}, {PAPER_ENV}. Speedup = vanilla wall / method wall, same (sample, turn) "
-        f"set.{held}"
+        f"FAFO {title}. Ours: {name('model')} ({name('dtype')}) on {name('device_name')}, "
+        f"{name('threads')} threads, code {name('git_sha')}; paper: {paper_model}, {PAPER_ENV}. "
+        f"Same protocol, other scale: compare shapes and orderings, not absolute numbers. Speedup = "
+        f"vanilla wall / method wall, same (sample, turn) set.{held}"
     )
 
 
@@ -128,10 +154,15 @@ def paper_rows(table: str, path: Path | str = PAPER_CSV) -> pd.DataFrame:
     return df
 
 
-def _paper_value(paper: pd.DataFrame, metric: str, **match: object) -> float:
+def _paper_match(paper: pd.DataFrame, metric: str, **match: object) -> pd.DataFrame:
     sel = paper[paper["metric"] == metric]
     for col, val in match.items():
         sel = sel[sel[col].astype(str) == str(val)]
+    return sel
+
+
+def _paper_value(paper: pd.DataFrame, metric: str, **match: object) -> float:
+    sel = _paper_match(paper, metric, **match)
     return float(sel["value"].iloc[0]) if len(sel) else float("nan")
 
 
@@ -157,6 +188,11 @@ def _join_paper(
                 mine[ours_col].mean() if len(mine) and ours_col in mine else float("nan")
             )
             row[f"paper_{metric}"] = _paper_value(paper, metric, **key)
+            approx = _paper_match(paper, metric, **key)
+            if "approx" in approx.columns and approx["approx"].fillna(False).astype(bool).any():
+                row[f"paper_{metric}_approx"] = "~ (prose)"
+        row["ours_kv_activity"] = mine["kv_activity"].iloc[0] if len(mine) and "kv_activity" in mine else ""
+        row["ours_note"] = mine["note"].iloc[0] if len(mine) and "note" in mine else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -252,6 +288,7 @@ def _sweep(
     if table == "Table 12":  # approximate prose values fill the cells the extraction lost
         prose = paper_rows("Table 12 (prose)")
         prose["metric"] = prose["metric"].str.replace("_approx", "")
+        prose["approx"] = True  # the prose's "~" values: shown, and marked approximate
         paper = pd.concat([paper.dropna(subset=["value"]), prose], ignore_index=True)
     values = sorted(
         {v for v in paper[f"s.{paper_key}"].dropna()}
@@ -383,19 +420,29 @@ def render(table: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from analysis.load import load_samples
+    from analysis.summary import default_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", default="results")
+    ap.add_argument("--root", default=default_root(), help="the folder holding runs/ (default: run.out_dir)")
     ap.add_argument(
-        "--figure", default=None, help="PNG for Figure 1 (default <root>/figures/fafo_figure1.png)"
+        "--figure", default=None, help="PNG for Figure 1 (default <root>/figures/fafo_figure1[-<n>].png)"
     )
     args = ap.parse_args(argv)
     samples = load_samples(args.root)
     if samples.empty:
-        raise SystemExit(f"error: no complete runs under {args.root}/runs")
-    for fn in (table1, table2, table11, table12, table13):
-        print(render(fn(samples)), end="\n\n")
-    print(render(figure1(samples, args.figure or Path(args.root) / "figures" / "fafo_figure1.png")))
+        sys.exit(f"error: no complete runs under {args.root}/runs")
+    setups = list(with_env(samples).groupby(SETUP, sort=True))
+    try:
+        for i, (setup, part) in enumerate(setups):
+            if len(setups) > 1:
+                print(f"=== setup {i + 1} of {len(setups)}: {dict(zip(SETUP, setup))}\n")
+            for fn in (table1, table2, table11, table12, table13):
+                print(render(fn(part)), end="\n\n")
+            stem = "fafo_figure1" + (f"-{i + 1}" if len(setups) > 1 else "")
+            figure = args.figure or Path(args.root) / "figures" / f"{stem}.png"
+            print(render(figure1(part, figure)))
+    except AnalysisError as exc:
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":

@@ -1,26 +1,150 @@
-"""Speedup vs vanilla (ratio of totals with a bootstrap interval), tau, quality next to speed.
+"""Speedup vs vanilla (ratio of totals with a bootstrap interval), tau, quality next to speed, and the
+rules that keep comparisons honest.
 
-Speedup = sum of vanilla wall time / sum of method wall time over the SAME (sample, turn) set, for
-runs with the same model, dtype, device and task (never across hardware). The baseline is
-`decoder=vanilla kv=full`. The interval resamples samples (all turns of a sample together).
+A method is compared only with the `decoder=vanilla kv=full` run of the SAME environment (`ENV`:
+model, dtype, linear, device name, threads, prefill_chunk, task and its parameters and version,
+max_new_tokens, seed, sampling, sample set), paired on (sample_id, turn). A missing environment field
+(records older than the field) is the value "unknown": it never pairs with a known value. Anything
+that would pool or pair runs of different environments is refused with an `AnalysisError` naming
+the runs, never averaged:
+- two distinct vanilla+full runs in one environment (which one is the baseline?);
+- a table cell holding more than one run (`check_one_run`);
+- a method whose (sample, turn) set the baseline does not cover (its speedup is left empty and the
+  row says why).
+Speedup = sum of vanilla wall time / sum of method wall time over the paired turns; the interval
+resamples samples (all turns of a sample together). One function (`paired_speedup`) serves the
+summary, the paper tables and the end-of-run report.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
-ENV = ["model", "dtype", "linear", "device_name", "task", "max_new_tokens"]
+# what a table may hold fixed across its cells (the hardware, the model, the numerics)
+SETUP = [
+    "model",
+    "model_name",
+    "dtype",
+    "linear",
+    "device_name",
+    "threads",
+    "prefill_chunk",
+    "seed",
+    "sampling",
+]
+# what a method and its baseline must share
+ENV = [*SETUP, "task", "task_params", "task_version", "max_new_tokens", "sample_set"]
+UNKNOWN = "unknown"
+
+
+class AnalysisError(Exception):
+    """A comparison the analysis refuses to make (the CLIs print it as one `error:` line)."""
+
+
+def with_env(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with every ENV column present, as strings ("unknown" where a record lacks the field)."""
+    df = df.copy()
+    for col in ENV:
+        if col not in df.columns:
+            df[col] = UNKNOWN
+        df[col] = df[col].astype(object).where(df[col].notna(), UNKNOWN).map(_as_text)
+    return df
+
+
+def _as_text(v: object) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def is_baseline(df: pd.DataFrame) -> pd.Series:
+    return (df["decoder"] == "vanilla") & (df["kv"] == "full")
+
+
+def baseline_of(group: pd.DataFrame) -> pd.DataFrame | None:
+    """The vanilla+full samples of one environment's rows; refuses when two runs qualify."""
+    base = group[is_baseline(group)]
+    if base.empty:
+        return None
+    if "run_id" in base.columns and base["run_id"].nunique() > 1:
+        ids = ", ".join(sorted(base["run_id"].astype(str).unique()))
+        raise AnalysisError(f"two vanilla kv=full runs share one environment ({ids}); remove one of them")
+    return base
+
+
+def paired_speedup(method: pd.DataFrame, base: pd.DataFrame | None) -> dict[str, object]:
+    """Speedup of `method` over `base` on their (sample_id, turn) pairs. Empty (NaN) with a `note`
+    when there is no baseline or the baseline does not cover every turn of the method."""
+    out: dict[str, object] = {
+        "speedup": float("nan"),
+        "speedup_lo": float("nan"),
+        "speedup_hi": float("nan"),
+        "decode_speedup": float("nan"),
+        "paired_turns": 0,
+        "note": "",
+    }
+    if base is None or base.empty:
+        out["note"] = "no vanilla kv=full run of this environment"
+        return out
+    key = ["sample_id", "turn"]
+    m = method.set_index(key)[["wall_s", "decode_s"]]
+    b = base.drop_duplicates(key, keep="last").set_index(key)[["wall_s", "decode_s"]]
+    paired = m.merge(b, left_index=True, right_index=True, how="inner", suffixes=("", "_base"))
+    out["paired_turns"] = len(paired)
+    missing = len(m) - len(paired)
+    if missing:
+        out["note"] = f"baseline lacks {missing} of the method's {len(m)} turns: no speedup"
+        return out
+    out["speedup"] = paired["wall_s_base"].sum() / paired["wall_s"].sum()
+    out["speedup_lo"], out["speedup_hi"] = bootstrap_ratio(
+        paired["wall_s_base"], paired["wall_s"], paired.index.get_level_values(0).to_series()
+    )
+    out["decode_speedup"] = paired["decode_s_base"].sum() / paired["decode_s"].sum()
+    return out
+
+
+def kv_activity(run: pd.DataFrame) -> str:
+    """How much a run's KV policy restricted attention, in words (a lossy policy that restricted
+    nothing is said to be inactive: its numbers are the full cache's)."""
+    if (run["kv"] == "full").all():
+        return "-"
+    if "restricted_frac" not in run.columns or run["restricted_frac"].isna().all():
+        return UNKNOWN
+    w = run["forwards"].astype(float).fillna(0.0)
+    frac = float((run["restricted_frac"].astype(float) * w).sum() / w.sum()) if w.sum() else 0.0
+    if frac == 0.0:
+        return "inactive (restricted 0% of forwards)"
+    return f"restricted {frac:.0%} of forwards"
+
+
+def check_one_run(cell: pd.DataFrame, label: str) -> None:
+    """Refuse a table cell that holds more than one run (it would pool configurations)."""
+    if "run_id" not in cell.columns or cell["run_id"].nunique() <= 1:
+        return
+    ids = sorted(cell["run_id"].astype(str).unique())
+    params = [
+        c for c in cell.columns if c.startswith(("decoder.", "kv.")) and cell[c].nunique(dropna=False) > 1
+    ]
+    differ = f" (they differ in {', '.join(params)})" if params else ""
+    raise AnalysisError(
+        f"cell {label} would pool {len(ids)} runs: {', '.join(ids)}{differ}; hold the differing "
+        "parameter fixed or remove a run"
+    )
 
 
 def method_label(row: pd.Series) -> str:
-    params = sorted(k for k in row.index if k.startswith("decoder.") and pd.notna(row[k]))
-
     def fmt(v: object) -> str:
         return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
-    shown = ",".join(f"{k.split('.', 1)[1]}={fmt(row[k])}" for k in params)
-    return f"{row['decoder']}{f'[{shown}]' if shown else ''}+{row['kv']}"
+    def shown(prefix: str) -> str:
+        keys = sorted(k for k in row.index if k.startswith(prefix) and pd.notna(row[k]) and row[k] != "None")
+        return ",".join(f"{k.split('.', 1)[1]}={fmt(row[k])}" for k in keys)
+
+    dec, kv = shown("decoder."), shown("kv.")
+    return f"{row['decoder']}{f'[{dec}]' if dec else ''}+{row['kv']}{f'[{kv}]' if kv else ''}"
 
 
 def bootstrap_ratio(
@@ -38,43 +162,53 @@ def bootstrap_ratio(
 
 
 def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per run: tau, tok/s, speedup vs vanilla (+95% CI), match rate, mean scores."""
-    ok = samples[samples["error"].isna()].copy()
-    ok["method"] = ok.apply(method_label, axis=1)
+    """One row per run: tau, tok/s, KV activity, speedup vs the vanilla run of its environment."""
+    ok = with_env(samples[samples["error"].isna()])
+    if "run_id" not in ok.columns:
+        ok["run_id"] = ok["decoder"].astype(str) + "+" + ok["kv"].astype(str)
     out = []
-    if "linear" not in ok.columns:
-        ok = ok.assign(linear="aten")
-    for env, group in ok.groupby(ENV, dropna=False):
-        base = group[(group["decoder"] == "vanilla") & (group["kv"] == "full")]
-        base = base.drop_duplicates(["sample_id", "turn"], keep="last").set_index(["sample_id", "turn"])
+    for env, group in ok.groupby(ENV, sort=True):
+        base = baseline_of(group)
         for run_id, run in group.groupby("run_id"):
+            first = run.iloc[0]
             row = dict(zip(ENV, env))
+            fw = run["forwards"].sum()
             row.update(
                 run_id=run_id,
-                method=run["method"].iloc[0],
-                decoder=run["decoder"].iloc[0],
-                kv=run["kv"].iloc[0],
+                method=method_label(first),
+                decoder=first["decoder"],
+                kv=first["kv"],
+                kv_activity=kv_activity(run),
+                code_version=str(first.get("git_sha", UNKNOWN)),
                 samples=run["sample_id"].nunique(),
                 turns=len(run),
                 new_tokens=int(run["new_tokens"].sum()),
-                tau=run["committed"].sum() / max(run["forwards"].sum(), 1),
+                tau=run["committed"].sum() / fw if fw else float("nan"),
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
                 peak_mem_mb=run["peak_mem_mb"].max(),
                 match_rate=run["matches_vanilla"].dropna().astype(float).mean(),
             )
-            paired = run.set_index(["sample_id", "turn"]).join(
-                base[["wall_s", "decode_s"]], rsuffix="_base", how="inner"
-            )
-            if len(paired):
-                row["speedup"] = paired["wall_s_base"].sum() / paired["wall_s"].sum()
-                row["speedup_lo"], row["speedup_hi"] = bootstrap_ratio(
-                    paired["wall_s_base"], paired["wall_s"], paired.index.get_level_values(0).to_series()
-                )
-                row["decode_speedup"] = paired["decode_s_base"].sum() / paired["decode_s"].sum()
-                row["paired_turns"] = len(paired)
+            row.update(paired_speedup(run, base))
             out.append(row)
     table = pd.DataFrame(out)
     if scores is not None and len(scores) and len(table):
         means = scores.pivot_table(index="run_id", columns="metric", values="value", aggfunc="mean")
         table = table.merge(means.add_prefix("score."), left_on="run_id", right_index=True, how="left")
     return table
+
+
+def reference_run(root: Path | str, run_id: str) -> Path | None:
+    """The complete vanilla+full run of the same environment as run `run_id` (None if there is none;
+    an AnalysisError if two qualify)."""
+    from analysis.load import load_runs
+
+    runs = load_runs(root, complete_only=False)
+    if runs.empty or run_id not in set(runs["run_id"]):
+        return None
+    runs = with_env(runs)
+    me = runs[runs["run_id"] == run_id].iloc[0]
+    same = runs[(runs[ENV] == me[ENV]).all(axis=1) & is_baseline(runs)]
+    same = same[[(Path(p) / "COMPLETE").exists() for p in same["path"]]]
+    if len(same) > 1:
+        raise AnalysisError(f"two vanilla kv=full runs share one environment ({', '.join(same['run_id'])})")
+    return Path(same["path"].iloc[0]) if len(same) else None

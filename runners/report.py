@@ -49,6 +49,50 @@ def kv_note(runs: pd.Series, samples: pd.DataFrame, summary: dict[str, float]) -
     )
 
 
+CPU_BLOCK_HINT = 64  # rows per forward above which a CPU pays for a block row by row
+
+
+def comparison_lines(run_path: Path, runs: pd.Series, samples: pd.DataFrame) -> list[str]:
+    """Speedup vs the vanilla kv=full run of the same environment when one exists (the one pairing
+    rule of analysis.metrics), else how to get one; and a hint when the blocks are CPU-expensive."""
+    from analysis.metrics import AnalysisError, paired_speedup, reference_run
+
+    lines = []
+    if not (runs["decoder"] == "vanilla" and runs["kv"] == "full"):
+        try:
+            ref = reference_run(run_path.parent.parent, str(runs["run_id"]))
+        except AnalysisError as exc:
+            ref, lines = None, [f"note: no comparison with vanilla: {exc}"]
+        ok = samples[samples["error"].isna()]
+        if ref is not None:
+            base = pd.read_parquet(ref / "samples.parquet")
+            sp = paired_speedup(ok, base[base["error"].isna()])
+            if sp["note"]:
+                lines.append(f"vs vanilla ({ref.name}): {sp['note']}")
+            else:
+                lines.append(
+                    f"vs vanilla ({ref.name}, same environment, {sp['paired_turns']} turns): speedup "
+                    f"{sp['speedup']:.2f}x wall [{sp['speedup_lo']:.2f}-{sp['speedup_hi']:.2f}], "
+                    f"{sp['decode_speedup']:.2f}x decode"
+                )
+        elif not lines:
+            lines.append(
+                "no vanilla kv=full run of this environment yet: the same command with decoder=vanilla "
+                "kv=full gives one, and this table then shows the speedup"
+            )
+    steps_path = run_path / "steps.parquet"
+    if str(runs.get("device_name", "")).startswith("cpu") and steps_path.exists():
+        steps = pd.read_parquet(steps_path, columns=["block_tokens"])
+        block = float(steps["block_tokens"].mean()) if len(steps) else 0.0
+        if block > CPU_BLOCK_HINT:
+            lines.append(
+                f"note: {runs['decoder']} runs blocks of ~{block:.0f} rows per forward (the paper's GPU "
+                "setting); on a CPU every row costs compute (python -m benchmarks.bench_block_cost), so it "
+                "is slower than vanilla here: CPU-sized presets exist (e.g. decoder=fafo_cpu)"
+            )
+    return lines
+
+
 def print_summary(run_path: Path) -> None:
     path = run_path / "samples.parquet"
     if not path.exists():
@@ -81,4 +125,6 @@ def print_summary(run_path: Path) -> None:
     note = kv_note(runs, samples, s)
     if note:
         print(note)
+    for line in comparison_lines(run_path, runs, samples):
+        print(line)
     print(f"records: {run_path}/{{runs,samples,steps,scores}}.parquet")

@@ -41,14 +41,13 @@ def _synthetic(n: int = 10) -> pd.DataFrame:
                     "kv": "full",
                 }
             )
-    rows.append({**rows[-1], "sample_id": "extra"})  # unpaired sample: must be ignored by the speedup
     return pd.DataFrame(rows)
 
 
 def test_speedup_is_ratio_of_paired_totals():
     df = _synthetic()
     table = summarize(df).set_index("decoder")
-    paired = df[df["sample_id"] != "extra"]
+    paired = df
     expect = (
         paired[paired.decoder == "vanilla"]["wall_s"].sum()
         / paired[paired.decoder == "lookahead"]["wall_s"].sum()
@@ -108,3 +107,10 @@ def test_summary_cli_on_written_records(tmp_path):
     table = summary_main(["--root", str(tmp_path)])
     assert set(table["decoder"]) == {"vanilla", "lookahead"}
     assert (tmp_path / "figures" / "summary.png").stat().st_size > 1000
+
+
+def test_a_turn_the_baseline_lacks_gives_no_speedup():
+    df = _synthetic()
+    df = pd.concat([df, df.tail(1).assign(sample_id="extra")], ignore_index=True)  # lookahead only
+    row = summarize(df).set_index("decoder").loc["lookahead"]
+    assert np.isnan(row["speedup"]) and "baseline lacks 1" in row["note"]

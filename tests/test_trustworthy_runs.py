@@ -268,3 +268,16 @@ def test_no_compile_and_no_cache_growth_inside_timed_samples(tmp_path, monkeypat
     samples = pd.read_parquet(path / "samples.parquet")
     assert (samples["restricted_frac"] > 0).all()  # the flex path really ran
     assert len(seen) == 4 and all(s == (0, 0) for s in seen), seen
+
+
+def test_end_of_run_table_compares_with_vanilla_of_the_same_environment(tmp_path, capsys):
+    Runner(make_cfg(tmp_path, "decoder=pld")).run()
+    assert "no vanilla kv=full run of this environment yet" in capsys.readouterr().out
+    Runner(make_cfg(tmp_path, "run.max_new_tokens=5")).run()  # a vanilla run of another configuration
+    path = Runner(make_cfg(tmp_path, "decoder=pld")).run()  # complete: prints its table again
+    assert "no vanilla kv=full run of this environment yet" in capsys.readouterr().out
+    Runner(make_cfg(tmp_path)).run()
+    capsys.readouterr()
+    print_summary(path)
+    out = capsys.readouterr().out
+    assert "vs vanilla (fake-vanilla-full-" in out and "same environment, 6 turns): speedup" in out
