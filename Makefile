@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu lint bench
+.PHONY: demo test test-slow test-gpu test-slurm lint bench
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -13,6 +13,10 @@ test:            ## install with test extras, then run the suite (CPU, no hub; s
 
 test-slow:       ## the long checks: full MT-Bench losslessness on SmolLM2 etc.
 	$(PY) -m pytest -q -m slow
+
+test-slurm:      ## start a local single-node SLURM (root, apt-get), then the sweep/cancel/resume test
+	scripts/slurm_local.sh start
+	$(PY) -m pytest -q -m slurm -rs
 
 test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites on a CUDA device (fp32, TF32 off)
 	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" tests/test_engine.py tests/test_vanilla.py \

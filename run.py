@@ -10,6 +10,7 @@ other jobs still run; the sweep then ends with one line counting the failed jobs
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -40,6 +41,26 @@ def check_group_choices(argv: list[str]) -> None:
                 continue
             if choice not in options:
                 sys.exit(f"error: unknown {key} {choice!r}; available: {', '.join(options)}")
+
+
+class QuietSacct(logging.Filter):
+    """submitit polls `sacct` for job states; on a cluster without SLURM accounting every poll fails
+    and warns (and `sacct` itself prints "Slurm accounting storage is disabled"). The jobs still run
+    and submitit still collects their results: say so once instead of at every poll."""
+
+    told = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        if not QuietSacct.told:
+            QuietSacct.told = True
+            print(
+                "[slurm] sacct (SLURM accounting) is off on this cluster: job states come from the jobs' "
+                "own result files; the sacct warnings that follow are expected and hidden",
+                file=sys.stderr,
+            )
+        return False
 
 
 def _report_job_failure(exc: HarnessError) -> None:
@@ -83,6 +104,7 @@ if __name__ == "__main__":
         sys.exit(f"error: {problem}")
     failures = Path(tempfile.gettempdir()) / f"harness-sweep-{os.getpid()}.failures"
     os.environ[FAILURES_ENV] = str(failures)
+    logging.getLogger("submitit").addFilter(QuietSacct())
     try:
         main()
     finally:

@@ -132,6 +132,9 @@ class FAFO(BaseDecoder):
             "two_forward": False,
         }
 
+    def compiles_attention(self) -> bool:
+        return self.views.backend == "flex" and not self.kv.lossless
+
     def max_block(self) -> int:
         return build_layout(self.k, self.m, self.n, align=self.layouts.align).size
 

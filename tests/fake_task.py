@@ -10,9 +10,12 @@ class FakeTask(Task):
     name = "fake"
     version = "1"
 
-    def __init__(self, n: int = 3, broken: str | None = None, pad: int = 0, **kw) -> None:
+    def __init__(
+        self, n: int = 3, broken: str | None = None, pad: int = 0, ignore_eos: bool = False, **kw
+    ) -> None:
         super().__init__(**kw)
         self.n, self.broken, self.pad = n, broken, pad  # pad: filler words making prompts longer
+        self.ignore_eos = ignore_eos  # True: every turn runs to max_new_tokens
 
     def _load(self) -> list[Sample]:
         filler = " ".join(["filler"] * self.pad)
