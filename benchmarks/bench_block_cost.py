@@ -81,4 +81,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.output import recorded
+
+    with recorded("bench_block_cost"):
+        main()

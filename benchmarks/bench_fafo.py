@@ -281,4 +281,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.output import recorded
+
+    with recorded("bench_fafo"):
+        main()

@@ -272,4 +272,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.output import recorded
+
+    with recorded("bench_kv_attention"):
+        main()

@@ -174,4 +174,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.output import recorded
+
+    with recorded("bench_lookahead"):
+        main()

@@ -76,4 +76,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.output import recorded
+
+    with recorded("bench_vanilla_vs_hf"):
+        main()

@@ -39,3 +39,23 @@ def test_speedup_per_repeat_and_its_spread():
     assert method.speedups(base) == [2.0, 1.5, 1.0]
     assert spread(method.speedups(base)) == "1.50 [1.00-2.00]"
     assert spread([1.234]) == "1.23"
+
+
+def test_benchmark_output_is_written_with_its_environment(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks.output import recorded
+
+    monkeypatch.setenv("HARNESS_BENCH_OUT", str(tmp_path))
+    monkeypatch.setattr("sys.argv", ["bench_x", "--reps", "3"])
+    with recorded("bench_x"):
+        print("| B | cost |\n| 1 | 1.00 |")
+    assert "| 1 | 1.00 |" in capsys.readouterr().out  # still printed
+    md = next(tmp_path.glob("*/bench_x.md")).read_text()
+    assert "python -m benchmarks.bench_x --reps 3" in md and "| 1 | 1.00 |" in md and "cpu_flags" in md
+    blob = json.loads(next(tmp_path.glob("*/bench_x.json")).read_text())
+    assert blob["output"] == ["| B | cost |", "| 1 | 1.00 |"] and blob["environment"]["threads"] >= 1
+    monkeypatch.setenv("HARNESS_BENCH_OUT", "none")
+    with recorded("bench_y"):
+        print("x")
+    assert not list(tmp_path.glob("*/bench_y.md"))
