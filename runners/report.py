@@ -33,8 +33,9 @@ def run_summary(samples: pd.DataFrame) -> dict[str, float]:
 
 
 def kv_note(runs: pd.Series, samples: pd.DataFrame, summary: dict[str, float]) -> str | None:
-    """One line when a lossy KV policy restricted nothing (the run then equals kv=full)."""
-    if bool(runs.get("lossless", False)) or runs.get("kv") == "full" or "restricted_frac" not in summary:
+    """One line when a KV policy restricted nothing (the run then equals kv=full; for a lossless
+    decoder such as FAFO, its kv=full variant)."""
+    if runs.get("kv") == "full" or "restricted_frac" not in summary:
         return None
     if summary["restricted_frac"] > 0:
         return None

@@ -89,6 +89,11 @@ def test_inactive_policy_is_reported_and_budget_frac_bites(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "restricted attention in none of the decode forwards" in out and "kv.budget_frac" in out
 
+    lossless = Runner(make_cfg(tmp_path, "decoder=fafo_cpu", "kv=streaming")).run()  # FAFO-Stream, idle
+    capsys.readouterr()
+    print_summary(lossless)
+    assert "kv=streaming restricted attention in none" in capsys.readouterr().out
+
     active = Runner(make_cfg(tmp_path, "kv=streaming_ctx10")).run()
     samples = pd.read_parquet(active / "samples.parquet")
     context = samples["prompt_tokens"] + 6
