@@ -21,10 +21,11 @@ test-slurm:      ## start a local single-node SLURM (root, apt-get), then the sw
 test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites on a CUDA device (fp32, TF32 off)
 	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" tests/test_engine.py tests/test_vanilla.py \
 	  tests/test_lossless_fafo.py tests/test_lossless_lookahead.py tests/test_lossless_pld.py \
-	  tests/test_sparse_attention.py tests/test_kv_policies.py
+	  tests/test_sparse_attention.py tests/test_kv_policies.py tests/test_lossless_selfspec.py \
+	  tests/test_lossless_triforce.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo; do \
+	for b in bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 lint:

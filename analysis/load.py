@@ -15,6 +15,7 @@ RUN_KEYS = [
     "device_name",
     "decoder",
     "kv",
+    "draft",
     "task",
     "lossless",
     "max_new_tokens",
@@ -44,6 +45,8 @@ def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.Da
             continue
         run.update(_flatten("decoder", run.get("decoder_params")))
         run.update(_flatten("kv", run.get("kv_params")))
+        run.update(_flatten("draft", run.get("draft_params")))
+        run.setdefault("draft", "none")  # runs recorded before the draft group existed
         run.setdefault("linear", "aten")  # runs recorded before run.linear existed
         run["path"] = str(path.parent)
         rows.append(run)

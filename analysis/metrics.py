@@ -126,7 +126,9 @@ def check_one_run(cell: pd.DataFrame, label: str) -> None:
         return
     ids = sorted(cell["run_id"].astype(str).unique())
     params = [
-        c for c in cell.columns if c.startswith(("decoder.", "kv.")) and cell[c].nunique(dropna=False) > 1
+        c
+        for c in cell.columns
+        if c.startswith(("decoder.", "kv.", "draft.")) and cell[c].nunique(dropna=False) > 1
     ]
     differ = f" (they differ in {', '.join(params)})" if params else ""
     raise AnalysisError(
@@ -144,7 +146,15 @@ def method_label(row: pd.Series) -> str:
         return ",".join(f"{k.split('.', 1)[1]}={fmt(row[k])}" for k in keys)
 
     dec, kv = shown("decoder."), shown("kv.")
-    return f"{row['decoder']}{f'[{dec}]' if dec else ''}+{row['kv']}{f'[{kv}]' if kv else ''}"
+    label = f"{row['decoder']}{f'[{dec}]' if dec else ''}+{row['kv']}{f'[{kv}]' if kv else ''}"
+    draft = row.get("draft")
+    if isinstance(draft, str) and draft not in ("", "none"):
+        keys = ("layers", "name", "budget")
+        shown_draft = ",".join(
+            f"{k}={fmt(row[f'draft.{k}'])}" for k in keys if pd.notna(row.get(f"draft.{k}"))
+        )
+        label += f"+draft={draft}[{shown_draft}]" if shown_draft else f"+draft={draft}"
+    return label
 
 
 def bootstrap_ratio(

@@ -4,6 +4,13 @@
   through each draft-cache policy at one budget, per task: StreamingLLM, H2O, Top-K (oracle),
   retrieval. Paper: Llama2-7B-128K, 120k context, budget 4096, first two layers full. Ours: whatever
   `experiment=triforce_table1_cpu` ran (the embedded model, a budget of 4% of each context).
+- `table8`: decoder=triforce swept over gamma1 (gamma2 = 6, Table 8a) and gamma2 (gamma1 = 2,
+  Table 8b): tau, acceptance at both levels, wall-clock speedup vs the vanilla run of the same
+  environment, and the speedup predicted where a forward's cost is its KV reads (vanilla's KV bytes
+  read per committed token / the method's, draft and middle forwards included), beside the paper's
+  speedups (A100, Llama2-7B-128K + JackFram/llama-68m at 122k).
+- `figure6`: acceptance of drafting through the retrieval cache (decoder=selfspec) against the budget
+  (6a) and the chunk size (6b); the paper gives these as plots only. Written as a PNG too.
 Tables are made within one setup and one run per cell (`analysis.metrics`); the caption names ours.
 
 python -m analysis.triforce_paper [--root DIR]
@@ -17,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.fafo_paper import one_setup
-from analysis.metrics import AnalysisError, check_one_run, kv_activity
+from analysis.fafo_paper import one_setup, render
+from analysis.metrics import ENV, AnalysisError, baseline_of, check_one_run, kv_activity, paired_speedup
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_triforce.csv"
 POLICY = {"streaming": "StreamingLLM", "h2o": "H2O", "topk": "Top-K (oracle ref)", "retrieval": "Retrieval"}
@@ -63,26 +70,178 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     return out
 
 
+def _caption(title: str, df: pd.DataFrame, ours: str, paper: str) -> str:
+    first = df.iloc[0] if len(df) else {}
+    return (
+        f"TriForce {title}. Ours: {first.get('model', '?')} ({first.get('dtype', '?')}) on "
+        f"{first.get('device_name', '?')}, {first.get('threads', '?')} threads, "
+        f"code {first.get('git_sha', '?')}; "
+        f"{ours}. Paper: {paper}. Same protocol, other scale: compare shapes and orderings, not absolute "
+        "numbers."
+    )
+
+
+def kv_bound_speedup(run: pd.DataFrame, base: pd.DataFrame | None) -> float:
+    """Speedup if every forward cost its KV reads: vanilla's KV MB read per committed token over the
+    method's (`kv_read_mb` counts the target's draft, middle and verification forwards)."""
+    if base is None or base.empty or "kv_read_mb" not in run.columns:
+        return float("nan")
+    key = ["sample_id", "turn"]
+    b = base.drop_duplicates(key, keep="last").set_index(key)
+    m = run.set_index(key)
+    common = m.index.intersection(b.index)
+    if len(common) < len(m):
+        return float("nan")
+    per_tok = lambda df: df["kv_read_mb"].sum() / df["new_tokens"].sum()  # noqa: E731
+    return float(per_tok(b.loc[common]) / per_tok(m.loc[common]))
+
+
+def _ratio(num: pd.Series, den: pd.Series) -> float:
+    d = float(den.sum())
+    return float(num.sum()) / d if d else float("nan")
+
+
+def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
+    """decoder=triforce runs by (gamma1, gamma2), against the vanilla run of the same environment."""
+    ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
+    df = one_setup(ok[ok["decoder"].isin(["triforce", "vanilla"])])
+    paper = pd.read_csv(paper_csv)
+    paper = paper[paper["table"].str.startswith("Table 8") & (paper["metric"] == "speedup")]
+    rows = []
+    for _, group in df.groupby(ENV, sort=True):
+        base = baseline_of(group)
+        tri = group[group["decoder"] == "triforce"]
+        for (g1, g2), run in tri.groupby(["decoder.gamma1", "decoder.gamma2"], sort=True):
+            check_one_run(run, f"triforce gamma1={g1} gamma2={g2} on {run['task'].iloc[0]}")
+            g1, g2 = int(g1), int(g2)
+            setting = f"hw=1xA100-80GB;gamma1={g1};gamma2={g2}"
+            p = paper[paper["setting"] == setting]
+            paired = paired_speedup(run, base)
+            first = run.iloc[0]
+            rows.append(
+                {
+                    "task": TASK.get(first["task"], first["task"]),
+                    "kv": first["kv"],
+                    "draft": first.get("draft", "none"),
+                    "gamma1": g1,
+                    "gamma2": g2,
+                    "tau": _ratio(run["committed"], run["forwards"]),
+                    "accept_l1": _ratio(run["accepted_l1"], run["drafted_l1"]),
+                    "accept_l2": _ratio(run["accepted"], run["drafted"]),
+                    "speedup": paired["speedup"],
+                    "decode_speedup": paired["decode_speedup"],
+                    "kv_bound_speedup": kv_bound_speedup(run, base),
+                    "matches_vanilla": bool(run["matches_vanilla"].fillna(True).all()),
+                    "paper_speedup": float(p["value"].iloc[0]) if len(p) else float("nan"),
+                    "note": paired["note"],
+                }
+            )
+    out = pd.DataFrame(rows)
+    first = df.iloc[0] if len(df) else {}
+    label = first.get("draft.label", "?") if len(df) else "?"
+    out.attrs["caption"] = _caption(
+        "Table 8 (gamma1 / gamma2 sweeps)",
+        df,
+        f"draft {label}; accept_l1 = draft-model tokens accepted by the target over the KV policy, "
+        "accept_l2 = the paper's acceptance rate (full-cache level); kv_bound_speedup = vanilla's KV bytes "
+        "read per token / the method's (the regime where KV reads dominate a forward)",
+        "Llama2-7B-128K + JackFram/llama-68m, 122k context, retrieval budget 4096, A100 "
+        "(Table 8a: gamma2 = 6; 8b: gamma1 = 2)",
+    )
+    return out
+
+
+def figure6(samples: pd.DataFrame, png: Path | str | None = None) -> pd.DataFrame:
+    """Acceptance of decoder=selfspec through kv=retrieval by (budget, chunk); optionally a PNG."""
+    ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
+    df = one_setup(ok[(ok["decoder"] == "selfspec") & (ok["kv"] == "retrieval")])
+    rows = []
+    for (task, chunk, frac), run in df.groupby(
+        ["task", "kv.chunk", "kv.budget_frac"], sort=True, dropna=False
+    ):
+        check_one_run(run, f"retrieval chunk={chunk} budget_frac={frac} on {task}")
+        rows.append(
+            {
+                "task": TASK.get(task, task),
+                "chunk": int(chunk),
+                "budget_frac": float(frac),
+                "budget": int(run["kv_budget"].median()),
+                "acceptance": _ratio(run["accepted"], run["drafted"]),
+                "tau": _ratio(run["committed"], run["forwards"]),
+                "visible": _ratio(run["visible_frac"] * run["forwards"], run["forwards"]),
+                "matches_vanilla": bool(run["matches_vanilla"].fillna(True).all()),
+            }
+        )
+    out = pd.DataFrame(rows)
+    out.attrs["caption"] = _caption(
+        "Figure 6 (retrieval cache: acceptance vs budget and chunk size)",
+        df,
+        "decoder=selfspec (retrieval without hierarchy), budget = budget_frac of each context",
+        "Llama2-7B-128K, PG-19, 120k context, budgets 1k-16k, chunk sizes 1-128 (plot only, no numbers)",
+    )
+    if png is not None and len(out):
+        _plot_figure6(out, Path(png))
+    return out
+
+
+def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    mode_chunk = table["chunk"].mode().iloc[0]
+    mode_frac = table["budget_frac"].mode().iloc[0]
+    a = table[table["chunk"] == mode_chunk].sort_values("budget_frac")
+    b = table[table["budget_frac"] == mode_frac].sort_values("chunk")
+    axes[0].plot(a["budget_frac"] * 100, a["acceptance"], marker="o")
+    axes[0].set(xlabel=f"budget (% of context), chunk {mode_chunk}", ylabel="acceptance rate", xscale="log")
+    axes[1].plot(b["chunk"], b["acceptance"], marker="o")
+    axes[1].set(
+        xlabel=f"chunk size, budget {mode_frac:.1%} of context", ylabel="acceptance rate", xscale="log"
+    )
+    fig.suptitle(table.attrs.get("caption", "")[:160], fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     from analysis.load import load_samples
     from analysis.summary import default_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=default_root(), help="the folder holding runs/ (default: run.out_dir)")
+    ap.add_argument(
+        "--figure", default=None, help="PNG for Figure 6 (default <root>/figures/triforce_figure6.png)"
+    )
     args = ap.parse_args(argv)
     samples = load_samples(args.root)
-    if samples.empty or not (samples["decoder"] == "selfspec").any():
-        sys.exit(
-            f"error: no complete selfspec runs under {args.root}/runs "
-            "(python run.py -m experiment=triforce_table1_cpu)"
-        )
+    if samples.empty:
+        sys.exit(f"error: no complete runs under {args.root}/runs")
+    has = lambda d: bool((samples["decoder"] == d).any())  # noqa: E731
     try:
-        table = table1(samples)
+        if has("selfspec"):
+            print(render(table1(samples)), end="\n\n")
+            if "kv.chunk" in samples.columns and (samples["kv"] == "retrieval").any():
+                png = args.figure or Path(args.root) / "figures" / "triforce_figure6.png"
+                print(render(figure6(samples[samples["task"] == "pg19"], png)), end="\n\n")
+        else:
+            print(
+                "Table 1, Figure 6: no selfspec runs (python run.py -m experiment=triforce_table1_cpu; "
+                "experiment=triforce_figure6a_cpu / 6b_cpu)\n"
+            )
+        if has("triforce"):
+            print(render(table8(samples[samples["task"] == "pg19"])))
+        else:
+            print(
+                "Table 8: no triforce runs (python run.py -m experiment=triforce_table8a_cpu / 8b_cpu, and "
+                "python run.py experiment=triforce_pg19_vanilla_cpu for the speedups)"
+            )
     except AnalysisError as exc:
         sys.exit(f"error: {exc}")
-    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
-        print(table.attrs["caption"])
-        print(table.to_string(index=False))
 
 
 if __name__ == "__main__":

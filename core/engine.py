@@ -19,6 +19,7 @@ compare decoders on the same engine setting.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Sequence
 
@@ -149,6 +150,36 @@ class Engine:
 
     def commit(self, keep: Sequence[int] | torch.Tensor) -> None:
         self.cache.commit(keep)
+
+    def truncated(self, n_layers: int) -> Engine:
+        """An engine over this model's first `n_layers` layers, its final norm and its LM head (a
+        layer-truncated self-draft), sharing the weights and any prepacked GEMM weights, with a KV
+        cache of its own."""
+        if not 0 < n_layers <= self.w.n_layers:
+            raise ValueError(f"n_layers must be in [1, {self.w.n_layers}], got {n_layers}")
+        sub = object.__new__(Engine)
+        sub.__dict__.update(self.__dict__)
+        sub.w = dataclasses.replace(self.w, layers=self.w.layers[:n_layers], n_layers=n_layers)
+        w = sub.w
+        sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)
+        return sub
+
+    @torch.inference_mode()
+    def evict(self, lo: int, hi: int) -> None:
+        """Forget cached entries `[lo, hi)` and shift the later ones down to slot == position: their keys
+        are re-rotated by -(hi - lo) positions (StreamingLLM's in-cache positions, so a model with a
+        short context window can run over any length). Values do not carry positions."""
+        cache = self.cache
+        cache.drop(lo, hi)
+        moved, shift = cache.length - lo, hi - lo
+        if not moved or not shift:
+            return
+        cos, sin = rope_cos_sin(self.model, torch.tensor([shift], device=self.device), torch.float32)
+        norm = (cos * cos + sin * sin).sqrt()  # a RoPE type's attention scaling (YaRN) is not a rotation
+        cos, sin = (cos / norm).to(self.dtype), (sin / norm).to(self.dtype)
+        k = cache.k[:, :, lo : cache.length]
+        k.copy_(k * cos - _rotate_half(k) * sin)  # rotation by -shift
+        cache.slot_pos[lo : cache.length] = torch.arange(lo, cache.length, device=self.device)
 
     def crop(self, length: int) -> None:
         self.cache.crop(length)

@@ -84,6 +84,19 @@ class KVCache:
         self.length = length
         self.staged = 0
 
+    def drop(self, lo: int, hi: int) -> None:
+        """Forget committed slots `[lo, hi)` and move `[hi, length)` down to `[lo, ...)` (all layers; slot
+        positions travel with their entries). A StreamingLLM-evicting cache (a draft model's) uses it."""
+        if not 0 <= lo <= hi <= self.length:
+            raise ValueError(f"cannot drop slots [{lo}, {hi}) of a cache of length {self.length}")
+        n = self.length - hi
+        if hi > lo and n:
+            self.k[:, :, lo : lo + n] = self.k[:, :, hi : self.length].clone()
+            self.v[:, :, lo : lo + n] = self.v[:, :, hi : self.length].clone()
+            self.slot_pos[lo : lo + n] = self.slot_pos[hi : self.length].clone()
+        self.length -= hi - lo
+        self.staged = 0
+
     def swap_slots(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """Exchange the entries in committed slots `a[i]` and `b[i]` (all layers). Used by layouts
         that keep a selected set in a fixed region (FAFO's compressed head region)."""

@@ -28,6 +28,7 @@ class StepRecord:
     committed: int  # tokens appended to the output (accepted + bonus)
     kv_attended: int  # cached KV entries read by this forward, summed over layers and KV heads / n_kv_heads
     draft: bool = False  # a self-speculative draft forward (the target over a KV policy's selection)
+    draft_model: bool = False  # a forward of a separate draft model (TriForce's M_q); kv_attended = its cache
 
 
 class Counts:
@@ -42,6 +43,9 @@ class Counts:
         self.committed = 0
         self.kv_attended = 0
         self.draft_forwards = 0  # self-speculative draft forwards (not in `forwards`, not in tau)
+        self.draft_model_forwards = 0  # forwards of a separate draft model (hierarchical speculation)
+        self.drafted_l1 = 0  # hierarchy, level 1: draft-model tokens checked by the target over the policy
+        self.accepted_l1 = 0  # ... and accepted there (the final level is `drafted` / `accepted`)
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
@@ -61,12 +65,25 @@ class Counts:
         if self.keep_steps:
             self.steps.append(StepRecord(block_tokens, drafted, accepted, committed, kv_attended))
 
-    def draft_step(self, kv_attended: int) -> None:
-        """One draft forward of one row (self-speculation): its KV reads count, its tokens do not."""
+    def draft_step(
+        self, kv_attended: int, block_tokens: int = 1, drafted: int = 0, accepted: int = 0
+    ) -> None:
+        """One draft forward of the target over a KV policy's selection (self-speculation): its KV reads
+        count, its tokens do not. In a hierarchy it checks `drafted` draft-model tokens (level 1) and
+        accepts `accepted` of them."""
         self.draft_forwards += 1
         self.kv_attended += kv_attended
+        self.drafted_l1 += drafted
+        self.accepted_l1 += accepted
         if self.keep_steps:
-            self.steps.append(StepRecord(1, 0, 0, 0, kv_attended, draft=True))
+            self.steps.append(StepRecord(block_tokens, drafted, accepted, 0, kv_attended, draft=True))
+
+    def draft_model_step(self, block_tokens: int, cache_len: int) -> None:
+        """One forward of a separate draft model over its own cache of `cache_len` entries (its KV is
+        another model's: not in `kv_attended`)."""
+        self.draft_model_forwards += 1
+        if self.keep_steps:
+            self.steps.append(StepRecord(block_tokens, 0, 0, 0, cache_len, draft=True, draft_model=True))
 
     @property
     def tau(self) -> float:

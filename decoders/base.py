@@ -56,12 +56,16 @@ class BaseDecoder:
         logits = eng.prefill(prompt_ids, hooks=self.kv.prefill_hooks())
         self.kv.after_prefill(eng)
         first = self.sampler.pick(logits)
+        self.prepare(list(prompt_ids), counts)
         counts.prefill_done(len(prompt_ids))
         out = [first]
         if first not in stop_ids and max_new_tokens > 1:
             self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
         counts.kv_activity = self.kv.activity_summary(counts.forwards)
         return out
+
+    def prepare(self, prompt: list[int], counts: Counts) -> None:
+        """Prefill-phase work besides the target's prefill (a draft model's own prefill)."""
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

@@ -99,6 +99,14 @@ def check_budget_frac(name: str, budget_frac: float | None) -> float | None:
     return float(budget_frac)
 
 
+def check_dense_layers(name: str, dense_layers: int) -> int:
+    """Validate `kv.dense_layers` (the first layers that see the whole cache; TriForce Table 1 and Quest
+    keep 2)."""
+    if isinstance(dense_layers, bool) or not isinstance(dense_layers, int) or dense_layers < 0:
+        raise HarnessError(f"kv={name}: dense_layers must be a non-negative integer, got {dense_layers!r}")
+    return dense_layers
+
+
 def check_backend(name: str, backend: str) -> str:
     if backend not in BACKENDS:
         raise HarnessError(f"kv={name}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -111,6 +119,7 @@ class KVPolicy:
     shared: bool = False  # True: the same selection for every layer and KV head (StreamingLLM)
     budget: int | None = None  # cached entries per KV head (None = unbounded)
     backend: str = "dense"  # decode_view's attention backend (see BACKENDS)
+    dense_layers: int = 0  # the first layers keep every entry (TriForce Table 1's "first two layers full")
 
     engine: Any = None
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
@@ -182,7 +191,7 @@ class KVPolicy:
     # --- selection -----------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         """True when this layer's selection is every cached entry (budget >= context, dense layers)."""
-        return self.budget is None or cache_len <= self.budget
+        return layer < self.dense_layers or self.budget is None or cache_len <= self.budget
 
     def max_selected(self, capacity: int) -> int:
         """Upper bound on entries selected per KV head for any cache length <= capacity."""
@@ -251,16 +260,20 @@ class KVPolicy:
             return RestrictedView(self, engine.scale, block_mask, restricted, tail_from)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
 
-    def draft_view(self, engine: Any, tail_from: int) -> Any:
-        """One restricted row (a self-speculative draft step) over the selection of `[0, tail_from)`
-        plus the fresh tail `[tail_from, length)`; the plain causal view when nothing is restricted."""
+    def draft_view(self, engine: Any, tail_from: int, n_block: int = 1) -> Any:
+        """A block of `n_block` restricted rows, causal among themselves (a self-speculative draft step,
+        or TriForce's middle level checking a draft model's tokens) over the selection of
+        `[0, tail_from)` plus the fresh tail `[tail_from, length)`; the plain causal view when nothing
+        is restricted."""
         unobserved = type(self).observe is KVPolicy.observe
         if unobserved and all(self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)):
             from core.attention import CausalView
 
             return CausalView(engine.scale)
-        one = torch.ones(1, 1, dtype=torch.bool, device=engine.device)
-        return self.restricted_view(engine, one, one[0], tail_from=tail_from)
+        dev = engine.device
+        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
+        rows = torch.ones(n_block, dtype=torch.bool, device=dev)
+        return self.restricted_view(engine, tril, rows, tail_from=tail_from)
 
     def region_for(self, engine: Any, backend: str) -> Any:
         """The compressed region laying out this policy's selection in `engine`'s cache (created once

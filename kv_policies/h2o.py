@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
 PREFILL_TILE = 256
 
@@ -49,7 +49,9 @@ class H2O(KVPolicy):
         recent: int | None = None,
         backend: str = "dense",
         budget_frac: float | None = None,
+        dense_layers: int = 0,
     ) -> None:
+        self.dense_layers = check_dense_layers(self.name, dense_layers)
         self._recent_cfg = recent  # None: half of the budget, whatever the budget becomes
         recent = budget // 2 if recent is None and isinstance(budget, int) else recent
         if not isinstance(recent, int) or recent < 0:
@@ -77,6 +79,7 @@ class H2O(KVPolicy):
             "recent": self.recent,
             "heavy": self.heavy,
             "backend": self.backend,
+            "dense_layers": self.dense_layers,
         }
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
@@ -85,7 +88,7 @@ class H2O(KVPolicy):
         self._evicted = False
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
-        return cache_len <= self.budget and not self._evicted
+        return layer < self.dense_layers or (cache_len <= self.budget and not self._evicted)
 
     def _scale(self, d: int) -> float:
         return self.engine.scale if self.engine is not None else d**-0.5

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
 
 def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -37,7 +37,12 @@ class Retrieval(KVPolicy):
     name = "retrieval"
 
     def __init__(
-        self, budget: int = 4096, chunk: int = 8, backend: str = "dense", budget_frac: float | None = None
+        self,
+        budget: int = 4096,
+        chunk: int = 8,
+        backend: str = "dense",
+        budget_frac: float | None = None,
+        dense_layers: int = 0,
     ) -> None:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
             raise HarnessError(f"kv=retrieval: chunk must be a positive integer, got {chunk!r}")
@@ -45,6 +50,7 @@ class Retrieval(KVPolicy):
         self.set_budget(check_budget(self.name, budget, chunk, "the chunk size"))
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
+        self.dense_layers = check_dense_layers(self.name, dense_layers)
         self.prompt_len = 0
         self.built_len = 0
         self._q: dict[int, torch.Tensor] = {}
@@ -62,6 +68,7 @@ class Retrieval(KVPolicy):
             "budget_frac": self.budget_frac,
             "chunk": self.chunk,
             "backend": self.backend,
+            "dense_layers": self.dense_layers,
         }
 
     def can_restrict(self, prompt_len: int, context: int) -> bool:
@@ -73,7 +80,7 @@ class Retrieval(KVPolicy):
         super().reset(prompt_len, context_len)
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
-        return self.built_len <= self.budget or layer not in self._keep
+        return layer < self.dense_layers or self.built_len <= self.budget or layer not in self._keep
 
     def max_selected(self, capacity: int) -> int:
         return min(capacity, self.budget + max(capacity - self.prompt_len, 0))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
 
 class StreamingLLM(KVPolicy):
@@ -24,7 +24,12 @@ class StreamingLLM(KVPolicy):
     shared = True
 
     def __init__(
-        self, budget: int = 760, sinks: int = 4, backend: str = "dense", budget_frac: float | None = None
+        self,
+        budget: int = 760,
+        sinks: int = 4,
+        backend: str = "dense",
+        budget_frac: float | None = None,
+        dense_layers: int = 0,
     ) -> None:
         if not isinstance(sinks, int) or sinks < 0:
             raise HarnessError(f"kv=streaming: sinks must be a non-negative integer, got {sinks!r}")
@@ -32,6 +37,7 @@ class StreamingLLM(KVPolicy):
         self.set_budget(check_budget(self.name, budget, sinks, "sinks"))
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
+        self.dense_layers = check_dense_layers(self.name, dense_layers)
 
     def min_budget(self) -> int:
         return self.sinks + 1
@@ -46,6 +52,7 @@ class StreamingLLM(KVPolicy):
             "sinks": self.sinks,
             "recent": self.recent,
             "backend": self.backend,
+            "dense_layers": self.dense_layers,
         }
 
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

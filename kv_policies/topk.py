@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import torch
 
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
 
 class TopK(KVPolicy):
     name = "topk"
 
-    def __init__(self, budget: int = 4096, backend: str = "dense", budget_frac: float | None = None) -> None:
+    def __init__(
+        self,
+        budget: int = 4096,
+        backend: str = "dense",
+        budget_frac: float | None = None,
+        dense_layers: int = 0,
+    ) -> None:
         self.budget = check_budget(self.name, budget, 0, "zero")
+        self.dense_layers = check_dense_layers(self.name, dense_layers)
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
 
     def params(self) -> dict:
-        return {"budget": self.budget, "budget_frac": self.budget_frac, "backend": self.backend}
+        return {
+            "budget": self.budget,
+            "budget_frac": self.budget_frac,
+            "backend": self.backend,
+            "dense_layers": self.dense_layers,
+        }
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

@@ -36,6 +36,9 @@ SAMPLE_COLUMNS = {
     "wall_s": "float64",
     "forwards": "Int64",
     "draft_forwards": "Int64",
+    "draft_model_forwards": "Int64",
+    "drafted_l1": "Int64",
+    "accepted_l1": "Int64",
     "drafted": "Int64",
     "accepted": "Int64",
     "committed": "Int64",
@@ -66,6 +69,7 @@ STEP_COLUMNS = {
     "committed": "int64",
     "kv_attended": "int64",
     "draft": "bool",
+    "draft_model": "bool",
 }
 SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
 

@@ -16,6 +16,7 @@ started by the same code and package versions, or it is refused instead of mixin
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import time
 from datetime import datetime, timezone
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from core.engine import Engine, onednn_applies
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
+from decoders.draft_model import build_draft
 from decoders.vanilla import Vanilla
 from runners import provenance
 from runners.audit import VanillaAudit, digest, reference_key
@@ -128,8 +130,15 @@ class Runner:
         self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=int(run.seed))
         self.kv = build(cfg.kv, "kv")
         self.decoder = build(cfg.decoder, "decoder")
+        self.draft = build_draft(cfg.get("draft"), self.lm, self.engine)
+        extra = {} if self.draft is None else {"draft": self.draft}
+        if extra and "draft" not in inspect.signature(self.decoder).parameters:
+            raise HarnessError(
+                f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
+                "use it with decoder=triforce (or leave draft=none)"
+            )
         try:
-            self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler)
+            self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler, **extra)
         except (ValueError, TypeError) as exc:
             raise HarnessError(f"decoder: {exc}") from None
         self.task: Task = build(cfg.task, "task", limit=limit)
@@ -150,6 +159,7 @@ class Runner:
             "decoder": getattr(self.decoder, "name", "decoder"),
             "kv": getattr(self.kv, "name", "kv"),
             "task": getattr(self.task, "name", "task"),
+            "draft": "none" if self.draft is None else "draft",
         }
         choices = cfg.get("choices") or {}
         self.names = {k: str(choices.get(k) or fallback[k]) for k in fallback}
@@ -166,6 +176,10 @@ class Runner:
             "decoder_params": _params(cfg.decoder),
             "kv": self.names["kv"],
             "kv_params": _params(cfg.kv),
+            "draft": self.names["draft"],
+            "draft_params": {**_params(cfg.draft), "label": self.draft.label}
+            if self.draft is not None
+            else {},
             "task": self.names["task"],
             "task_params": _params(cfg.task),
             "task_version": self.task.version,
@@ -398,6 +412,9 @@ class Runner:
             "wall_s": clock.wall_s,
             "forwards": counts.forwards,
             "draft_forwards": counts.draft_forwards,
+            "draft_model_forwards": counts.draft_model_forwards,
+            "drafted_l1": counts.drafted_l1,
+            "accepted_l1": counts.accepted_l1,
             "drafted": counts.drafted,
             "accepted": counts.accepted,
             "committed": counts.committed,
@@ -442,6 +459,8 @@ class Runner:
             "lossless": bool(self.decoder.lossless),
             "kv": self.names["kv"],
             "kv_params": json.dumps(self.identity["kv_params"]),
+            "draft": self.names["draft"],
+            "draft_params": json.dumps(self.identity["draft_params"]),
             "task": self.names["task"],
             "task_version": self.task.version,
             "task_params": json.dumps(self.identity["task_params"]),

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-GROUPS = ["model", "decoder", "kv", "task", "launcher", "experiment", "debug"]
+GROUPS = ["model", "draft", "decoder", "kv", "task", "launcher", "experiment", "debug"]
 OPTIONS = [
     (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")) if not p.stem.endswith(".example")
 ]
@@ -25,6 +25,7 @@ def _compose(*overrides: str):
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes(group, option):
     extra = ["model.name=some/model"] if (group, option) == ("model", "hf") else []
+    extra += ["draft.name=some/model"] if (group, option) == ("draft", "hf") else []
     cfg = _compose(f"{group}={option}", *extra)
     if group in ("model", "decoder", "kv", "task"):
         assert "_target_" in cfg[group], f"{group}/{option}.yaml needs a _target_"
@@ -75,3 +76,24 @@ def test_fafo_cpu_preset_is_the_tested_one():
 
     cfg = _compose("decoder=fafo_cpu").decoder
     assert {key: cfg[key] for key in CPU_PRESET} == CPU_PRESET == CPU
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "draft").glob("*.yaml")))
+def test_draft_option_builds(option, tiny_lm):
+    """Every draft option composes with decoder=triforce; the ones that need no hub build a draft model
+    (the self-draft with one layer of the two-layer tiny model) and a TriForce decoder around it."""
+    from core.engine import Engine
+    from decoders.draft_model import build_draft
+
+    extra = ["draft.name=some/model"] if option == "hf" else []
+    cfg = _compose("decoder=triforce", f"draft={option}", *extra)
+    assert cfg.draft.kind in ("none", "self_layers", "hub", "tiny")
+    if cfg.draft.kind == "hub":
+        assert cfg.draft.name
+        return
+    if cfg.draft.kind == "self_layers":
+        cfg.draft.layers = 1
+    eng = Engine(tiny_lm.model)
+    draft = build_draft(cfg.draft, tiny_lm, eng)
+    decoder = instantiate(cfg.decoder)(engine=eng, kv=instantiate(cfg.kv), draft=draft)
+    assert decoder.lossless and (draft is None) == (option == "none")

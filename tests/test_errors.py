@@ -34,6 +34,17 @@ CASES = [
     (["run.max_new_tokens=abc"], "run.max_new_tokens must be a positive integer or null"),
     (["kv=streaming", "kv.budget_frac=2"], "budget_frac must be in (0, 1]"),
     (["kv=retrieval", "kv.budget=8"], "must exceed the chunk size"),
+    (["kv=retrieval", "kv.dense_layers=-1"], "dense_layers must be a non-negative integer"),
+    (["decoder=triforce", "draft=tiny", "decoder.gamma1=0"], "gamma1 must be a positive integer"),
+    (["decoder=triforce", "draft=tiny", "decoder.gamma2=-1"], "gamma2 must be a positive integer"),
+    (["decoder=triforce"], "draft=self_layers: layers must be an integer in [1, 1], got 4"),
+    (
+        ["decoder=vanilla", "draft=tiny"],
+        "draft=tiny drafts for a hierarchical decoder: use it with decoder=triforce",
+    ),
+    (["decoder=triforce", "draft=tiny", "draft.budget=4090"], "exceeds the draft model's context (4096)"),
+    (["decoder=triforce", "draft=tiny", "draft.room=4"], "need draft.room >= 10"),
+    (["decoder=triforce", "draft=hf"], "draft=hf needs draft.name"),
 ]
 
 

@@ -197,3 +197,24 @@ def test_smollm_mtbench_fast(smollm):
     makers = [("selfspec-streaming", maker("streaming")), ("selfspec-retrieval", maker("retrieval"))]
     taus = mtbench_lossless(smollm, makers, 3, 1, 48)
     assert max(taus) > 1.5
+
+
+@pytest.mark.parametrize("name", ["streaming", "h2o", "retrieval", "topk"])
+def test_dense_layers_see_the_whole_cache(refs, name):
+    """kv.dense_layers=1: the first layer keeps every entry, the second is restricted; as many dense
+    layers as the model has make drafting exact (every draft accepted)."""
+    eng, cases = refs
+    prompt, ref = cases[1]  # 90 tokens: over every budget here
+    pol = build_policy(name, **POLICIES[name], dense_layers=1)
+    pol.attach(eng)
+    pol.reset(len(prompt), len(prompt) + 4)
+    eng.reset(len(prompt) + 4)
+    eng.prefill(prompt, hooks=pol.prefill_hooks())
+    pol.after_prefill(eng)
+    assert pol.keeps_all(0, eng.length) and not pol.keeps_all(1, eng.length)
+    counts = Counts()
+    every = build_policy(name, **POLICIES[name], dense_layers=eng.w.n_layers)
+    assert SelfSpeculative(eng, kv=every, gamma=4).generate(prompt, N_NEW, set(), counts) == ref
+    assert counts.accepted == counts.drafted
+    with pytest.raises(HarnessError, match="dense_layers must be a non-negative integer"):
+        build_policy(name, **POLICIES[name], dense_layers=-1)

@@ -47,3 +47,76 @@ def test_table1_acceptance_beside_the_paper():
     assert "Llama2-7B-128K" in t.attrs["caption"] and "smollm2-135m" in t.attrs["caption"]
     with pytest.raises(AnalysisError, match="would pool"):
         tp.table1(pd.concat([df, pd.DataFrame(rows("c", "streaming", "longbench_ruler_niah", 10, 5))]))
+
+
+def tri_rows(run_id: str, decoder: str, g1: int, g2: int, wall: float, kv_mb: float) -> list[dict]:
+    base = {
+        "model": "smollm2-135m",
+        "dtype": "float32",
+        "device_name": "cpu",
+        "task": "pg19",
+        "kv": "full" if decoder == "vanilla" else "retrieval",
+        "draft": "none" if decoder == "vanilla" else "self_layers",
+        "draft.label": "self-draft: first 4 of 30 layers",
+        "decoder": decoder,
+        "decoder.gamma1": g1,
+        "decoder.gamma2": g2,
+    }
+    return [
+        {
+            **base,
+            "run_id": run_id,
+            "sample_id": f"s{i}",
+            "turn": 0,
+            "wall_s": wall,
+            "decode_s": wall - 1,
+            "new_tokens": 10,
+            "kv_read_mb": kv_mb,
+            "drafted": 8,
+            "accepted": 6,
+            "drafted_l1": 4,
+            "accepted_l1": 1,
+            "committed": 9,
+            "forwards": 3 if decoder != "vanilla" else 9,
+            "matches_vanilla": True,
+            "error": None,
+        }
+        for i in range(2)
+    ]
+
+
+def test_table8_speedups_from_the_vanilla_run_of_the_same_environment():
+    df = pd.DataFrame(
+        tri_rows("v", "vanilla", None, None, 4.0, 100.0)
+        + tri_rows("t12", "triforce", 1, 6, 2.0, 25.0)
+        + tri_rows("t26", "triforce", 2, 6, 8.0, 50.0)
+    )
+    t = tp.table8(df).set_index("gamma1")
+    assert t.loc[1, "speedup"] == pytest.approx(2.0) and t.loc[2, "speedup"] == pytest.approx(0.5)
+    assert t.loc[1, "kv_bound_speedup"] == pytest.approx(4.0) and t.loc[
+        2, "kv_bound_speedup"
+    ] == pytest.approx(2.0)
+    assert t.loc[1, "accept_l1"] == pytest.approx(0.25) and t.loc[1, "accept_l2"] == pytest.approx(0.75)
+    assert t.loc[1, "paper_speedup"] == pytest.approx(2.3) and t.loc[2, "paper_speedup"] == pytest.approx(
+        2.31
+    )
+    assert "self-draft" in t.attrs["caption"] and "JackFram/llama-68m" in t.attrs["caption"]
+    no_base = tp.table8(df[df["decoder"] == "triforce"])
+    assert no_base["speedup"].isna().all() and "no vanilla" in no_base["note"].iloc[0]
+
+
+def test_figure6_acceptance_by_budget_and_chunk(tmp_path):
+    def run(run_id, chunk, frac, acc):
+        out = rows(run_id, "retrieval", "pg19", 10, acc)
+        for r in out:
+            r.update({"kv.chunk": chunk, "kv.budget_frac": frac, "kv_budget": int(frac * 1000)})
+        return out
+
+    df = pd.DataFrame(
+        run("a", 8, 0.01, 2) + run("b", 8, 0.04, 6) + run("c", 1, 0.04, 3) + run("d", 32, 0.04, 5)
+    )
+    png = tmp_path / "fig6.png"
+    t = tp.figure6(df, png)
+    assert len(t) == 4 and png.stat().st_size > 1000
+    got = t.set_index(["chunk", "budget_frac"])["acceptance"]
+    assert got[(8, 0.04)] == pytest.approx(0.6) and got[(1, 0.04)] == pytest.approx(0.3)

@@ -1,0 +1,195 @@
+"""A small draft model for hierarchical speculation (TriForce's M_q): its own engine and its own
+StreamingLLM cache with in-cache positions.
+
+The draft keeps `sinks` first entries and the most recent ones, and numbers them by cache slot (the
+StreamingLLM "pos shift" the TriForce repository uses for JackFram/llama-68m, whose window is 2k), so it
+runs over contexts far longer than its own window. Entries are evicted in batches: the cache grows
+from `budget` entries to `budget + room` and is then cut back to the sinks plus the most recent
+entries (keys re-rotated by `Engine.evict`), so a draft row sees between `budget` and `budget + room`
+entries. The draft holds speculative tokens too; `propose` first rolls back whatever the target did
+not keep (a common-prefix check against the sequence it is given), so the caller never manages the
+draft's cache.
+
+`build_draft(cfg, target_lm, target_engine)` turns the `draft` config group into one of these (or None
+for `draft=none`, the self-speculative form), with the checks a user needs: the same vocabulary as
+the target, a window that holds the cache budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from core.attention import CausalView
+from core.engine import Engine
+from core.sampling import Sampler
+from core.types import Counts, HarnessError
+
+KINDS = ("none", "self_layers", "hub", "tiny")
+
+
+class DraftModel:
+    def __init__(
+        self, engine: Engine, label: str, vocab_size: int, budget: int = 256, sinks: int = 16, room: int = 64
+    ) -> None:
+        for what, v, lo in (("budget", budget, 2), ("sinks", sinks, 0), ("room", room, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise HarnessError(f"draft: {what} must be an integer >= {lo}, got {v!r}")
+        if sinks >= budget:
+            raise HarnessError(f"draft: budget ({budget}) must exceed sinks ({sinks})")
+        self.engine, self.label, self.vocab_size = engine, label, vocab_size
+        self.budget, self.sinks, self.room = budget, sinks, room
+        self.recent = budget - sinks
+        self.capacity = budget + room
+        if self.capacity > engine.max_positions:
+            raise HarnessError(
+                f"draft={label}: its cache (budget {budget} + room {room} = {self.capacity} positions) "
+                f"exceeds the draft model's context ({engine.max_positions}); "
+                "lower draft.budget or draft.room"
+            )
+        self.fed: list[int] = []  # the tokens whose KV the draft cache holds, in order
+        self.settled = 0  # fed[:settled] is known to be final
+
+    def params(self) -> dict:
+        return {"label": self.label, "budget": self.budget, "sinks": self.sinks, "room": self.room}
+
+    def check_block(self, span: int) -> None:
+        """The draft may hold `span` speculative tokens; eviction must never reach them."""
+        if span > self.room or 2 * span > self.recent:
+            raise HarnessError(
+                f"draft={self.label}: up to {span} speculative tokens (gamma1 + gamma2 + 2) need "
+                f"draft.room >= {span} and draft.budget - draft.sinks >= {2 * span} "
+                f"(have room {self.room}, recent {self.recent})"
+            )
+
+    # ------------------------------------------------------------------------------------------
+    def start(self, prompt: Sequence[int], counts: Counts) -> None:
+        """Reset the cache and stream the prompt through it (chunks of half the recent window)."""
+        eng = self.engine
+        eng.reset(self.capacity)
+        self.fed, self.settled = [], 0
+        chunk = max(1, min(eng.prefill_chunk, self.recent // 2))
+        for lo in range(0, len(prompt) - 1, chunk):  # the last prompt token is the first root
+            self._feed(list(prompt[lo : min(lo + chunk, len(prompt) - 1)]), counts, logits=False)
+        self.settled = len(self.fed)
+
+    def _feed(self, tokens: list[int], counts: Counts, logits: bool = True) -> torch.Tensor | None:
+        eng = self.engine
+        n = len(tokens)
+        if eng.length + n > self.capacity:  # keep the sinks and the most recent entries
+            keep = self.recent - n
+            eng.evict(self.sinks, eng.length - keep)
+        lo = eng.length
+        ids = torch.tensor(tokens, dtype=torch.long, device=eng.device)
+        out = eng.step(ids, torch.arange(lo, lo + n, device=eng.device), CausalView(eng.scale), [n - 1])
+        eng.commit(torch.arange(n))
+        counts.draft_model_step(n, lo)
+        self.fed += tokens
+        return out[0] if logits else None
+
+    def _sync(self, seq: Sequence[int], committed: int) -> list[int]:
+        """Roll the cache back to its longest prefix of `seq` short of the last token; return the tokens of
+        `seq` still to feed."""
+        i = self.settled
+        n = min(len(self.fed), len(seq))
+        while i < n and self.fed[i] == seq[i]:
+            i += 1
+        i = min(i, len(seq) - 1)  # the last token is always fed: its row gives the first draft
+        drop = len(self.fed) - i
+        if drop:
+            self.engine.crop(self.engine.length - drop)
+            del self.fed[i:]
+        self.settled = min(i, committed)
+        return list(seq[i:])
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary (rows the draft lacks get probability 0)."""
+        v = logits.shape[-1]
+        if v == self.vocab_size:
+            return logits
+        if v > self.vocab_size:
+            return logits[: self.vocab_size]
+        pad = torch.full((self.vocab_size - v,), float("-inf"), dtype=logits.dtype, device=logits.device)
+        return torch.cat([logits, pad])
+
+    @torch.inference_mode()
+    def propose(
+        self, seq: Sequence[int], committed: int, n: int, sampler: Sampler, counts: Counts
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft `n` tokens after `seq` (whose first `committed` tokens are final). Greedy: argmax;
+        sampling: drawn from the sampler's distribution, returned with it."""
+        pending = self._sync(seq, committed)
+        logits = self._feed(pending, counts)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(n):
+            assert logits is not None
+            row = self._fit(logits)
+            if sampler.greedy:
+                tok = int(row.argmax())
+            else:
+                p = sampler.probs(row)
+                probs.append(p)
+                tok = sampler.sample_from(p)
+            tokens.append(tok)
+            if i + 1 < n:
+                logits = self._feed([tok], counts)
+        return tokens, probs
+
+
+# --- the `draft` config group --------------------------------------------------------------------
+def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
+    """The draft model a `draft` config node names (None for `draft=none`)."""
+    if cfg is None:
+        return None
+    kind = cfg.get("kind", "none")
+    if kind not in KINDS:
+        raise HarnessError(f"draft.kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "none":
+        return None
+    cache = {k: cfg[k] for k in ("budget", "sinks", "room") if cfg.get(k) is not None}
+    vocab = target.w.vocab_size
+    if kind == "self_layers":
+        layers = cfg.get("layers")
+        n = target.w.n_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 0 < layers < n:
+            raise HarnessError(
+                f"draft=self_layers: layers must be an integer in [1, {n - 1}], got {layers!r}"
+            )
+        label = f"self-draft: first {layers} of {n} layers (layer-truncated target, not the paper's draft)"
+        return DraftModel(target.truncated(layers), label, vocab, **cache)
+    from core.models import load_model
+
+    dtype = str(target.dtype).replace("torch.", "")
+    if kind == "tiny":
+        lm = load_model(
+            "tiny", "tiny", dtype=dtype, device=str(target.device), arch=cfg.get("arch", "llama"),
+            seed=int(cfg.get("seed", 1)), tiny=dict(cfg.get("tiny") or {}),
+        )  # fmt: skip
+        label = f"tiny random {cfg.get('arch', 'llama')} (tests)"
+    else:
+        name = cfg.get("name")
+        if not name or name == "???":
+            raise HarnessError("draft=hf needs draft.name=<hub id or local folder>")
+        lm = load_model(
+            "hub", str(name), dtype=dtype, device=str(target.device), revision=cfg.get("revision")
+        )
+        label = str(name)
+    check_same_vocabulary(target_lm.tokenizer, lm.tokenizer, label)
+    return DraftModel(Engine(lm.model, prefill_chunk=target.prefill_chunk), label, vocab, **cache)
+
+
+def check_same_vocabulary(target_tok: Any, draft_tok: Any, label: str) -> None:
+    """A draft proposes token ids: it must use the target's tokenizer vocabulary."""
+    get = getattr(target_tok, "get_vocab", None), getattr(draft_tok, "get_vocab", None)
+    if get[0] is None or get[1] is None:
+        same = type(target_tok) is type(draft_tok)
+    else:
+        same = get[0]() == get[1]()
+    if not same:
+        raise HarnessError(
+            f"draft={label}: its tokenizer vocabulary differs from the target's; a draft must share the "
+            "target's vocabulary (e.g. JackFram/llama-68m for Llama-2 targets)"
+        )

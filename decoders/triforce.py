@@ -1,0 +1,152 @@
+"""TriForce (Sun et al. 2024, papers/002, Algorithm 1; seed-specs §2.3): hierarchical speculation.
+
+Three stages over one target KV cache plus the draft model's own small cache:
+- level 1: a small draft model M_q (`decoders.draft_model.DraftModel`: its own StreamingLLM cache)
+  drafts `gamma1` tokens;
+- the middle: ONE forward of the target over the KV policy's selection (TriForce's retrieval cache
+  C_r with kv=retrieval) checks them: `[r, x1..x_gamma1]`, causal, seeing the selection of the
+  committed prefix plus the middle level's own fresh tail. Speculative sampling (greedy: argmax
+  matching) accepts a prefix and appends a correction or a bonus token; the accepted tokens' KV stays
+  in the tail. Repeated until at least `gamma2` tokens are pending (so up to gamma2 + gamma1 - 1);
+- level 2: `engine.crop` forgets the tail (its KV came from a restricted forward) and one full-cache
+  forward verifies every pending token against the middle level's distributions; commit and bonus.
+Lossless: level 2 is exact speculative sampling against the full-cache target (greedy: token-identical
+to vanilla). `draft=none` has no level 1: the target over the policy drafts `gamma2` tokens one row at
+a time, which is `decoder=selfspec` ("retrieval without hierarchy" in the paper).
+
+Differences from the reference implementation, stated: the repository's Middle_Spec drafts one M_q
+token per middle forward (gamma1 = 1 in Algorithm 1's terms); here gamma1 is a parameter (the paper's
+Table 8 sweeps it). The retrieval cache keeps tokens generated after its build visible until a rebuild
+instead of overwriting its least important slots (`kv_policies.retrieval`).
+
+Counts: `forwards`/`drafted`/`accepted` are level 2 (tau and the paper's acceptance rate);
+`drafted_l1`/`accepted_l1` the middle level's check of the draft model; `draft_forwards` the target's
+forwards over the policy; `draft_model_forwards` the small model's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.attention import CausalView
+from core.types import Counts, HarnessError
+from decoders.base import extend_output
+from decoders.draft_model import DraftModel
+from decoders.selfspec import SelfSpeculative
+from decoders.verify import greedy_verify, speculative_verify
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise HarnessError(f"decoder=triforce: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+class TriForce(SelfSpeculative):
+    name = "triforce"
+
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        gamma1: int = 2,
+        gamma2: int = 6,
+        rebuild_every: int = 0,
+        draft: DraftModel | None = None,
+    ) -> None:
+        gamma1, gamma2 = _positive("gamma1", gamma1), _positive("gamma2", gamma2)
+        super().__init__(engine, kv, sampler, gamma=gamma2, rebuild_every=rebuild_every)
+        self.gamma1, self.gamma2 = gamma1, gamma2
+        self.draft = draft
+        if draft is not None:
+            draft.check_block(gamma1 + gamma2 + 2)
+
+    def params(self) -> dict:
+        draft = self.draft.params() if self.draft is not None else {"label": "none"}
+        return {
+            "gamma1": self.gamma1,
+            "gamma2": self.gamma2,
+            "rebuild_every": self.rebuild_every,
+            "draft": draft,
+        }
+
+    def max_block(self) -> int:
+        return self.gamma1 + self.gamma2 + 2
+
+    def prepare(self, prompt: list[int], counts: Counts) -> None:
+        if self.draft is not None:
+            self.draft.start(prompt, counts)
+
+    # ------------------------------------------------------------------------------------------
+    def _middle(
+        self, seq: list[int], committed: int, length: int, room: int, counts: Counts
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        """One level-1 round: the draft model proposes, the target over the policy checks in one
+        forward. `seq` ends with the middle root (the token whose KV is not cached yet); the tail holds
+        the pending tokens before it. Returns the new tokens (accepted drafts + correction/bonus) and,
+        when sampling, the middle level's distribution at each of them."""
+        eng, kv, draft = self.engine, self.kv, self.draft
+        assert draft is not None
+        n1 = min(self.gamma1, room - 1)  # the middle's own correction/bonus token comes on top
+        xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
+        k = len(xt)
+        cache_len = eng.length
+        tokens = torch.tensor([seq[-1], *xt], dtype=torch.long, device=eng.device)
+        view = kv.draft_view(eng, length, k + 1)
+        logits = eng.step(tokens, torch.arange(cache_len, cache_len + k + 1, device=eng.device), view)
+        if self.sampler.greedy:
+            preds = logits.argmax(-1).cpu()
+            cands = torch.tensor([xt], dtype=torch.long).reshape(1 if k else 0, k)
+            verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
+            probs: list[torch.Tensor] = []
+        else:
+            phat = [self.sampler.probs(row) for row in logits]
+            verdict = speculative_verify(xt, q, phat.__getitem__, self.sampler)
+            probs = phat[: verdict.accepted + 1]
+        eng.commit(verdict.flat_rows(0, 1, k))
+        counts.draft_step(view.kv_read(cache_len), k + 1, k, verdict.accepted)
+        return verdict.tokens, probs
+
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        if self.draft is None:
+            return super()._decode(prompt, out, max_new_tokens, stop_ids, counts)
+        eng, kv = self.engine, self.kv
+        done, steps = False, 0
+        while not done:
+            length = eng.length
+            room = max_new_tokens - len(out) - 1  # the level-2 bonus comes on top
+            pending: list[int] = []
+            pending_probs: list[torch.Tensor] = []
+            seq = prompt + out
+            while len(pending) < min(self.gamma2, room) and not (pending and pending[-1] in stop_ids):
+                new, probs = self._middle(seq + pending, len(seq), length, room - len(pending), counts)
+                for i, tok in enumerate(new):
+                    pending.append(tok)
+                    if probs:
+                        pending_probs.append(probs[i])
+                    if tok in stop_ids:
+                        break
+            eng.crop(length)
+            k = len(pending)
+            tokens = torch.tensor([out[-1], *pending], dtype=torch.long, device=eng.device)
+            logits = eng.step(
+                tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
+            )
+            if self.sampler.greedy:
+                preds = logits.argmax(-1).cpu()
+                cands = torch.tensor([pending], dtype=torch.long).reshape(1 if k else 0, k)
+                verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
+            else:
+                target = [self.sampler.probs(row) for row in logits]
+                verdict = speculative_verify(pending, pending_probs, target.__getitem__, self.sampler)
+            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+            rows = verdict.flat_rows(0, 1, k)[:n_new]
+            eng.commit(rows)
+            kv.after_commit(eng, len(rows))
+            counts.step(k + 1, k, verdict.accepted, n_new, length)
+            steps += 1
+            if self.rebuild_every and steps % self.rebuild_every == 0:
+                kv.rebuild(eng)

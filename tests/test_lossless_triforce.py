@@ -1,0 +1,251 @@
+"""TriForce (decoders/triforce.py) and its draft model (decoders/draft_model.py): greedy equals vanilla
+greedy (fp32) with a layer-truncated self-draft and with a separate draft model, through every KV
+policy, with the draft's StreamingLLM cache evicting; the one target KV cache ends as vanilla's;
+sampling is lossless in distribution; the draft's eviction re-rotates keys exactly; bad input is one
+clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.models import load_model
+from core.sampling import Sampler
+from core.tokenizer import ByteTokenizer
+from core.types import Counts, HarnessError
+from decoders.draft_model import DraftModel, build_draft, check_same_vocabulary
+from decoders.triforce import TriForce
+from decoders.vanilla import Vanilla
+from kv_policies.base import build_policy
+from tests.conftest import TEST_DEVICE, needs_smollm
+from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.test_lossless_lookahead import varied_prompts
+from tests.test_lossless_selfspec import POLICIES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    return eng, [(p, Vanilla(eng).generate(p, N_NEW, set(), Counts())) for p in varied_prompts(6, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def other_draft():
+    """A separate one-layer random Llama sharing the tiny models' byte vocabulary."""
+    return load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", device=TEST_DEVICE, seed=7, tiny={"layers": 1}
+    )
+
+
+def drafts(eng, other) -> dict[str, DraftModel]:
+    # budget 24 + room 12 over prompts of up to 60 tokens + 40 new: the draft cache evicts
+    return {
+        "self": DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12),
+        "other": DraftModel(Engine(other.model), "tiny", eng.w.vocab_size, budget=24, sinks=4, room=12),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("which", ["self", "other"])
+def test_greedy_equals_vanilla_tiny(refs, other_draft, name, which):
+    eng, cases = refs
+    draft = drafts(eng, other_draft)[which]
+    l1 = l1_ok = forwards = 0
+    for gamma1, gamma2 in ((1, 3), (2, 6), (3, 2)):
+        for prompt, ref in cases:
+            counts = Counts()
+            dec = TriForce(
+                eng, kv=build_policy(name, **POLICIES[name]), gamma1=gamma1, gamma2=gamma2, draft=draft
+            )
+            got = dec.generate(prompt, N_NEW, set(), counts)
+            check_lossless(eng, prompt, ref, got)
+            assert counts.committed == len(got) - 1
+            assert counts.accepted <= counts.drafted and counts.accepted_l1 <= counts.drafted_l1
+            l1, l1_ok, forwards = (
+                l1 + counts.drafted_l1,
+                l1_ok + counts.accepted_l1,
+                forwards + counts.forwards,
+            )
+            assert counts.draft_model_forwards > 0 and counts.draft_forwards >= counts.forwards
+    assert l1 > 0 and forwards < 3 * len(cases) * (N_NEW - 1)
+    if which == "self":  # a one-layer truncation of a two-layer model agrees now and then
+        assert 0 < l1_ok < l1
+
+
+def test_cache_ends_exactly_as_vanilla(refs, other_draft):
+    eng, cases = refs
+    prompt, ref = cases[1]
+    Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
+    n = eng.length
+    k_ref, v_ref = eng.cache.k[:, :, :n].clone(), eng.cache.v[:, :, :n].clone()
+    draft = drafts(eng, other_draft)["self"]
+    got = TriForce(eng, kv=build_policy("streaming", budget=24), draft=draft).generate(
+        prompt, N_NEW, set(), Counts()
+    )
+    assert got == ref and eng.length == n
+    torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(eng.cache.v[:, :, :n], v_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_stop_token_and_length(refs, other_draft):
+    eng, cases = refs
+    draft = drafts(eng, other_draft)["self"]
+    for prompt, ref in cases[:3]:
+        stop = {ref[len(ref) // 2]}
+        want = Vanilla(eng).generate(prompt, N_NEW, stop, Counts())
+        dec = TriForce(eng, kv=build_policy("streaming", budget=24), gamma1=2, gamma2=4, draft=draft)
+        check_lossless(eng, prompt, want, dec.generate(prompt, N_NEW, stop, Counts()))
+        for max_new in (1, 2, 3, 5):
+            assert dec.generate(prompt, max_new, set(), Counts()) == ref[:max_new]
+
+
+def test_without_a_draft_model_it_is_self_speculation(refs):
+    """draft=none: the target over the policy drafts gamma2 tokens itself (no level 1)."""
+    eng, cases = refs
+    for prompt, ref in cases[:3]:
+        counts = Counts()
+        got = TriForce(eng, kv=build_policy("retrieval", budget=24, chunk=4), gamma2=4).generate(
+            prompt, N_NEW, set(), counts
+        )
+        check_lossless(eng, prompt, ref, got)
+        assert counts.draft_model_forwards == 0 and counts.drafted_l1 == 0
+        assert counts.draft_forwards == counts.drafted
+
+
+# --- the draft model ---------------------------------------------------------------------------------
+def test_evict_rerotates_keys_to_their_slot_positions(tiny_lm):
+    """After evicting [4, 20) of 40 entries, the first layer's keys and values (which depend on the
+    token and its position only) equal a fresh prefill of the kept tokens at positions 0..23."""
+    eng = Engine(tiny_lm.model)
+    toks = [(7 * i + 3) % 250 for i in range(40)]
+    eng.reset(48)
+    eng.prefill(toks)
+    eng.evict(4, 20)
+    assert eng.length == 24 and torch.equal(eng.cache.slot_pos[:24], torch.arange(24))
+    fresh = Engine(tiny_lm.model)
+    fresh.reset(48)
+    fresh.prefill(toks[:4] + toks[20:])
+    torch.testing.assert_close(eng.cache.k[0, :, :24], fresh.cache.k[0, :, :24], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(eng.cache.v[0, :, :24], fresh.cache.v[0, :, :24], atol=1e-6, rtol=1e-6)
+
+
+def test_self_draft_without_eviction_is_the_truncated_target(tiny_lm):
+    """With a budget above the context, the self-draft's greedy drafts are the first-layer model's
+    greedy continuation."""
+    eng = Engine(tiny_lm.model)
+    prompt = varied_prompts(2, seed=9)[1]
+    one = eng.truncated(1)
+    want = Vanilla(one).generate(prompt, 6, set(), Counts())
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=200, sinks=4, room=8)
+    draft.start(prompt, Counts())
+    got, _ = draft.propose(prompt + want[:1], len(prompt) + 1, 5, Sampler(), Counts())
+    assert got == want[1:]
+
+
+def test_draft_memory_is_bounded_by_its_budget(refs):
+    eng, cases = refs
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=16, sinks=2, room=8)
+    dec = TriForce(eng, kv=build_policy("streaming", budget=24), gamma1=1, gamma2=2, draft=draft)
+    prompt = cases[0][0] * 3
+    dec.generate(prompt, N_NEW, set(), Counts())
+    assert draft.engine.cache.capacity == 24 and draft.engine.length <= 24 < len(prompt)
+
+
+# --- sampling ----------------------------------------------------------------------------------------
+def test_sampling_is_lossless_in_distribution():
+    """First 4 sampled tokens of TriForce (separate draft model, StreamingLLM middle level) fit the
+    exact vanilla-sampling distribution."""
+    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=5)
+    tiny = dict(vocab_size=12)
+    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=tiny)
+    other = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=5, tiny=tiny)
+    eng = Engine(lm.model)
+    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
+    exact = exact_distribution(eng, prompt, 4, Sampler(**sampler_kw))
+    draft = DraftModel(Engine(other.model), "tiny", 12, budget=16, sinks=2, room=8)
+    dec = TriForce(
+        eng, kv=build_policy("streaming", budget=8), gamma1=2, gamma2=2, draft=draft,
+        sampler=Sampler(seed=1, **sampler_kw),
+    )  # fmt: skip
+    samples, acc1, acc2 = [], 0, 0
+    for _ in range(1000):
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, 4, set(), counts)))
+        acc1, acc2 = acc1 + counts.accepted_l1, acc2 + counts.accepted
+    assert acc1 > 100 and acc2 > 100  # both levels really accept under sampling
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["gamma1", "gamma2"])
+@pytest.mark.parametrize("bad", [0, -2, True, 1.5])
+def test_bad_gammas_are_one_clear_error(refs, field, bad):
+    with pytest.raises(HarnessError, match=f"{field} must be a positive integer"):
+        TriForce(refs[0], **{field: bad})
+
+
+def test_draft_vocabulary_and_window_are_checked(refs):
+    eng = refs[0]
+
+    class OtherTokenizer:
+        def get_vocab(self):
+            return {"a": 0}
+
+    class SameTokenizer(OtherTokenizer):
+        pass
+
+    with pytest.raises(HarnessError, match="vocabulary differs from the target's"):
+        check_same_vocabulary(ByteTokenizer(), OtherTokenizer(), "x")
+    check_same_vocabulary(SameTokenizer(), OtherTokenizer(), "x")
+    short = load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", seed=2, tiny={"layers": 1, "max_positions": 64}
+    )
+    with pytest.raises(HarnessError, match="exceeds the draft model's context \\(64\\)"):
+        DraftModel(Engine(short.model), "short", 260, budget=60, sinks=4, room=8)
+    with pytest.raises(HarnessError, match="need draft.room >= 10"):
+        TriForce(
+            eng, gamma1=2, gamma2=6, draft=DraftModel(eng.truncated(1), "s", 260, budget=64, sinks=4, room=8)
+        )
+    with pytest.raises(HarnessError, match="budget \\(4\\) must exceed sinks"):
+        DraftModel(eng.truncated(1), "s", 260, budget=4, sinks=4)
+
+
+def test_build_draft_from_the_config_group(refs, tiny_lm):
+    from omegaconf import OmegaConf
+
+    eng = refs[0]
+    assert build_draft(OmegaConf.create({"kind": "none"}), tiny_lm, eng) is None
+    d = build_draft(
+        OmegaConf.create({"kind": "self_layers", "layers": 1, "budget": 32, "sinks": 4}), tiny_lm, eng
+    )
+    assert d.engine.w.n_layers == 1 and d.engine.w.layers[0] is eng.w.layers[0] and "self-draft" in d.label
+    for layers in (0, 2, "x"):
+        with pytest.raises(HarnessError, match="layers must be an integer in \\[1, 1\\]"):
+            build_draft(OmegaConf.create({"kind": "self_layers", "layers": layers}), tiny_lm, eng)
+    with pytest.raises(HarnessError, match="draft.kind must be one of"):
+        build_draft(OmegaConf.create({"kind": "nope"}), tiny_lm, eng)
+    with pytest.raises(HarnessError, match="draft=hf needs draft.name"):
+        build_draft(OmegaConf.create({"kind": "hub", "name": "???"}), tiny_lm, eng)
+
+
+# --- SmolLM2 ----------------------------------------------------------------------------------------
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_mtbench_fast(smollm):
+    """Three MT-Bench questions (turn 1), 48 tokens: the self-draft (first 4 layers) over the
+    retrieval and StreamingLLM caches."""
+
+    def maker(name: str):
+        def make(e):
+            draft = DraftModel(e.truncated(4), "self-4", e.w.vocab_size, budget=64, sinks=4, room=24)
+            return TriForce(e, kv=build_policy(name, budget_frac=0.25), gamma1=2, gamma2=6, draft=draft)
+
+        return make
+
+    makers = [("triforce-retrieval", maker("retrieval")), ("triforce-streaming", maker("streaming"))]
+    taus = mtbench_lossless(smollm, makers, 3, 1, 48)
+    assert max(taus) > 1.2
