@@ -11,6 +11,7 @@ lost in the paper's text extraction).
 - `table1`   FAFO-Stream vs FAFO-2forward vs Lookahead (peak memory, speedup, tau), MT-Bench.
 - `table2`   speedup and tau per method (FAFO-Stream/Quest/SnapKV/H2O, Lookahead, PLD, TriForce) x
              task (MT-Bench, GSM8K, HumanEval); FAFO-SnapKV's paper numbers are Table 8's.
+- `table10`  PG-19 by context length (1k-3k): FAFO-Stream, FAFO-Quest, Lookahead, TriForce.
 - `table11`  k sweep (guess length), FAFO-Stream, MT-Bench.
 - `table12`  n sweep (fumble streams), FAFO-Stream and FAFO-Quest.
 - `table13`  Init+Local budget sweep (kv.budget), FAFO-Stream.
@@ -356,6 +357,28 @@ def table13(samples: pd.DataFrame, task: str | None = None, fixed: dict | None =
     return out
 
 
+def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
+    """Table 10: PG-19 continuation at 1k-3k contexts (`task.context_length`): FAFO-Stream, FAFO-Quest,
+    Lookahead and TriForce (TriForce's setting, 256 new tokens in the paper). Ours names the TriForce
+    rows' draft model (the offline self-draft is not the paper's JackFram/llama-68m)."""
+    out = _sweep(
+        samples,
+        "Table 10",
+        "task.context_length",
+        "context_len",
+        ["FAFO-Stream", "FAFO-Quest", "Lookahead", "TriForce"],
+        "pg19",
+        PAPER_SETTING if fixed is None else fixed,
+    )
+    tri = samples[(samples["decoder"] == "triforce") & (samples["task"] == "pg19")]
+    label = "draft.label" if "draft.label" in tri.columns else "draft"
+    drafts = sorted({str(v) for v in tri[label].dropna()}) if label in tri.columns else []
+    out.attrs["caption"] = _caption(
+        "Table 10, PG-19 by context length", samples, "Yarn-Llama-2-7b-128k", out.attrs["fixed"]
+    ) + (f" Our TriForce rows: draft {'; '.join(drafts)}." if drafts else "")
+    return out
+
+
 def figure1(
     samples: pd.DataFrame, path: Path | str | None = None, task: str = "mtbench", fixed: dict | None = None
 ) -> pd.DataFrame:
@@ -436,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (setup, part) in enumerate(setups):
             if len(setups) > 1:
                 print(f"=== setup {i + 1} of {len(setups)}: {dict(zip(SETUP, setup))}\n")
-            for fn in (table1, table2, table11, table12, table13):
+            for fn in (table1, table2, table10, table11, table12, table13):
                 print(render(fn(part)), end="\n\n")
             stem = "fafo_figure1" + (f"-{i + 1}" if len(setups) > 1 else "")
             figure = args.figure or Path(args.root) / "figures" / f"{stem}.png"

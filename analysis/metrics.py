@@ -106,6 +106,22 @@ def paired_speedup(method: pd.DataFrame, base: pd.DataFrame | None) -> dict[str,
     return out
 
 
+def kv_bound_speedup(run: pd.DataFrame, base: pd.DataFrame | None) -> float:
+    """Speedup if every forward cost its KV reads: vanilla's KV MB read per committed token over the
+    method's (`kv_read_mb` counts the target's draft, middle and verification forwards)."""
+    if base is None or base.empty or "kv_read_mb" not in run.columns:
+        return float("nan")
+    key = ["sample_id", "turn"]
+    b = base.drop_duplicates(key, keep="last").set_index(key)
+    m = run.set_index(key)
+    common = m.index.intersection(b.index)
+    if len(common) < len(m):
+        return float("nan")
+    num = float(b.loc[common, "kv_read_mb"].sum()) * float(m.loc[common, "new_tokens"].sum())
+    den = float(m.loc[common, "kv_read_mb"].sum()) * float(b.loc[common, "new_tokens"].sum())
+    return num / den if den > 0 else float("nan")
+
+
 def kv_activity(run: pd.DataFrame) -> str:
     """How much a run's KV policy restricted attention, in words (a lossy policy that restricted
     nothing is said to be inactive: its numbers are the full cache's)."""
@@ -197,6 +213,10 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
                 peak_mem_mb=run["peak_mem_mb"].max(),
                 match_rate=run["matches_vanilla"].dropna().astype(float).mean(),
+                kv_mb_per_token=run["kv_read_mb"].sum() / run["new_tokens"].sum()
+                if "kv_read_mb" in run.columns
+                else float("nan"),
+                kv_bound_speedup=kv_bound_speedup(run, base),
             )
             row.update(paired_speedup(run, base))
             out.append(row)

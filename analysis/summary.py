@@ -37,6 +37,8 @@ COLUMNS = [
     "speedup_lo",
     "speedup_hi",
     "decode_speedup",
+    "kv_mb_per_token",
+    "kv_bound_speedup",
     "match_rate",
     "peak_mem_mb",
     "note",

@@ -25,7 +25,15 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.fafo_paper import one_setup, render
-from analysis.metrics import ENV, AnalysisError, baseline_of, check_one_run, kv_activity, paired_speedup
+from analysis.metrics import (
+    ENV,
+    AnalysisError,
+    baseline_of,
+    check_one_run,
+    kv_activity,
+    kv_bound_speedup,
+    paired_speedup,
+)
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_triforce.csv"
 POLICY = {"streaming": "StreamingLLM", "h2o": "H2O", "topk": "Top-K (oracle ref)", "retrieval": "Retrieval"}
@@ -79,21 +87,6 @@ def _caption(title: str, df: pd.DataFrame, ours: str, paper: str) -> str:
         f"{ours}. Paper: {paper}. Same protocol, other scale: compare shapes and orderings, not absolute "
         "numbers."
     )
-
-
-def kv_bound_speedup(run: pd.DataFrame, base: pd.DataFrame | None) -> float:
-    """Speedup if every forward cost its KV reads: vanilla's KV MB read per committed token over the
-    method's (`kv_read_mb` counts the target's draft, middle and verification forwards)."""
-    if base is None or base.empty or "kv_read_mb" not in run.columns:
-        return float("nan")
-    key = ["sample_id", "turn"]
-    b = base.drop_duplicates(key, keep="last").set_index(key)
-    m = run.set_index(key)
-    common = m.index.intersection(b.index)
-    if len(common) < len(m):
-        return float("nan")
-    per_tok = lambda df: df["kv_read_mb"].sum() / df["new_tokens"].sum()  # noqa: E731
-    return float(per_tok(b.loc[common]) / per_tok(m.loc[common]))
 
 
 def _ratio(num: pd.Series, den: pd.Series) -> float:
@@ -208,6 +201,14 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def from_experiments(samples: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """The runs the experiment files `names` started, plus every vanilla run (the baselines pair by
+    environment); all runs when none records one of these experiments (records made without them)."""
+    if "experiment" not in samples.columns or not samples["experiment"].isin(names).any():
+        return samples
+    return samples[samples["experiment"].isin(names) | (samples["decoder"] == "vanilla")]
+
+
 def main(argv: list[str] | None = None) -> None:
     from analysis.load import load_samples
     from analysis.summary import default_root
@@ -224,17 +225,20 @@ def main(argv: list[str] | None = None) -> None:
     has = lambda d: bool((samples["decoder"] == d).any())  # noqa: E731
     try:
         if has("selfspec"):
-            print(render(table1(samples)), end="\n\n")
-            if "kv.chunk" in samples.columns and (samples["kv"] == "retrieval").any():
+            print(render(table1(from_experiments(samples, ("triforce_table1_cpu",)))), end="\n\n")
+            fig6 = from_experiments(samples, ("triforce_figure6a_cpu", "triforce_figure6b_cpu"))
+            fig6 = fig6[(fig6["task"] == "pg19") & (fig6["kv"] == "retrieval")]
+            if len(fig6) and "kv.chunk" in fig6.columns:
                 png = args.figure or Path(args.root) / "figures" / "triforce_figure6.png"
-                print(render(figure6(samples[samples["task"] == "pg19"], png)), end="\n\n")
+                print(render(figure6(fig6, png)), end="\n\n")
         else:
             print(
                 "Table 1, Figure 6: no selfspec runs (python run.py -m experiment=triforce_table1_cpu; "
                 "experiment=triforce_figure6a_cpu / 6b_cpu)\n"
             )
         if has("triforce"):
-            print(render(table8(samples[samples["task"] == "pg19"])))
+            tab8 = from_experiments(samples, ("triforce_table8a_cpu", "triforce_table8b_cpu"))
+            print(render(table8(tab8[tab8["task"] == "pg19"])))
         else:
             print(
                 "Table 8: no triforce runs (python run.py -m experiment=triforce_table8a_cpu / 8b_cpu, and "

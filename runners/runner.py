@@ -466,6 +466,7 @@ class Runner:
             "task_params": json.dumps(self.identity["task_params"]),
             "limit": self.task.limit,
             "sample_set": self.sample_set,
+            "experiment": str((self.cfg.get("choices") or {}).get("experiment") or ""),
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(self.cfg.run.seed),
             "sampling": json.dumps(self.identity["sampling"]),

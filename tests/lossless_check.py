@@ -164,3 +164,45 @@ def mtbench_lossless(lm, makers: list, n_questions: int | None, turns: int, max_
             print(f"[mtbench] {sample.sample_id} turn {turn} lossless: {', '.join(notes)}", flush=True)
             history.append(tok.decode(ref, skip_special_tokens=True))
     return taus
+
+
+def task_prompts(lm, specs: list[tuple[str, dict]]) -> list[tuple[str, list[int]]]:
+    """Turn-1 prompts `(label, ids)` of tasks built from `(task name, constructor kwargs)` specs (e.g.
+    ("gsm8k", {"limit": 2}), ("pg19", {"context_length": 2048, "source": "package", "limit": 1}))."""
+    import importlib
+
+    classes = {"gsm8k": "tasks.gsm8k:GSM8K", "pg19": "tasks.pg19:PG19", "mtbench": "tasks.mtbench:MTBench"}
+    out = []
+    for name, kw in specs:
+        module, cls = classes[name].split(":")
+        task = getattr(importlib.import_module(module), cls)(**kw)
+        out += [(f"{name}:{s.sample_id}", task.prompt_ids(s, 0, [], lm.tokenizer)) for s in task.load()]
+    return out
+
+
+def prompts_lossless(lm, makers: list, prompts: list[tuple[str, list[int]]], max_new: int) -> list[float]:
+    """Vanilla greedy vs every `(label, make)` decoder on token-id prompts (fp32, the test engine);
+    assert each output exact or a near-tie; one line per prompt; return every run's tau."""
+    import time
+
+    from core.engine import Engine
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+    from runners.runner import stop_ids_for
+
+    eng = Engine(lm.model, linear=mtbench_engine_linear())
+    stop = stop_ids_for(lm.tokenizer, lm.model)
+    taus = []
+    for name, prompt in prompts:
+        ref = Vanilla(eng).generate(prompt, max_new, stop, Counts())
+        notes = []
+        for label, make in makers:
+            counts = Counts(keep_steps=False)
+            t0 = time.perf_counter()
+            got = make(eng).generate(prompt, max_new, stop, counts)
+            div = check_lossless(eng, prompt, ref, got)
+            taus.append(counts.tau)
+            tie = "" if div is None else f" near-tie at {div.index} (gap {div.gap:.2g})"
+            notes.append(f"{label}{tie} tau {counts.tau:.2f} {time.perf_counter() - t0:.0f}s")
+        print(f"[lossless] {name} ({len(prompt)} tokens): {', '.join(notes)}", flush=True)
+    return taus

@@ -179,3 +179,23 @@ def test_experiment_sweep_points_compose_and_instantiate(experiment, tiny_lm):
                     assert str(decoder.params()[key.split(".", 1)[1]]) == value
             if experiment == "fafo_figure1_lookahead":
                 assert decoder.W == decoder.G
+
+
+def test_table10_by_context_length_with_the_triforce_rows():
+    """Each context length is its own environment (task parameters differ): every method pairs with the
+    vanilla run of its context; the caption names our TriForce rows' draft."""
+    r = []
+    for ctx, wall in ((1024, 4.0), (2048, 6.0)):
+        params = {"task_params": f'{{"context_length": {ctx}}}', "task.context_length": ctx}
+        r += rows("vanilla", "full", wall, 1.0, "pg19", **params)
+        r += rows(
+            "triforce", "retrieval", wall / 2, 5.0, "pg19", **params, **{"draft.label": "self-draft: 4"}
+        )
+        r += rows("fafo", "streaming", wall / 4, 3.0, "pg19", **params, **{"decoder.k": 6, "kv.budget": 760})
+    t = fp.table10(pd.DataFrame(r)).set_index(["method", "task.context_length"])
+    assert t.loc[("TriForce", "1024"), "ours_speedup"] == pytest.approx(2.0)
+    assert t.loc[("FAFO-Stream", "2048"), "ours_speedup"] == pytest.approx(4.0)
+    assert t.loc[("TriForce", "1024"), "paper_speedup"] == pytest.approx(1.83)
+    assert t.loc[("TriForce", "3072"), "paper_tau"] == pytest.approx(5.5)
+    assert math.isnan(t.loc[("TriForce", "3072"), "ours_speedup"])
+    assert "self-draft: 4" in fp.table10(pd.DataFrame(r)).attrs["caption"]

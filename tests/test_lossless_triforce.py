@@ -15,11 +15,19 @@ from core.sampling import Sampler
 from core.tokenizer import ByteTokenizer
 from core.types import Counts, HarnessError
 from decoders.draft_model import DraftModel, build_draft, check_same_vocabulary
+from decoders.selfspec import SelfSpeculative
 from decoders.triforce import TriForce
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import TEST_DEVICE, needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.lossless_check import (
+    check_lossless,
+    chi_square_pvalue,
+    exact_distribution,
+    mtbench_lossless,
+    prompts_lossless,
+    task_prompts,
+)
 from tests.test_lossless_lookahead import varied_prompts
 from tests.test_lossless_selfspec import POLICIES
 
@@ -249,3 +257,43 @@ def test_smollm_mtbench_fast(smollm):
     makers = [("triforce-retrieval", maker("retrieval")), ("triforce-streaming", maker("streaming"))]
     taus = mtbench_lossless(smollm, makers, 3, 1, 48)
     assert max(taus) > 1.2
+
+
+def _smollm_makers():
+    def selfspec(e):
+        return SelfSpeculative(e, kv=build_policy("retrieval", budget_frac=0.05, backend="sliced"), gamma=6)
+
+    def triforce(name: str):
+        def make(e):
+            draft = DraftModel(e.truncated(4), "self-4", e.w.vocab_size, budget=128, sinks=8, room=32)
+            return TriForce(e, kv=build_policy(name, budget_frac=0.05), gamma1=2, gamma2=6, draft=draft)
+
+        return make
+
+    return [
+        ("selfspec-retrieval", selfspec),
+        ("triforce-retrieval", triforce("retrieval")),
+        ("triforce-streaming", triforce("streaming")),
+    ]
+
+
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_gsm8k_and_long_context_fast(smollm):
+    """Two GSM8K questions and one 2k-token long-document prompt, 40 tokens: self-speculation and
+    TriForce (self-draft, evicting draft cache) through the retrieval cache token-identical to vanilla
+    (the slow test adds TriForce over StreamingLLM and longer contexts)."""
+    prompts = task_prompts(
+        smollm, [("gsm8k", {"limit": 2}), ("pg19", {"context_length": 2048, "source": "package", "limit": 1})]
+    )
+    taus = prompts_lossless(smollm, _smollm_makers()[:2], prompts, 40)
+    assert max(taus) > 1.5
+
+
+@pytest.mark.slow
+@needs_smollm
+def test_smollm_gsm8k_and_long_context_slow(smollm):
+    """20 GSM8K questions, then 4k and 7k-token long-document prompts (3 each), 128 tokens."""
+    specs = [("gsm8k", {"limit": 20})]
+    specs += [("pg19", {"context_length": n, "source": "package", "limit": 3}) for n in (4096, 7168)]
+    prompts_lossless(smollm, _smollm_makers(), task_prompts(smollm, specs), 128)

@@ -120,3 +120,15 @@ def test_figure6_acceptance_by_budget_and_chunk(tmp_path):
     assert len(t) == 4 and png.stat().st_size > 1000
     got = t.set_index(["chunk", "budget_frac"])["acceptance"]
     assert got[(8, 0.04)] == pytest.approx(0.6) and got[(1, 0.04)] == pytest.approx(0.3)
+
+
+def test_tables_read_the_runs_of_their_experiment():
+    df = pd.DataFrame(
+        [
+            {"decoder": "selfspec", "experiment": "triforce_table1_cpu", "run_id": "a"},
+            {"decoder": "selfspec", "experiment": "triforce_figure6a_cpu", "run_id": "b"},
+            {"decoder": "vanilla", "experiment": "", "run_id": "v"},
+        ]
+    )
+    assert list(tp.from_experiments(df, ("triforce_table1_cpu",))["run_id"]) == ["a", "v"]
+    assert len(tp.from_experiments(df, ("nothing_recorded",))) == 3  # records without the experiment
