@@ -157,7 +157,7 @@ def figure6(samples: pd.DataFrame, png: Path | str | None = None) -> pd.DataFram
             {
                 "task": TASK.get(task, task),
                 "chunk": int(chunk),
-                "budget_frac": float(frac),
+                "budget_pct": 100 * float(frac),
                 "budget": int(run["kv_budget"].median()),
                 "acceptance": _ratio(run["accepted"], run["drafted"]),
                 "tau": _ratio(run["committed"], run["forwards"]),
@@ -185,14 +185,14 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     mode_chunk = table["chunk"].mode().iloc[0]
-    mode_frac = table["budget_frac"].mode().iloc[0]
-    a = table[table["chunk"] == mode_chunk].sort_values("budget_frac")
-    b = table[table["budget_frac"] == mode_frac].sort_values("chunk")
-    axes[0].plot(a["budget_frac"] * 100, a["acceptance"], marker="o")
+    mode_frac = table["budget_pct"].mode().iloc[0]
+    a = table[table["chunk"] == mode_chunk].sort_values("budget_pct")
+    b = table[table["budget_pct"] == mode_frac].sort_values("chunk")
+    axes[0].plot(a["budget_pct"], a["acceptance"], marker="o")
     axes[0].set(xlabel=f"budget (% of context), chunk {mode_chunk}", ylabel="acceptance rate", xscale="log")
     axes[1].plot(b["chunk"], b["acceptance"], marker="o")
     axes[1].set(
-        xlabel=f"chunk size, budget {mode_frac:.1%} of context", ylabel="acceptance rate", xscale="log"
+        xlabel=f"chunk size, budget {mode_frac:.1f}% of context", ylabel="acceptance rate", xscale="log"
     )
     fig.suptitle(table.attrs.get("caption", "")[:160], fontsize=7)
     fig.tight_layout()
@@ -203,8 +203,9 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
 
 def from_experiments(samples: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
     """The runs the experiment files `names` started, plus every vanilla run (the baselines pair by
-    environment); all runs when none records one of these experiments (records made without them)."""
-    if "experiment" not in samples.columns or not samples["experiment"].isin(names).any():
+    environment). Records made before runs named their experiment are taken whole."""
+    recorded = "experiment" in samples.columns and samples["experiment"].fillna("").astype(bool).any()
+    if not recorded:
         return samples
     return samples[samples["experiment"].isin(names) | (samples["decoder"] == "vanilla")]
 
@@ -222,28 +223,29 @@ def main(argv: list[str] | None = None) -> None:
     samples = load_samples(args.root)
     if samples.empty:
         sys.exit(f"error: no complete runs under {args.root}/runs")
-    has = lambda d: bool((samples["decoder"] == d).any())  # noqa: E731
+    hint = {
+        "Table 1": "python run.py -m experiment=triforce_table1_cpu",
+        "Figure 6": "python run.py -m experiment=triforce_figure6a_cpu (and 6b_cpu)",
+        "Table 8": "python run.py -m experiment=triforce_table8a_cpu (and 8b_cpu), plus "
+        "python run.py experiment=triforce_pg19_vanilla_cpu for the speedups",
+    }
     try:
-        if has("selfspec"):
-            print(render(table1(from_experiments(samples, ("triforce_table1_cpu",)))), end="\n\n")
-            fig6 = from_experiments(samples, ("triforce_figure6a_cpu", "triforce_figure6b_cpu"))
-            fig6 = fig6[(fig6["task"] == "pg19") & (fig6["kv"] == "retrieval")]
-            if len(fig6) and "kv.chunk" in fig6.columns:
-                png = args.figure or Path(args.root) / "figures" / "triforce_figure6.png"
-                print(render(figure6(fig6, png)), end="\n\n")
+        t1 = from_experiments(samples, ("triforce_table1_cpu",))
+        t1 = t1[t1["decoder"] == "selfspec"]
+        print(render(table1(t1)) if len(t1) else f"Table 1: no runs ({hint['Table 1']})", end="\n\n")
+        fig6 = from_experiments(samples, ("triforce_figure6a_cpu", "triforce_figure6b_cpu"))
+        fig6 = fig6[(fig6["task"] == "pg19") & (fig6["kv"] == "retrieval") & (fig6["decoder"] == "selfspec")]
+        if len(fig6) and "kv.chunk" in fig6.columns:
+            png = args.figure or Path(args.root) / "figures" / "triforce_figure6.png"
+            print(render(figure6(fig6, png)), end="\n\n")
         else:
-            print(
-                "Table 1, Figure 6: no selfspec runs (python run.py -m experiment=triforce_table1_cpu; "
-                "experiment=triforce_figure6a_cpu / 6b_cpu)\n"
-            )
-        if has("triforce"):
-            tab8 = from_experiments(samples, ("triforce_table8a_cpu", "triforce_table8b_cpu"))
-            print(render(table8(tab8[tab8["task"] == "pg19"])))
+            print(f"Figure 6: no runs ({hint['Figure 6']})\n")
+        tab8 = from_experiments(samples, ("triforce_table8a_cpu", "triforce_table8b_cpu"))
+        tab8 = tab8[(tab8["task"] == "pg19") & tab8["decoder"].isin(["triforce", "vanilla"])]
+        if (tab8["decoder"] == "triforce").any():
+            print(render(table8(tab8)))
         else:
-            print(
-                "Table 8: no triforce runs (python run.py -m experiment=triforce_table8a_cpu / 8b_cpu, and "
-                "python run.py experiment=triforce_pg19_vanilla_cpu for the speedups)"
-            )
+            print(f"Table 8: no runs ({hint['Table 8']})")
     except AnalysisError as exc:
         sys.exit(f"error: {exc}")
 

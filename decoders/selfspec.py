@@ -28,7 +28,16 @@ from decoders.verify import greedy_verify, speculative_verify
 class SelfSpeculative(BaseDecoder):
     name = "selfspec"
 
-    def __init__(self, engine, kv=None, sampler=None, gamma: int = 6, rebuild_every: int = 0) -> None:
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        gamma: int = 6,
+        rebuild_every: int = 0,
+        rebuild_below: float = 0.0,
+        rebuild_window: int = 8,
+    ) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma <= 0:
             raise HarnessError(f"decoder=selfspec: gamma must be a positive integer, got {gamma!r}")
         if isinstance(rebuild_every, bool) or not isinstance(rebuild_every, int) or rebuild_every < 0:
@@ -36,6 +45,16 @@ class SelfSpeculative(BaseDecoder):
                 f"decoder=selfspec: rebuild_every must be a non-negative integer (0 = never), got "
                 f"{rebuild_every!r}"
             )
+        if (
+            isinstance(rebuild_below, bool)
+            or not isinstance(rebuild_below, (int, float))
+            or not (0 <= rebuild_below < 1)
+        ):
+            raise HarnessError(
+                f"decoder: rebuild_below must be a number in [0, 1) (0 = never), got {rebuild_below!r}"
+            )
+        if isinstance(rebuild_window, bool) or not isinstance(rebuild_window, int) or rebuild_window <= 0:
+            raise HarnessError(f"decoder: rebuild_window must be a positive integer, got {rebuild_window!r}")
         super().__init__(engine, kv, sampler)
         if getattr(self.kv, "backend", "dense") == "flex":
             raise HarnessError(
@@ -44,11 +63,37 @@ class SelfSpeculative(BaseDecoder):
             )
         self.gamma = gamma
         self.rebuild_every = rebuild_every  # verification steps between policy rebuilds (kv=retrieval)
+        # rebuild when the acceptance of the last `rebuild_window` verifications falls below this
+        self.rebuild_below, self.rebuild_window = float(rebuild_below), rebuild_window
+        self._recent: list[tuple[int, int]] = []
 
     lossless = True  # the full-cache verification decides every token
 
     def params(self) -> dict:
-        return {"gamma": self.gamma, "rebuild_every": self.rebuild_every}
+        return {
+            "gamma": self.gamma,
+            "rebuild_every": self.rebuild_every,
+            "rebuild_below": self.rebuild_below,
+            "rebuild_window": self.rebuild_window,
+        }
+
+    def _after_verification(self, step: int, accepted: int, drafted: int) -> None:
+        """TriForce's rebuild rule for the policy's selection (kv=retrieval): every `rebuild_every`
+        verifications, or when the acceptance over the last `rebuild_window` verifications drops below
+        `rebuild_below` (then the window starts afresh)."""
+        if self.rebuild_every and step % self.rebuild_every == 0:
+            self.kv.rebuild(self.engine)
+            self._recent.clear()
+            return
+        if not self.rebuild_below:
+            return
+        self._recent.append((accepted, drafted))
+        del self._recent[: -self.rebuild_window]
+        total = sum(d for _, d in self._recent)
+        full = len(self._recent) == self.rebuild_window and total
+        if full and sum(a for a, _ in self._recent) / total < self.rebuild_below:
+            self.kv.rebuild(self.engine)
+            self._recent.clear()
 
     def max_block(self) -> int:
         return self.gamma + 1
@@ -84,6 +129,7 @@ class SelfSpeculative(BaseDecoder):
     ) -> None:
         eng, kv = self.engine, self.kv
         done, steps = False, 0
+        self._recent.clear()
         while not done:
             length = eng.length
             n = min(self.gamma, max_new_tokens - len(out) - 1)  # the bonus token comes on top
@@ -106,5 +152,4 @@ class SelfSpeculative(BaseDecoder):
             kv.after_commit(eng, len(rows))
             counts.step(k + 1, k, verdict.accepted, n_new, length)
             steps += 1
-            if self.rebuild_every and steps % self.rebuild_every == 0:
-                kv.rebuild(eng)
+            self._after_verification(steps, verdict.accepted, k)

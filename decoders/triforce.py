@@ -53,10 +53,12 @@ class TriForce(SelfSpeculative):
         gamma1: int = 2,
         gamma2: int = 6,
         rebuild_every: int = 0,
+        rebuild_below: float = 0.0,
+        rebuild_window: int = 8,
         draft: DraftModel | None = None,
     ) -> None:
         gamma1, gamma2 = _positive("gamma1", gamma1), _positive("gamma2", gamma2)
-        super().__init__(engine, kv, sampler, gamma=gamma2, rebuild_every=rebuild_every)
+        super().__init__(engine, kv, sampler, gamma2, rebuild_every, rebuild_below, rebuild_window)
         self.gamma1, self.gamma2 = gamma1, gamma2
         self.draft = draft
         if draft is not None:
@@ -68,6 +70,8 @@ class TriForce(SelfSpeculative):
             "gamma1": self.gamma1,
             "gamma2": self.gamma2,
             "rebuild_every": self.rebuild_every,
+            "rebuild_below": self.rebuild_below,
+            "rebuild_window": self.rebuild_window,
             "draft": draft,
         }
 
@@ -115,6 +119,7 @@ class TriForce(SelfSpeculative):
             return super()._decode(prompt, out, max_new_tokens, stop_ids, counts)
         eng, kv = self.engine, self.kv
         done, steps = False, 0
+        self._recent.clear()
         while not done:
             length = eng.length
             room = max_new_tokens - len(out) - 1  # the level-2 bonus comes on top
@@ -148,5 +153,4 @@ class TriForce(SelfSpeculative):
             kv.after_commit(eng, len(rows))
             counts.step(k + 1, k, verdict.accepted, n_new, length)
             steps += 1
-            if self.rebuild_every and steps % self.rebuild_every == 0:
-                kv.rebuild(eng)
+            self._after_verification(steps, verdict.accepted, k)

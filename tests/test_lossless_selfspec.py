@@ -218,3 +218,22 @@ def test_dense_layers_see_the_whole_cache(refs, name):
     assert counts.accepted == counts.drafted
     with pytest.raises(HarnessError, match="dense_layers must be a non-negative integer"):
         build_policy(name, **POLICIES[name], dense_layers=-1)
+
+
+def test_rebuild_when_acceptance_drops(refs):
+    """rebuild_below: the retrieval selection is rebuilt when the acceptance of the last verifications
+    falls below the threshold; the output stays vanilla's."""
+    eng, cases = refs
+    calls = []
+    pol = build_policy("retrieval", budget=24, chunk=4)
+    original = pol.rebuild
+    pol.rebuild = lambda e: (calls.append(e.length), original(e))[1]
+    prompt, ref = cases[1]
+    dec = SelfSpeculative(eng, kv=pol, gamma=4, rebuild_below=0.99, rebuild_window=2)
+    check_lossless(eng, prompt, ref, dec.generate(prompt, N_NEW, set(), Counts()))
+    assert len(calls) > 1  # after the prefill, then on low acceptance
+    for bad in (1.0, -0.1, "x"):
+        with pytest.raises(HarnessError, match="rebuild_below must be a number in \\[0, 1\\)"):
+            SelfSpeculative(eng, rebuild_below=bad)
+    with pytest.raises(HarnessError, match="rebuild_window must be a positive integer"):
+        SelfSpeculative(eng, rebuild_window=0)

@@ -118,8 +118,8 @@ def test_figure6_acceptance_by_budget_and_chunk(tmp_path):
     png = tmp_path / "fig6.png"
     t = tp.figure6(df, png)
     assert len(t) == 4 and png.stat().st_size > 1000
-    got = t.set_index(["chunk", "budget_frac"])["acceptance"]
-    assert got[(8, 0.04)] == pytest.approx(0.6) and got[(1, 0.04)] == pytest.approx(0.3)
+    got = t.set_index(["chunk", "budget_pct"])["acceptance"]
+    assert got[(8, 4.0)] == pytest.approx(0.6) and got[(1, 4.0)] == pytest.approx(0.3)
 
 
 def test_tables_read_the_runs_of_their_experiment():
@@ -131,4 +131,6 @@ def test_tables_read_the_runs_of_their_experiment():
         ]
     )
     assert list(tp.from_experiments(df, ("triforce_table1_cpu",))["run_id"]) == ["a", "v"]
-    assert len(tp.from_experiments(df, ("nothing_recorded",))) == 3  # records without the experiment
+    assert list(tp.from_experiments(df, ("nothing_recorded",))["run_id"]) == ["v"]
+    old = df.assign(experiment="")  # records made before runs named their experiment
+    assert len(tp.from_experiments(old, ("triforce_table1_cpu",))) == 3
