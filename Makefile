@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu test-slurm lint bench
+.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -27,6 +27,19 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 bench:           ## the speed claims, one script each (run one at a time)
 	for b in bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
+
+paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
+	$(PY) -m analysis.paper
+
+RECORDS := run.out_dir=results/paper/records
+CPU_T10 := run.limit=2 run.max_new_tokens=64 model.dtype=float32
+paper-runs:      ## the CPU-scale runs behind the report (resumable: complete runs are skipped), one job at a time
+	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(RECORDS)
+	for e in triforce_table1_cpu triforce_table8a_cpu triforce_table8b_cpu triforce_figure6a_cpu \
+	  triforce_figure6b_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
+	for e in fafo_table10_baselines fafo_table10_triforce fafo_table10; do \
+	  $(PY) run.py -m experiment=$$e $(RECORDS) $(CPU_T10) || exit 1; done
+	$(PY) -m analysis.paper
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

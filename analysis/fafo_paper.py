@@ -442,7 +442,7 @@ def render(table: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analysis.load import load_samples
+    from analysis.load import experiments, from_experiments, load_samples
     from analysis.summary import default_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -454,6 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     samples = load_samples(args.root)
     if samples.empty:
         sys.exit(f"error: no complete runs under {args.root}/runs")
+    samples = from_experiments(samples, experiments("fafo_"))
     setups = list(with_env(samples).groupby(SETUP, sort=True))
     try:
         for i, (setup, part) in enumerate(setups):

@@ -72,3 +72,18 @@ def load_table(root: Path | str, table: str, runs: pd.DataFrame | None = None) -
 
 def load_samples(root: Path | str = "results") -> pd.DataFrame:
     return load_table(root, "samples")
+
+
+def experiments(prefix: str) -> tuple[str, ...]:
+    """The experiment files (conf/experiment/*.yaml) whose names start with `prefix`."""
+    conf = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+    return tuple(sorted(p.stem for p in conf.glob(f"{prefix}*.yaml")))
+
+
+def from_experiments(samples: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """The runs the experiment files `names` started, plus every vanilla run (the baselines pair by
+    environment). Records made before runs named their experiment are taken whole."""
+    recorded = "experiment" in samples.columns and samples["experiment"].fillna("").astype(bool).any()
+    if not recorded:
+        return samples
+    return samples[samples["experiment"].isin(names) | (samples["decoder"] == "vanilla")]

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.fafo_paper import one_setup, render
+from analysis.load import from_experiments
 from analysis.metrics import (
     ENV,
     AnalysisError,
@@ -105,8 +106,8 @@ def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
         base = baseline_of(group)
         tri = group[group["decoder"] == "triforce"]
         for (g1, g2), run in tri.groupby(["decoder.gamma1", "decoder.gamma2"], sort=True):
-            check_one_run(run, f"triforce gamma1={g1} gamma2={g2} on {run['task'].iloc[0]}")
             g1, g2 = int(g1), int(g2)
+            check_one_run(run, f"triforce gamma1={g1} gamma2={g2} on {run['task'].iloc[0]}")
             setting = f"hw=1xA100-80GB;gamma1={g1};gamma2={g2}"
             p = paper[paper["setting"] == setting]
             paired = paired_speedup(run, base)
@@ -199,15 +200,6 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def from_experiments(samples: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
-    """The runs the experiment files `names` started, plus every vanilla run (the baselines pair by
-    environment). Records made before runs named their experiment are taken whole."""
-    recorded = "experiment" in samples.columns and samples["experiment"].fillna("").astype(bool).any()
-    if not recorded:
-        return samples
-    return samples[samples["experiment"].isin(names) | (samples["decoder"] == "vanilla")]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -132,7 +132,8 @@ class Runner:
         self.decoder = build(cfg.decoder, "decoder")
         self.draft = build_draft(cfg.get("draft"), self.lm, self.engine)
         extra = {} if self.draft is None else {"draft": self.draft}
-        if extra and "draft" not in inspect.signature(self.decoder).parameters:
+        target = getattr(self.decoder, "func", self.decoder)  # the class behind Hydra's partial
+        if extra and "draft" not in inspect.signature(target).parameters:
             raise HarnessError(
                 f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
                 "use it with decoder=triforce (or leave draft=none)"

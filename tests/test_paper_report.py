@@ -1,0 +1,91 @@
+"""analysis.paper (`make paper`): the report rebuilds from records alone, fills the tables that have
+runs, names the command for those that do not, says why a table was not made, and lists what the
+harness cannot reproduce."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import paper
+from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
+
+
+def write_run(root, run_id: str, decoder: str, kv: str, experiment: str, wall: float, **params) -> None:
+    rd = RunDir(root / "runs", run_id)
+    rd.path.mkdir(parents=True)
+    dec = {"_target_": "x", **{k: v for k, v in params.items() if k.startswith("gamma")}}
+    rd.write_run(
+        {
+            "run_id": run_id,
+            "status": "complete",
+            "decoder": decoder,
+            "kv": kv,
+            "task": "pg19",
+            "task_params": json.dumps({"context_length": 4096}),
+            "model": "smollm2-135m",
+            "model_name": "smollm2-135m",
+            "dtype": "float32",
+            "device_name": "cpu: test",
+            "threads": 2,
+            "max_new_tokens": 64,
+            "seed": 0,
+            "lossless": True,
+            "git_sha": "abc",
+            "experiment": experiment,
+            "draft": "self_layers" if decoder == "triforce" else "none",
+            "draft_params": json.dumps(
+                {"label": "self-draft: first 4 of 30 layers"} if decoder == "triforce" else {}
+            ),
+            "decoder_params": json.dumps(dec),
+            "kv_params": "{}",
+        }
+    )
+    rows = [
+        {
+            "run_id": run_id,
+            "sample_id": f"s{i}",
+            "turn": 0,
+            "new_tokens": 64,
+            "wall_s": wall,
+            "decode_s": wall - 1,
+            "forwards": 16 if decoder != "vanilla" else 63,
+            "committed": 63,
+            "drafted": 40,
+            "accepted": 30,
+            "drafted_l1": 20,
+            "accepted_l1": 2,
+            "kv_read_mb": 100.0 if decoder == "vanilla" else 40.0,
+            "matches_vanilla": True,
+        }
+        for i in range(2)
+    ]
+    cols = [c for c in SAMPLE_COLUMNS if c in rows[0]]
+    rd.write_sample("all", typed_frame(rows, {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict("records"), [], [])
+    rd.consolidate()
+    rd.mark_complete()
+
+
+def test_report_from_records(tmp_path):
+    root, out = tmp_path / "records", tmp_path / "paper"
+    write_run(root, "v", "vanilla", "full", "triforce_pg19_vanilla_cpu", 10.0)
+    write_run(root, "t1", "triforce", "retrieval", "triforce_table8a_cpu", 20.0, gamma1=1, gamma2=6)
+    write_run(root, "t2", "triforce", "retrieval", "triforce_table8a_cpu", 5.0, gamma1=2, gamma2=6)
+    paper.main(["--root", str(root), "--out", str(out)])
+    text = (out / "REPORT.md").read_text()
+    assert "### TriForce Table 8" in text and "| PG-19 | retrieval | self_layers | 1 | 6 |" in text
+    assert "0.5 |" in text and "2 |" in text  # the two speedups vs the vanilla run
+    assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu`" in text
+    assert "No runs yet: `python run.py -m experiment=fafo_table11`" in text
+    assert "| LongSpec | all tables and figures |" in text and "Same protocol, other scale" in text
+    # a cell holding two runs is refused in the report, not pooled
+    write_run(root, "t2c", "triforce", "retrieval", "triforce_table8a_cpu", 7.0, gamma1=2, gamma2=6)
+    paper.main(["--root", str(root), "--out", str(out)])
+    text = (out / "REPORT.md").read_text()
+    assert "Not made from these records: cell triforce gamma1=2 gamma2=6 on pg19 would pool 2 runs" in text
+
+
+def test_no_records_is_one_error_line(tmp_path):
+    with pytest.raises(SystemExit, match="error: no records under"):
+        paper.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
