@@ -46,6 +46,7 @@ class Counts:
         self.draft_model_forwards = 0  # forwards of a separate draft model (hierarchical speculation)
         self.drafted_l1 = 0  # hierarchy, level 1: draft-model tokens checked by the target over the policy
         self.accepted_l1 = 0  # ... and accepted there (the final level is `drafted` / `accepted`)
+        self.slow_steps = 0  # SFI: dense steps that chose the sparse set again (the rest are fast steps)
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)

@@ -67,6 +67,7 @@ REGISTRY = {
     "h2o": "kv_policies.h2o:H2O",
     "retrieval": "kv_policies.retrieval:Retrieval",
     "topk": "kv_policies.topk:TopK",
+    "sfi": "kv_policies.sfi:SFI",
 }
 
 

@@ -39,6 +39,7 @@ SAMPLE_COLUMNS = {
     "draft_model_forwards": "Int64",
     "drafted_l1": "Int64",
     "accepted_l1": "Int64",
+    "slow_steps": "Int64",
     "drafted": "Int64",
     "accepted": "Int64",
     "committed": "Int64",

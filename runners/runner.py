@@ -131,9 +131,11 @@ class Runner:
         self.kv = build(cfg.kv, "kv")
         self.decoder = build(cfg.decoder, "decoder")
         self.draft = build_draft(cfg.get("draft"), self.lm, self.engine)
-        extra = {} if self.draft is None else {"draft": self.draft}
+        extra: dict[str, Any] = {} if self.draft is None else {"draft": self.draft}
         target = getattr(self.decoder, "func", self.decoder)  # the class behind Hydra's partial
-        if extra and "draft" not in inspect.signature(target).parameters:
+        if "tokenizer" in inspect.signature(target).parameters:  # e.g. SFI's boundary tokens
+            extra["tokenizer"] = self.lm.tokenizer
+        if self.draft is not None and "draft" not in inspect.signature(target).parameters:
             raise HarnessError(
                 f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
                 "use it with decoder=triforce (or leave draft=none)"
@@ -416,6 +418,7 @@ class Runner:
             "draft_model_forwards": counts.draft_model_forwards,
             "drafted_l1": counts.drafted_l1,
             "accepted_l1": counts.accepted_l1,
+            "slow_steps": counts.slow_steps,
             "drafted": counts.drafted,
             "accepted": counts.accepted,
             "committed": counts.committed,

@@ -41,8 +41,10 @@ def test_kv_option_instantiates(option):
 def test_decoder_option_instantiates(option, tiny_lm):
     from core.engine import Engine
 
-    cfg = _compose(f"decoder={option}")
-    decoder = instantiate(cfg.decoder)(engine=Engine(tiny_lm.model), kv=instantiate(cfg.kv))
+    needs = {"sfi": (["kv=sfi"], {"tokenizer": tiny_lm.tokenizer})}  # decoders bound to a policy / tokenizer
+    overrides, extra = needs.get(option, ([], {}))
+    cfg = _compose(f"decoder={option}", *overrides)
+    decoder = instantiate(cfg.decoder)(engine=Engine(tiny_lm.model), kv=instantiate(cfg.kv), **extra)
     assert isinstance(decoder.lossless, bool)
 
 

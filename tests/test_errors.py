@@ -45,6 +45,12 @@ CASES = [
     (["decoder=triforce", "draft=tiny", "draft.budget=4090"], "exceeds the draft model's context (4096)"),
     (["decoder=triforce", "draft=tiny", "draft.room=4"], "need draft.room >= 10"),
     (["decoder=triforce", "draft=hf"], "draft=hf needs draft.name"),
+    (["decoder=sfi"], "decoder=sfi needs kv=sfi"),
+    (["decoder=sfi", "kv=sfi", "kv.k=0"], "k (entries selected per KV head) must be a positive integer"),
+    (["decoder=sfi", "kv=sfi", "kv.sinks=-1"], "sinks must be a non-negative integer"),
+    (["decoder=sfi", "kv=sfi", "kv.window=-4"], "window must be a non-negative integer"),
+    (["decoder=sfi", "kv=sfi", "kv.lambda_clip=1.5"], "lambda_clip must be in [0, 1]"),
+    (["decoder=sfi", "kv=sfi", "decoder.triggers=[]"], "triggers must be a non-empty list"),
 ]
 
 

@@ -1,0 +1,171 @@
+"""SFI's sparse state (Slow-Fast Inference, papers/003 §3.1-3.3): per layer and KV head, a fast step
+sees the `sinks` first entries, the `recent` last ones and `k` long-range entries the Selector chose at
+the last slow step.
+
+- Slow steps (chosen by `decoder=sfi`: the first decode step, after a boundary token, after `t_max`
+  fast steps) attend densely; the decoder calls `begin_slow()` first, and every layer's query rows
+  then reach `observe`, which computes their exact attention logits over the candidates
+  J = [sinks, L - recent) and runs the Selector (`kv_policies.sfi_selector.sfi_select`; GQA: the
+  group's query heads are its rows) to choose `k` of them per KV head.
+- The prefill ends with a Selector pass over the last `window` (16) prompt queries.
+- Fast steps are ordinary restricted rows (`visible` = sinks, recent window, selected set); with
+  `backend=sliced` the selection is packed into the compressed region (SFI's "Reorg") and the
+  attention really reads only it.
+
+The Selector's hyper-parameters come from a preset (`preset=paper`: the paper's λ_clip 0.02, α_soft
+0.5, α_cross 0.35 and the repository's values for what the paper leaves out; `preset=repo`: the
+reference repository's defaults), with `lambda_clip`, `alpha_soft`, `alpha_cross` overridable; the
+run records all of them. `budget` = sinks + recent + k; `budget_frac` sets it per generation as a
+fraction of the context (k = the rest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from core.types import HarnessError
+from kv_policies.base import KVPolicy, check_backend, check_budget_frac
+from kv_policies.sfi_selector import PAPER, REPO, SelectorConfig, sfi_select
+
+PRESETS = {"paper": PAPER, "repo": REPO}
+
+
+def _nonneg_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HarnessError(f"kv=sfi: {name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class SFI(KVPolicy):
+    name = "sfi"
+
+    def __init__(
+        self,
+        k: int = 2048,
+        sinks: int = 4,
+        recent: int = 256,
+        window: int = 16,
+        preset: str = "paper",
+        lambda_clip: float | None = None,
+        alpha_soft: float | None = None,
+        alpha_cross: float | None = None,
+        backend: str = "dense",
+        budget_frac: float | None = None,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise HarnessError(
+                f"kv=sfi: k (entries selected per KV head) must be a positive integer, got {k!r}"
+            )
+        self.sinks, self.recent = _nonneg_int("sinks", sinks), _nonneg_int("recent", recent)
+        self.window = _nonneg_int("window", window)
+        if preset not in PRESETS:
+            raise HarnessError(f"kv=sfi: preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+        overrides = {"lambda_clip": lambda_clip, "alpha_soft": alpha_soft, "alpha_cross": alpha_cross}
+        try:
+            self.selector = dataclasses.replace(
+                PRESETS[preset], **{n: float(v) for n, v in overrides.items() if v is not None}
+            )
+        except (TypeError, ValueError):
+            raise HarnessError(
+                f"kv=sfi: lambda_clip / alpha_soft / alpha_cross must be numbers, got {overrides}"
+            ) from None
+        except HarnessError as exc:
+            raise HarnessError(f"kv=sfi: {exc}") from None
+        self.preset = preset
+        self.set_budget(self.sinks + self.recent + k)
+        self.budget_frac = check_budget_frac(self.name, budget_frac)
+        self.backend = check_backend(self.name, backend)
+        self.slow = False
+        self._sel: dict[int, torch.Tensor] = {}
+        self._q: dict[int, list[torch.Tensor]] = {}
+        self.prompt_len = 0
+        self.selector_calls = 0
+
+    # --- budget ----------------------------------------------------------------------------------
+    def set_budget(self, budget: int) -> None:
+        self.budget, self.k = budget, budget - self.sinks - self.recent
+
+    def min_budget(self) -> int:
+        return self.sinks + self.recent + 1
+
+    def params(self) -> dict:
+        return {
+            "k": self.k,
+            "sinks": self.sinks,
+            "recent": self.recent,
+            "window": self.window,
+            "preset": self.preset,
+            "budget_frac": self.budget_frac,
+            "backend": self.backend,
+            **{
+                f"selector.{f.name}": getattr(self.selector, f.name)
+                for f in dataclasses.fields(SelectorConfig)
+            },
+        }
+
+    def reset(self, prompt_len: int, context_len: int | None = None) -> None:
+        self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
+        self._sel, self._q = {}, {}
+        super().reset(prompt_len, context_len)
+
+    # --- slow steps: the Selector ------------------------------------------------------------------
+    def begin_slow(self) -> None:
+        """The next forward is a slow (dense) step: its query rows choose the selection again."""
+        self.slow = True
+
+    def end_slow(self) -> None:
+        self.slow = False
+
+    def candidates(self, length: int) -> torch.Tensor:
+        """Logical positions J the Selector chooses from in a cache of `length` committed entries."""
+        return torch.arange(self.sinks, max(length - self.recent, self.sinks))
+
+    @torch.inference_mode()
+    def choose(self, layer: int, q: torch.Tensor, length: int) -> None:
+        """Select `k` of the candidates per KV head from the exact logits of query rows `q [H, n, d]`."""
+        eng = self.engine
+        j = self.candidates(length).to(eng.device)
+        if j.numel() == 0:
+            self._sel[layer] = j.new_empty(eng.cache.n_kv_heads, 0)
+            return
+        keys = self.gather_keys(layer, eng.cache.k[layer, :, :length], j).float()  # [hkv, M, d]
+        hkv, _, d = keys.shape
+        h, n, _ = q.shape
+        rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
+        logits = rows @ keys.transpose(1, 2) * eng.scale
+        result = sfi_select(logits, keys.norm(dim=-1), j, self.k, self.selector)
+        self._sel[layer] = j[result.selected]
+        self.selector_calls += 1
+
+    def observe(self, layer: int, q: torch.Tensor) -> None:
+        if self.slow:
+            self.choose(layer, q, self.engine.cache.length)
+
+    def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
+        first = self.prompt_len - self.window  # the first window query's position
+        lo = max(first - cache_len, 0)
+        if self.window and lo < q.shape[1]:
+            self._q.setdefault(layer, []).append(q[:, lo:].clone())
+
+    def after_prefill(self, engine: Any) -> None:
+        for layer, parts in self._q.items():
+            self.choose(layer, torch.cat(parts, dim=1), engine.length)
+        self._q = {}
+
+    # --- fast steps ----------------------------------------------------------------------------------
+    def keeps_all(self, layer: int, cache_len: int) -> bool:
+        return cache_len <= self.budget
+
+    @torch.inference_mode()
+    def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
+        hkv = k_cache.shape[0]
+        sel = torch.zeros(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
+        sel[:, : self.sinks] = True
+        sel[:, max(cache_len - self.recent, 0) :] = True
+        chosen = self._sel.get(layer)
+        if chosen is not None and chosen.numel():
+            sel.scatter_(1, chosen.clamp(max=cache_len - 1).to(sel.device), True)
+        return sel

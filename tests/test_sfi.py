@@ -1,0 +1,161 @@
+"""SFI (kv=sfi + decoder=sfi): the slow/fast schedule, the sparse set a fast step sees, the Selector
+fed with the slow step's exact logits, equality with dense decoding where nothing is sparse, the
+sliced backend equal to the dense reference, boundary tokens from a tokenizer, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.tokenizer import ByteTokenizer
+from core.types import Counts, HarnessError
+from decoders.sfi import TRIGGERS, SlowFast, trigger_ids
+from decoders.vanilla import Vanilla
+from kv_policies.sfi import SFI
+from kv_policies.sfi_selector import PAPER, sfi_select
+from tests.test_lossless_lookahead import varied_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N_NEW = 40
+BYTE_TRIGGERS = frozenset(ord(c) for c in TRIGGERS)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    prompts = [p for p in varied_prompts(10, seed=11) if len(p) > 40][:4] + [list(b"Hello world. " * 8)]
+    return eng, [(p, Vanilla(eng).generate(p, N_NEW, set(), Counts())) for p in prompts]
+
+
+def test_equals_dense_decoding_when_nothing_is_sparse(setup):
+    """k at least the context: every step (slow or fast) sees the whole cache."""
+    eng, cases = setup
+    for prompt, ref in cases:
+        dec = SlowFast(eng, kv=SFI(k=400, sinks=2, recent=8), trigger_token_ids=BYTE_TRIGGERS)
+        assert dec.generate(prompt, N_NEW, set(), Counts()) == ref
+    every = frozenset(range(260))  # every token triggers: every step is slow (dense)
+    for prompt, ref in cases:
+        counts = Counts()
+        dec = SlowFast(eng, kv=SFI(k=4, sinks=2, recent=4), trigger_token_ids=every)
+        assert dec.generate(prompt, N_NEW, set(), counts) == ref
+        assert counts.slow_steps == counts.forwards == N_NEW - 1
+
+
+def test_slow_fast_schedule(setup):
+    """Slow: the first decode step, after a boundary token, after t_max fast steps; otherwise fast."""
+    eng, cases = setup
+    for t_max in (1, 3, 64):
+        for prompt, _ in cases:
+            counts = Counts()
+            dec = SlowFast(eng, kv=SFI(k=8, sinks=2, recent=8), t_max=t_max, trigger_token_ids=BYTE_TRIGGERS)
+            out = dec.generate(prompt, N_NEW, set(), counts)
+            expect, since = 0, 0
+            for step, tok in enumerate(out[:-1]):  # step s feeds out[s]; the last token is never fed
+                slow = step == 0 or tok in BYTE_TRIGGERS or since >= t_max
+                expect += slow
+                since = 0 if slow else since + 1
+            assert counts.slow_steps == expect
+            if t_max == 64 and not BYTE_TRIGGERS & set(out[:-1]):
+                assert counts.slow_steps == 1
+
+
+def test_fast_steps_see_sinks_recent_and_the_selection(setup):
+    eng, cases = setup
+    prompt = cases[0][0]
+    kv = SFI(k=5, sinks=2, recent=6, window=3)
+    kv.attach(eng)
+    kv.reset(len(prompt), len(prompt) + 4)
+    eng.reset(len(prompt) + 4)
+    eng.prefill(prompt, hooks=kv.prefill_hooks())
+    kv.after_prefill(eng)
+    n = eng.length
+    for layer in range(eng.cache.n_layers):
+        sel = kv.select(layer, torch.zeros(1), eng.cache.k[layer, :, :n], n)
+        chosen = kv._sel[layer]
+        assert chosen.shape == (eng.cache.n_kv_heads, 5)
+        for h in range(eng.cache.n_kv_heads):
+            want = set(range(2)) | set(range(n - 6, n)) | set(chosen[h].tolist())
+            assert set(sel[h].nonzero().squeeze(1).tolist()) == want
+            assert all(2 <= p < n - 6 for p in chosen[h].tolist())  # chosen among the candidates
+
+
+def test_slow_step_selector_sees_the_exact_logits(setup):
+    """A slow step's selection equals sfi_select on q.k / sqrt(d) computed by hand from the cache."""
+    eng, cases = setup
+    prompt = cases[1][0]
+    kv = SFI(k=6, sinks=2, recent=5, window=2)
+    kv.attach(eng)
+    kv.reset(len(prompt), len(prompt) + 4)
+    eng.reset(len(prompt) + 4)
+    eng.prefill(prompt, hooks=kv.prefill_hooks())
+    kv.after_prefill(eng)
+    n = eng.length
+    torch.manual_seed(0)
+    q = torch.randn(eng.w.n_heads, 1, eng.w.head_dim)
+    kv.begin_slow()
+    kv.observe(1, q)
+    kv.end_slow()
+    j = torch.arange(2, n - 5)
+    keys = eng.cache.k[1, :, 2 : n - 5].float()
+    hkv = keys.shape[0]
+    logits = q.reshape(hkv, -1, q.shape[-1]) @ keys.transpose(1, 2) * eng.scale
+    want = j[sfi_select(logits, keys.norm(dim=-1), j, 6, PAPER).selected]
+    assert torch.equal(kv._sel[1], want)
+
+
+def test_sliced_backend_equals_the_dense_reference(setup):
+    eng, cases = setup
+    for prompt, _ in cases:
+        dense = SlowFast(eng, kv=SFI(k=6, sinks=2, recent=6), t_max=4, trigger_token_ids=BYTE_TRIGGERS)
+        sliced = SlowFast(
+            eng, kv=SFI(k=6, sinks=2, recent=6, backend="sliced"), t_max=4, trigger_token_ids=BYTE_TRIGGERS
+        )
+        c1, c2 = Counts(), Counts()
+        assert dense.generate(prompt, N_NEW, set(), c1) == sliced.generate(prompt, N_NEW, set(), c2)
+        assert c1.kv_activity.restricted_frac > 0 and c1.slow_steps == c2.slow_steps
+
+
+def test_boundary_tokens_from_a_tokenizer():
+    assert trigger_ids(ByteTokenizer()) == BYTE_TRIGGERS
+
+    class Tok:
+        vocab = ["a", ". ", ".a", "?\n", " x!", "\n", ";\t", "end"]
+
+        def get_vocab(self):
+            return {t: i for i, t in enumerate(self.vocab)}
+
+        def batch_decode(self, ids):
+            return [self.vocab[i[0]] for i in ids]
+
+    assert trigger_ids(Tok()) == {1, 3, 4, 5, 6}
+    assert trigger_ids(Tok(), ("x",)) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"k": 0}, "k \\(entries selected per KV head\\) must be a positive integer"),
+        ({"sinks": -1}, "sinks must be a non-negative integer"),
+        ({"recent": -2}, "recent must be a non-negative integer"),
+        ({"window": -1}, "window must be a non-negative integer"),
+        ({"lambda_clip": 1.5}, "lambda_clip must be in \\[0, 1\\]"),
+        ({"alpha_cross": -0.1}, "alpha_cross must be"),
+        ({"preset": "nope"}, "preset must be one of paper, repo"),
+    ],
+)
+def test_bad_policy_input_is_one_clear_error(kwargs, message):
+    with pytest.raises(HarnessError, match=message):
+        SFI(**kwargs)
+
+
+def test_bad_decoder_input_is_one_clear_error(setup):
+    eng = setup[0]
+    with pytest.raises(HarnessError, match="triggers must be a non-empty list"):
+        SlowFast(eng, kv=SFI(), triggers=[], tokenizer=ByteTokenizer())
+    with pytest.raises(HarnessError, match="no token of the vocabulary ends with"):
+        SlowFast(eng, kv=SFI(), triggers=["\u00a7"], tokenizer=ByteTokenizer())
+    with pytest.raises(HarnessError, match="t_max must be a positive integer"):
+        SlowFast(eng, kv=SFI(), t_max=0, tokenizer=ByteTokenizer())
+    with pytest.raises(HarnessError, match="decoder=sfi needs kv=sfi"):
+        SlowFast(eng, tokenizer=ByteTokenizer())
