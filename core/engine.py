@@ -133,8 +133,11 @@ class Engine:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_all, v_all = cache.write(li, k, v)
-            for hook in hooks:
-                hook(li, q, k_all, cache_len)
+            for hook in hooks:  # a hook with `wants_input` also gets the layer's attention input x
+                if getattr(hook, "wants_input", False):
+                    hook(li, q, k_all, cache_len, x)
+                else:
+                    hook(li, q, k_all, cache_len)
             o = view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
             h = h + self._lin(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
             x = layer.ln2(h)

@@ -119,6 +119,11 @@ def rope_cos_sin(model: torch.nn.Module, position_ids: torch.Tensor, dtype: torc
     return cos[0], sin[0]
 
 
+def attention_module(model: torch.nn.Module, layer: int) -> torch.nn.Module:
+    """The HF attention module of `layer` (kvpress presses read its projections and config)."""
+    return model.model.layers[layer].self_attn
+
+
 def strip_gguf_quantization(model: torch.nn.Module) -> None:
     """A GGUF-loaded model refuses `save_pretrained`; drop the quantizer markers (weights are float)."""
     model.hf_quantizer = None

