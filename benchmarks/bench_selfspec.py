@@ -2,7 +2,7 @@
 contexts, with SmolLM2-135M (one run, one table per context length).
 
     flock /tmp/harness-bench.lock python -m benchmarks.bench_selfspec \\
-        [--contexts 4096 7168] [--prompts 2] [--new 64] [--budget-frac 0.05] [--draft-layers 4]
+        [--contexts 4096 7168] [--prompts 2] [--new 64] [--budget-frac 0.05] [--draft-layers 4] [--repeats 2]
 
 Methods, all lossless (`exact` = outputs identical to vanilla's, fp32):
 - vanilla (kv=full), the baseline;
@@ -24,12 +24,15 @@ of both, a forward's cost here is neither (2-core CPU: compute-bound multi-row b
 
 Protocol: prompts are the pg19 task's offline stand-in (Paul Graham essays) cut to exactly each
 context length; one untimed warm-up per method; per prompt every method runs in turn; decode time
-starts when the prefill (and TriForce's draft prefill) is done.
+starts when the prefill (and TriForce's draft prefill) is done. `--repeats R` (default 2) measures the
+prompt set R times: the table pools them, the last column gives each method's speedup per repeat as
+median [min-max], so this shared machine's noise can be told from a difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +102,12 @@ def measure(dec: BaseDecoder, prompt: list[int], new: int) -> tuple[list[int], C
     return out, counts, time.perf_counter() - stamp[0]
 
 
+def spread(base: list[float], method: list[float]) -> str:
+    """Median [min-max] over the repeats of vanilla's decode time / the method's."""
+    ratios = sorted(b / m for b, m in zip(base, method))
+    return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 7168])
@@ -107,6 +116,7 @@ def main() -> None:
     ap.add_argument("--budget-frac", type=float, default=0.05)
     ap.add_argument("--draft-layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=2, help="measure the prompt set this many times")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,13 +140,15 @@ def main() -> None:
         for make in makers.values():  # warm-up
             make(eng, args.budget_frac).generate(prompts[0][-512:], 8, set(), Counts())
         tallies = {name: Tally() for name in makers}
-        for prompt in prompts:
+        per_repeat = {name: [0.0] * args.repeats for name in makers}  # decode seconds per repeat
+        for repeat, prompt in ((r, p) for r in range(args.repeats) for p in prompts):
             ref = None
             for name, make in makers.items():
                 out, counts, secs = measure(make(eng, args.budget_frac), prompt, args.new)
                 ref = out if ref is None else ref
                 t = tallies[name]
                 t.decode_s += secs
+                per_repeat[name][repeat] += secs
                 t.tokens += len(out) - 1
                 t.forwards += counts.forwards
                 t.committed += counts.committed
@@ -155,7 +167,7 @@ def main() -> None:
         print(f"context {ctx} tokens (prompt), budget {int(args.budget_frac * (ctx + args.new))} entries")
         print(
             f"{'method':40s} {'speedup':>7s} {'tau':>5s} {'acc':>5s} {'acc_l1':>6s} {'kv MB/tok':>9s} "
-            f"{'pred_kv':>7s} {'pred_bw':>7s} {'tok/s':>6s} exact"
+            f"{'pred_kv':>7s} {'pred_bw':>7s} {'tok/s':>6s} exact  speedup per repeat: median [min-max]"
         )
         for name, t in tallies.items():
             kv_tok = t.kv_entries * per_entry / 2**20 / max(t.tokens, 1)
@@ -166,7 +178,8 @@ def main() -> None:
             print(
                 f"{name:40s} {base.decode_s / t.decode_s:7.2f} {t.committed / max(t.forwards, 1):5.2f} "
                 f"{acc:5.2f} {acc1:6.2f} {kv_tok:9.1f} {base_kv / kv_tok:7.2f} {pred_bw:7.2f} "
-                f"{t.tokens / t.decode_s:6.1f} {t.exact}/{t.runs}"
+                f"{t.tokens / t.decode_s:6.1f} {t.exact}/{t.runs}  "
+                f"{spread(per_repeat['vanilla'], per_repeat[name])}"
             )
         print()
 
