@@ -306,14 +306,14 @@ class KVPolicy:
 
     # --- misc ----------------------------------------------------------------------------------
     def _warn_inactive(self, context: int) -> None:
-        """Warn once per policy object when its budget cannot restrict a generation."""
+        """Warn once per policy object when it cannot restrict a generation."""
         if not self._noted_large:
             self._noted_large = True
-            log.warning(
-                "kv=%s: budget %d cannot restrict a context of %d tokens (prompt + max_new_tokens): "
-                "such generations equal kv=full; kv.budget_frac (e.g. the *_ctx10 presets) gives a budget "
-                "that bites at this scale",
-                self.name,
-                self.budget,
-                context,
-            )
+            log.warning("kv=%s: %s: such generations equal kv=full", self.name, self.inactive_reason(context))
+
+    def inactive_reason(self, context: int) -> str:
+        """Why this policy cannot restrict a generation of `context` tokens (prompt + max_new_tokens)."""
+        return (
+            f"budget {self.budget} cannot restrict a context of {context} tokens (prompt + max_new_tokens); "
+            "kv.budget_frac (e.g. the *_ctx10 presets) gives a budget that bites at this scale"
+        )

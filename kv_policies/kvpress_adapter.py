@@ -18,6 +18,9 @@ How a press is asked, per layer, after the prefill (kvpress hooks the attention 
   positions that come back are the kept ones (so such a press must not score with values: ChunkKV
   wrapping LagKV is refused).
 ThinK prunes key channels, not entries, so it is not a selection and is refused.
+A press with an observation window (SnapKV, PyramidKV, ChunkKV around them: `window_size` queries)
+cannot score a prompt no longer than that window: such a prompt is kept whole, and the run reports the
+policy as having restricted nothing.
 
 `press` names a class exported by kvpress (`SnapKVPress`, `StreamingLLMPress`, `TOVAPress`,
 `ChunkKVPress`, `LagKVPress`, `KnormPress`, `PyramidKVPress`, ...); `press_kwargs` are its constructor
@@ -70,6 +73,15 @@ def make_press(name: str, compression_ratio: float, kwargs: dict | None) -> Any:
         raise HarnessError(f"kv=kvpress press={name}: {exc}") from None
 
 
+def observation_window(press: Any) -> int:
+    """Prompt rows a press reads as queries (its `window_size`, or that of the press it wraps); 0 if none."""
+    window = 0
+    while press is not None:
+        window = max(window, int(getattr(press, "window_size", 0) or 0))
+        press = getattr(press, "press", None)
+    return window
+
+
 class KVPress(KVPolicy):
     name = "kvpress"
 
@@ -92,6 +104,12 @@ class KVPress(KVPolicy):
         self.press_name, self.compression_ratio = press, float(compression_ratio)
         self.press_kwargs = dict(press_kwargs or {})
         self.press = make_press(press, self.compression_ratio, self.press_kwargs)
+        self.window = observation_window(self.press)
+        if context_rows <= self.window:
+            raise HarnessError(
+                f"kv=kvpress: context_rows ({context_rows}) must exceed the press's observation window "
+                f"({self.window} rows)"
+            )
         self.context_rows = context_rows
         self.backend = check_backend(self.name, backend)
         self.budget = None
@@ -109,7 +127,15 @@ class KVPress(KVPolicy):
         }
 
     def can_restrict(self, prompt_len: int, context: int) -> bool:
-        return self.compression_ratio > 0
+        return self.compression_ratio > 0 and prompt_len > self.window
+
+    def inactive_reason(self, context: int) -> str:
+        return (
+            f"press {self.press_name} cannot score a prompt of {self.prompt_len} tokens "
+            f"(its observation window is {self.window})"
+            if self.compression_ratio > 0
+            else "compression_ratio 0 removes nothing"
+        )
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self._x, self._keep = prompt_len, {}, {}
@@ -128,8 +154,8 @@ class KVPress(KVPolicy):
     @torch.inference_mode()
     def after_prefill(self, engine: Any) -> None:
         n = engine.length
-        if self.compression_ratio == 0 or n < 2:
-            return
+        if self.compression_ratio == 0 or n < 2 or n <= self.window:
+            return  # nothing to compress, or a prompt the press cannot score: kept whole
         rows = min(self.context_rows, n)
         pos = torch.arange(n - rows, n, device=engine.device)
         cos, sin = rope_cos_sin(engine.model, pos, engine.dtype)

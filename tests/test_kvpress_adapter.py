@@ -103,3 +103,20 @@ def test_bad_press_input_is_one_clear_error():
         build_policy("kvpress", compression_ratio=1.0)
     with pytest.raises(HarnessError, match="cannot wrap LagKVPress"):
         build_policy("kvpress", press="ChunkKVPress", press_kwargs={"press": "LagKVPress"})
+    with pytest.raises(HarnessError, match="context_rows \\(64\\) must exceed the press's observation window"):
+        build_policy("kvpress", press="SnapKVPress", context_rows=64)
+
+
+@pytest.mark.parametrize(
+    ("press", "kwargs"), [("SnapKVPress", {}), ("ChunkKVPress", {"press": "SnapKVPress", "chunk_length": 4})]
+)
+def test_prompt_within_the_observation_window_is_kept_whole(tiny_lm, press, kwargs):
+    """SnapKV scores with its last 64 prompt queries: a prompt of <= 64 tokens cannot be scored, so it is
+    kept whole and the run says the policy restricted nothing (kvpress itself asserts)."""
+    eng = Engine(tiny_lm.model)
+    kv = build_policy("kvpress", press=press, press_kwargs=kwargs)
+    assert kv.window == 64 and not kv.can_restrict(64, 80) and kv.can_restrict(65, 80)
+    counts = Counts()
+    out = Vanilla(eng, kv=kv).generate(PROMPT[:64], 8, set(), counts)
+    assert out == Vanilla(eng).generate(PROMPT[:64], 8, set(), Counts())
+    assert counts.kv_activity.restricted_frac == 0.0 and not kv._keep

@@ -79,6 +79,12 @@ def project_policies() -> list[tuple[str, object]]:
         for key, small in (("budget", 16), ("sink", 2), ("page_size", 4), ("window", 4), ("recent", 8)):
             if key in cfg:
                 cfg[key] = small
+        if "press_kwargs" in cfg:  # kvpress: an observation window shorter than the test prompts
+            small_window = {"window_size": 4}
+            if "chunk_length" in cfg.press_kwargs:
+                cfg.press_kwargs.update(chunk_length=4, inner_kwargs=small_window)
+            else:
+                cfg.press_kwargs.update(small_window)
         out.append((path.stem, lambda cfg=cfg: instantiate(cfg)))
         if "backend" in cfg:  # the compressed-region layout too (sliced: no compile; flex: see below)
             sliced = OmegaConf.merge(cfg, {"backend": "sliced"})

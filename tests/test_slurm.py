@@ -14,6 +14,9 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Samples per job: enough that a job still has work when it is cancelled (a tiny-model sample takes
+# about a second, and scancel's SIGKILL follows its SIGTERM only after KillWait).
+N_SAMPLES = 24
 
 
 def _slurm_idle() -> str | None:
@@ -41,7 +44,7 @@ def _sweep(tmp: Path) -> subprocess.Popen:
         "cluster=cpu",
         "model=tiny_llama",
         "task._target_=tests.fake_task.FakeTask",
-        "+task.n=6",
+        f"+task.n={N_SAMPLES}",
         "+task.ignore_eos=true",
         "run.limit=null",
         "run.max_new_tokens=1200",
@@ -99,14 +102,14 @@ def test_cancelled_job_resumes_without_lost_or_duplicated_rows(tmp_path):
             first.kill()
     kept = {p.name: p.stat().st_mtime_ns for p in _parts(tmp_path, "vanilla")}
     run_dir = next(tmp_path.glob("runs/*-vanilla-full-*"))
-    assert not (run_dir / "COMPLETE").exists() and len(kept) < 6  # really cut mid-run
+    assert not (run_dir / "COMPLETE").exists() and len(kept) < N_SAMPLES  # really cut mid-run
 
     out, _ = _sweep(tmp_path).communicate(timeout=300)
     runs = sorted(tmp_path.glob("runs/*-full-*"))
     assert len(runs) == 2 and all((r / "COMPLETE").exists() for r in runs), out[-3000:]
     for r in runs:
         samples = pd.read_parquet(r / "samples.parquet")
-        assert len(samples) == 12 and not samples.duplicated(["sample_id", "turn"]).any()
+        assert len(samples) == 2 * N_SAMPLES and not samples.duplicated(["sample_id", "turn"]).any()
         assert samples["error"].isna().all()
     now = {p.name: p.stat().st_mtime_ns for p in _parts(tmp_path, "vanilla")}
     assert all(now[name] == mtime for name, mtime in kept.items())  # resumed, not redone
