@@ -103,7 +103,7 @@ def test_bad_press_input_is_one_clear_error():
         build_policy("kvpress", compression_ratio=1.0)
     with pytest.raises(HarnessError, match="cannot wrap LagKVPress"):
         build_policy("kvpress", press="ChunkKVPress", press_kwargs={"press": "LagKVPress"})
-    with pytest.raises(HarnessError, match="context_rows \\(64\\) must exceed the press's observation window"):
+    with pytest.raises(HarnessError, match=r"context_rows \(64\) must exceed the press.s observation"):
         build_policy("kvpress", press="SnapKVPress", context_rows=64)
 
 
