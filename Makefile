@@ -33,7 +33,9 @@ paper:           ## results/paper/REPORT.md (+ figures) from the committed recor
 
 RECORDS := run.out_dir=results/paper/records
 CPU_T10 := run.limit=2 run.max_new_tokens=64 model.dtype=float32
+FAFO_CPU := fafo_baselines fafo_table1 fafo_table12 fafo_table11 fafo_figure1 fafo_figure1_lookahead fafo_table2
 paper-runs:      ## the CPU-scale runs behind the report (resumable: complete runs are skipped), one job at a time
+	for e in $(FAFO_CPU); do $(PY) run.py -m experiment=$$e scale=cpu $(RECORDS) || exit 1; done
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(RECORDS)
 	for e in triforce_table1_cpu triforce_table8a_cpu triforce_table8b_cpu triforce_figure6a_cpu \
 	  triforce_figure6b_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done

@@ -125,6 +125,18 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(out) if out else pd.DataFrame(columns=columns)
 
 
+def scale_label(samples: pd.DataFrame) -> str:
+    """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml)."""
+    scales = sorted({str(v) for v in samples["scale"].dropna()}) if "scale" in samples.columns else []
+    other = [s for s in scales if s not in ("paper", "unknown")]
+    if not other:
+        return ""
+    return (
+        f"scale={', '.join(other)}: NOT the paper's setting (conf/scale/{other[0]}.yaml: fewer samples and "
+        "tokens, KV budgets as a fraction of each context). "
+    )
+
+
 def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None) -> str:
     """Names our one setup (`one_setup` has refused anything else) and the code version(s)."""
     df = one_setup(samples) if len(samples) else samples
@@ -135,7 +147,7 @@ def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | 
 
     held = f" Held fixed: {', '.join(f'{k}={v}' for k, v in fixed.items())}." if fixed else ""
     return (
-        f"FAFO {title}. Ours: {name('model')} ({name('dtype')}) on {name('device_name')}, "
+        f"FAFO {title}. {scale_label(df)}Ours: {name('model')} ({name('dtype')}) on {name('device_name')}, "
         f"{name('threads')} threads, code {name('git_sha')}; paper: {paper_model}, {PAPER_ENV}. "
         f"Same protocol, other scale: compare shapes and orderings, not absolute numbers. Speedup = "
         f"vanilla wall / method wall, same (sample, turn) set.{held}"

@@ -49,6 +49,7 @@ def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.Da
         run.update(_flatten("task", run.get("task_params")))
         run.setdefault("draft", "none")  # runs recorded before the draft group existed
         run.setdefault("experiment", "")  # the experiment file that started the run ("" = none)
+        run.setdefault("scale", "paper")  # runs recorded before conf/scale/ existed
         run.setdefault("linear", "aten")  # runs recorded before run.linear existed
         run["path"] = str(path.parent)
         rows.append(run)

@@ -34,6 +34,7 @@ SETUP = [
     "prefill_chunk",
     "seed",
     "sampling",
+    "scale",  # paper | cpu (conf/scale/): a CPU-sized slice is never compared with the paper protocol
 ]
 # what a method and its baseline must share
 ENV = [*SETUP, "task", "task_params", "task_version", "max_new_tokens", "sample_set"]

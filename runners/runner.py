@@ -144,7 +144,8 @@ class Runner:
             self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler, **extra)
         except (ValueError, TypeError) as exc:
             raise HarnessError(f"decoder: {exc}") from None
-        self.task: Task = build(cfg.task, "task", limit=limit)
+        stratify = bool(run.get("stratify", False))
+        self.task: Task = build(cfg.task, "task", limit=limit, stratify=stratify)
         if run.max_new_tokens is not None:
             max_new = run.max_new_tokens
             if isinstance(max_new, bool) or not isinstance(max_new, int):
@@ -191,6 +192,8 @@ class Runner:
             "seed": int(run.seed),
             "sampling": _params(cfg.sampling),
         }
+        if stratify:  # absent = the first `limit` samples (keeps earlier runs' ids)
+            self.identity["stratify"] = True
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         self.code_version = provenance.git_sha(REPO)
@@ -471,6 +474,7 @@ class Runner:
             "limit": self.task.limit,
             "sample_set": self.sample_set,
             "experiment": str((self.cfg.get("choices") or {}).get("experiment") or ""),
+            "scale": str(OmegaConf.select(self.cfg, "scale.name", default="paper")),
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(self.cfg.run.seed),
             "sampling": json.dumps(self.identity["sampling"]),

@@ -32,6 +32,22 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(ids)
 
 
+def stratified(samples: list[Sample], limit: int) -> list[Sample]:
+    """`limit` samples taken round-robin over the categories (in order of first appearance), each
+    category's own first ones first; returned in task order. One category = the first `limit`."""
+    by_cat: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_cat.setdefault(s.category, []).append(s)
+    picked: set[int] = set()
+    depth = 0
+    while len(picked) < min(limit, len(samples)):
+        for group in by_cat.values():
+            if depth < len(group) and len(picked) < limit:
+                picked.add(id(group[depth]))
+        depth += 1
+    return [s for s in samples if id(s) in picked]
+
+
 class Task:
     name: ClassVar[str] = "task"
     version: ClassVar[str] = "0"
@@ -43,9 +59,11 @@ class Task:
         data_path: str | None = None,
         source: str = "auto",
         system_prompt: str | None = None,
+        stratify: bool = False,
         **_: Any,
     ) -> None:
         self.limit = limit
+        self.stratify = stratify  # limit takes samples round-robin over categories (task order kept)
         self.max_new_tokens = max_new_tokens
         self.data_path = data_path
         self.source = source  # auto | package | local | hub
@@ -56,7 +74,9 @@ class Task:
         samples = self._load()
         if not samples:
             raise HarnessError(f"task {self.name}: no samples loaded")
-        return samples[: self.limit] if self.limit else samples
+        if not self.limit:
+            return samples
+        return stratified(samples, self.limit) if self.stratify else samples[: self.limit]
 
     def _load(self) -> list[Sample]:
         raise NotImplementedError

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-GROUPS = ["model", "draft", "decoder", "kv", "task", "launcher", "experiment", "debug"]
+GROUPS = ["model", "draft", "decoder", "kv", "task", "launcher", "experiment", "scale", "debug"]
 OPTIONS = [
     (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")) if not p.stem.endswith(".example")
 ]
@@ -99,3 +99,21 @@ def test_draft_option_builds(option, tiny_lm):
     draft = build_draft(cfg.draft, tiny_lm, eng)
     decoder = instantiate(cfg.decoder)(engine=eng, kv=instantiate(cfg.kv), draft=draft)
     assert decoder.lossless and (draft is None) == (option == "none")
+
+
+def test_scale_cpu_slices_any_experiment_and_says_so():
+    """scale=cpu overrides the experiment's sample count and budgets (not its sweep), is recorded by
+    name, and leaves the paper protocol untouched by default; explicit budget fractions still win."""
+    from omegaconf import OmegaConf
+
+    paper = _compose("experiment=fafo_table11")
+    cpu = _compose("experiment=fafo_table11", "scale=cpu")
+    assert paper.scale.name == "paper" and paper.run.limit is None and paper.run.max_new_tokens is None
+    assert OmegaConf.to_container(paper.kv, resolve=True)["budget_frac"] is None
+    assert cpu.scale.name == "cpu" and cpu.run.limit == 8 and cpu.run.stratify
+    assert cpu.run.max_new_tokens == 64
+    assert cpu.model.dtype == "float32" and OmegaConf.to_container(cpu.kv, resolve=True)["budget_frac"] == 0.1
+    assert cpu.hydra.sweeper.params["decoder.k"] == "4,5,6,7,8,9"
+    explicit = _compose("experiment=triforce_table8a_cpu", "scale=cpu")
+    assert OmegaConf.to_container(explicit.kv, resolve=True)["budget_frac"] == 0.034
+    assert _compose("scale=cpu", "run.limit=2").run.limit == 2  # the command line wins

@@ -164,3 +164,17 @@ def test_engine_linear_choice(tmp_path):
         Runner(make_cfg(tmp_path, "run.linear=fast"))
     with pytest.raises(HarnessError, match="needs an fp32 model"):
         Runner(make_cfg(tmp_path, "model.dtype=bfloat16", "run.linear=onednn"))
+
+
+def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
+    """A scale=cpu run records scale=cpu, resolves the preset's KV budget fraction into its identity
+    and takes its samples round-robin over categories: never the same run id as the paper protocol."""
+    common = ("+task.n=4", "run.limit=2", "kv=streaming", "kv.budget=8")
+    paper = Runner(make_cfg(tmp_path, *common))
+    cpu = Runner(make_cfg(tmp_path, "scale=cpu", *common))
+    assert paper.run_id != cpu.run_id and cpu.identity["stratify"] and "stratify" not in paper.identity
+    assert paper.identity["kv_params"]["budget_frac"] is None
+    assert cpu.identity["kv_params"]["budget_frac"] == 0.1
+    runs = pd.read_parquet(cpu.run() / "runs.parquet")
+    assert runs.loc[0, "scale"] == "cpu" and runs.loc[0, "dtype"] == "float32"
+    assert pd.read_parquet(paper.run() / "runs.parquet").loc[0, "scale"] == "paper"

@@ -286,3 +286,22 @@ def test_every_task_config_instantiates(offline_hub: None) -> None:
         else:
             assert len(samples) == 1, path
             assert task.n_turns(samples[0]) == len(samples[0].turns), path  # no attribute shadows a method
+
+
+def test_stratified_limit_takes_categories_round_robin() -> None:
+    from core.types import Sample
+    from tasks.base import stratified
+
+    samples = [Sample(f"{c}{i}", ["q"], c) for c in "abc" for i in range(3)]  # a0 a1 a2 b0 ... c2
+    assert [s.sample_id for s in stratified(samples, 3)] == ["a0", "b0", "c0"]
+    assert [s.sample_id for s in stratified(samples, 5)] == ["a0", "a1", "b0", "b1", "c0"]
+    assert stratified(samples, 20) == samples
+    uneven = [Sample("a0", ["q"], "a"), *[Sample(f"b{i}", ["q"], "b") for i in range(4)]]
+    assert [s.sample_id for s in stratified(uneven, 4)] == ["a0", "b0", "b1", "b2"]
+
+
+def test_mtbench_stratified_eight_is_one_per_category() -> None:
+    from tasks.mtbench import MTBench
+
+    samples = MTBench(limit=8, stratify=True, source="package").load()
+    assert len({s.category for s in samples}) == 8
