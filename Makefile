@@ -25,7 +25,7 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 	  tests/test_lossless_triforce.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec; do \
+	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
@@ -36,12 +36,15 @@ CPU_T10 := run.limit=2 run.max_new_tokens=64 model.dtype=float32
 FAFO_CPU := fafo_baselines fafo_table1 fafo_table12 fafo_table11 fafo_figure1 fafo_figure1_lookahead fafo_table2
 paper-runs:      ## the CPU-scale runs behind the report (resumable: complete runs are skipped), one job at a time
 	for e in $(FAFO_CPU); do $(PY) run.py -m experiment=$$e scale=cpu $(RECORDS) || exit 1; done
+	$(PY) run.py -m experiment=fafo_baselines scale=cpu task=multi_if decoder=vanilla $(RECORDS)
+	$(PY) run.py -m experiment=fafo_table13_frac scale=cpu $(RECORDS)
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(RECORDS)
 	for e in triforce_table1_cpu triforce_table8a_cpu triforce_table8b_cpu triforce_figure6a_cpu \
 	  triforce_figure6b_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	for e in fafo_table10_baselines fafo_table10_triforce fafo_table10; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) $(CPU_T10) || exit 1; done
-	for e in sfi_table4_dense_cpu sfi_table4_sfi_cpu sfi_table4_chunkkv_cpu sfi_table4_kvpress_cpu; do \
+	for e in sfi_table4_dense_cpu sfi_table4_sfi_cpu sfi_table4_chunkkv_cpu sfi_table4_kvpress_cpu \
+	  sfi_figure4_dense_cpu sfi_figure4_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	$(PY) -m analysis.paper
 

@@ -65,6 +65,11 @@ def _sfi_table4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
     return sfi.table4(t4, load_table(root, "scores", load_runs(root)))
 
 
+def _sfi_figure4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
+    f4 = from_experiments(s, experiments("sfi_figure4"))
+    return sfi.figure4(f4) if ((f4["decoder"] == "sfi") & (f4["task"] == "pg19")).any() else pd.DataFrame()
+
+
 def _fafo_figure1(s: pd.DataFrame, out: Path) -> pd.DataFrame:
     return fafo.figure1(from_experiments(s, experiments("fafo_")), out / "figures" / "fafo_figure1.png")
 
@@ -86,7 +91,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
     ),
     ("FAFO", "Table 11", _fafo(fafo.table11), "python run.py -m experiment=fafo_table11"),
     ("FAFO", "Table 12", _fafo(fafo.table12), "python run.py -m experiment=fafo_table12"),
-    ("FAFO", "Table 13", _fafo(fafo.table13), "python run.py -m experiment=fafo_table13"),
+    (
+        "FAFO",
+        "Table 13",
+        _fafo(fafo.table13),
+        "python run.py -m experiment=fafo_table13 (scale=cpu: experiment=fafo_table13_frac scale=cpu)",
+    ),
     (
         "FAFO",
         "Figure 1",
@@ -113,6 +123,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         "python run.py -m experiment=sfi_table4_dense_cpu "
         "(and sfi_table4_sfi_cpu, sfi_table4_kvpress_cpu, sfi_table4_chunkkv_cpu)",
     ),
+    (
+        "SFI",
+        "Figure 4",
+        _sfi_figure4,
+        "python run.py -m experiment=sfi_figure4_dense_cpu && python run.py -m experiment=sfi_figure4_cpu",
+    ),
 ]
 
 NOT_REPRODUCED: list[tuple[str, str, str]] = [
@@ -128,9 +144,9 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
      "cannot show; Table 8's kv_bound_speedup column and benchmarks/bench_selfspec give the predicted "
      "speedup in that regime from our counts"),
     ("TriForce", "Table 6", "LWM-Text 256K/512K: models far beyond the embedded model's 8k context"),
-    ("SFI", "Tables 1-3, 5-7, Figure 4", "not yet: the efficiency sweep (1k-7k contexts) and the "
-     "lambda_clip / alpha ablations have no experiment files yet; Tables 1-3 and Figure 4 are vLLM kernels "
-     "and B200 throughput at 8k-128k contexts with Qwen3 models"),
+    ("SFI", "Tables 1-3, 5-7", "not yet: the lambda_clip / alpha ablations (Tables 6-7) have no experiment "
+     "files yet; Tables 1-3 and 5 are vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 "
+     "models (Figure 4's trend is reproduced in shape above)"),
     ("LongSpec", "all tables and figures", "decoder=longspec and its trained draft are not built yet "
      "(issue: LongSpec)"),
 ]  # fmt: skip
@@ -181,6 +197,46 @@ def _setups(samples: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def cost_section(root: Path, bench: Path | None = None) -> list[str]:
+    """Predicted vs measured decode speedup of every run measured where a cost curve was committed
+    (`python -m benchmarks.block_cost`), the roofline GPUs' predictions, and the roofline against
+    the papers' own pairs."""
+    from analysis import cost_model as cm
+
+    parts = ["## Cost model: predicted vs measured speedup", ""]
+    curves = cm.committed_curves(cm.BENCH if bench is None else bench)
+    table = cm.run_predictions(root, curves) if curves else pd.DataFrame()
+    if len(table):
+        table = table[table["predicted_here"].notna()]
+    if table.empty:
+        parts += [
+            "No cost curve of these records' environment is committed: `python -m benchmarks.block_cost`.",
+            "",
+        ]
+    else:
+        off = table[(table["pred_over_measured"] - 1).abs() > 0.15]
+        parts += [
+            "predicted_here = vanilla's 1-row steps / the run's own forwards, both priced on the cost curve "
+            "measured on the runs' device (`benchmarks.block_cost`); measured = paired decode speedup. A "
+            "ratio pred/measured far from 1 is time spent outside forwards (decoder bookkeeping). "
+            f"{len(table) - len(off)} of {len(table)} runs within +-15%. roofline_* = the same blocks "
+            "priced on A100/H100/H200 rooflines (`analysis.cost_model`).",
+            "",
+            markdown(table.sort_values(["experiment", "decoder", "kv"]).reset_index(drop=True)),
+            "",
+        ]
+    pairs = cm.check_pairs(cm.GPUS["A100-80GB"], cm.SHAPES["llama-2-7b"])
+    if len(pairs):
+        parts += [
+            "Roofline check on the papers' own pairs (FAFO Table 2, Llama-2-7b fp16 on an A100): "
+            "predicted = paper tau / roofline cost ratio of the block.",
+            "",
+            markdown(pairs),
+            "",
+        ]
+    return parts
+
+
 def build_report(root: Path, out: Path) -> str:
     """The report's markdown (figures are written under `out/figures`)."""
     from analysis.load import load_samples
@@ -229,6 +285,7 @@ def build_report(root: Path, out: Path) -> str:
             parts += [f"Not made from these records: {why}", ""]
         if not made and not refused:
             parts += [f"No runs yet: `{command}`.", ""]
+    parts += cost_section(root)
     parts += ["## Not reproduced, and why", "", "| paper | table | reason |", "|---|---|---|"]
     parts += [f"| {p} | {t} | {why} |" for p, t, why in NOT_REPRODUCED]
     return "\n".join(parts) + "\n"

@@ -5,6 +5,10 @@
   outputs identical to dense greedy and the median first divergence (the audit), the visible fraction
   of the cache on restricted steps and SFI's slow-step share; beside it the paper's LongBench-V2 average
   for the same method (Qwen3-4B-Instruct-2507). Ours: `experiment=sfi_table4_*_cpu`.
+- `figure4`: decode throughput of SFI against the dense model by context length (the paper's Figure 4
+  shape: the speedup grows with the context), with the visible share and slow-step share per context;
+  the paper's speedups (Qwen3-4B on B200, 8k and 128k) in the caption. Ours: `experiment=sfi_figure4_cpu`
+  and `sfi_figure4_dense_cpu`.
 Tables are made within one setup and one run per cell (`analysis.metrics`); the caption names ours.
 
 python -m analysis.sfi_paper [--root DIR]
@@ -87,6 +91,59 @@ def table4(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = 
     return out
 
 
+def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
+    """Per context length (`task.context_length`): dense and SFI decode tok/s, SFI's paired decode
+    speedup over the dense run of that context, visible share on fast steps, slow-step share, and
+    whether SFI's output equals dense greedy. A context without its dense run has no speedup."""
+    from analysis.metrics import ENV, baseline_of, paired_speedup
+
+    ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
+    df = one_setup(ok[ok["task"] == "pg19"])
+    rows = []
+    for _, group in df.groupby(ENV, sort=False):
+        base = baseline_of(group)
+        sfi = group[group["decoder"] == "sfi"]
+        if sfi.empty:
+            continue
+        check_one_run(sfi, f"SFI at context {sfi['task.context_length'].iloc[0]}")
+        fw = sfi["forwards"].sum()
+        paired = paired_speedup(sfi, base)
+        rows.append(
+            {
+                "context": int(float(sfi["task.context_length"].iloc[0])),
+                "dense_tok_s": float(base["new_tokens"].sum() / base["decode_s"].sum())
+                if base is not None
+                else float("nan"),
+                "sfi_tok_s": float(sfi["new_tokens"].sum() / sfi["decode_s"].sum()),
+                "decode_speedup": paired["decode_speedup"],
+                "visible": float((sfi["visible_frac"] * sfi["forwards"]).sum() / fw) if fw else float("nan"),
+                "slow_share": float(sfi["slow_steps"].sum() / fw) if fw else float("nan"),
+                "match_dense": sfi["matches_vanilla"].dropna().astype(float).mean(),
+                "note": paired["note"],
+            }
+        )
+    out = pd.DataFrame(rows).sort_values("context", ignore_index=True) if rows else pd.DataFrame()
+    paper = pd.read_csv(paper_csv)
+    paper = paper[
+        (paper["table"] == "Fig 4 (text)")
+        & (paper["model"] == "Qwen3-4B-Instruct-2507")
+        & (paper["metric"] == "speedup")
+    ]
+    said = "; ".join(
+        f"{str(s).split('context=')[-1]}: {v:.2f}x" for s, v in zip(paper["setting"], paper["value"])
+    )
+    first = df.iloc[0] if len(df) else {}
+    out.attrs["caption"] = (
+        "SFI Figure 4 in shape (decode throughput vs context). Ours: "
+        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
+        f"code {first.get('git_sha', '?')}, kv=sfi_ctx20 on the sliced backend, offline essays (pg19), batch "
+        "1; decode_speedup = dense decode time / SFI's on the same samples. Paper (Qwen3-4B-Instruct-2507, "
+        f"vLLM on a B200, batch 16, SFI vs full KV): {said}. Same protocol, other scale: compare the "
+        "trend with context, not absolute numbers."
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from analysis.load import load_runs, load_table
     from analysis.summary import default_root
@@ -97,8 +154,13 @@ def main(argv: list[str] | None = None) -> None:
     runs = load_runs(args.root)
     if runs.empty:
         sys.exit(f"error: no complete runs under {args.root}/runs")
-    samples = from_experiments(load_table(args.root, "samples", runs), experiments("sfi_"))
-    samples = samples[samples["task"].astype(str).str.startswith("longbench")]
+    every = from_experiments(load_table(args.root, "samples", runs), experiments("sfi_"))
+    if ((every["decoder"] == "sfi") & (every["task"] == "pg19")).any():
+        try:
+            print(render(figure4(every)) + "\n")
+        except AnalysisError as exc:
+            print(f"error: Figure 4: {exc}", file=sys.stderr)
+    samples = every[every["task"].astype(str).str.startswith("longbench")]
     if samples.empty or not (samples["decoder"] == "sfi").any():
         sys.exit(
             "error: no SFI runs (python run.py -m experiment=sfi_table4_sfi_cpu, and the dense and kvpress "

@@ -59,3 +59,26 @@ def test_benchmark_output_is_written_with_its_environment(tmp_path, monkeypatch,
     with recorded("bench_y"):
         print("x")
     assert not list(tmp_path.glob("*/bench_y.md"))
+
+
+def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkeypatch):
+    import argparse
+
+    from benchmarks import block_cost
+
+    monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path))
+    monkeypatch.setattr(block_cost, "load_model", lambda *a, **k: tiny_lm)
+    args = argparse.Namespace(
+        model="tiny", dtype="float32", device="cpu", linear="aten", threads=1, rows=[1, 3],
+        contexts=[8, 16], reps=1, refresh=False,
+    )  # fmt: skip
+    curve, path, cached = block_cost.curve_for(args, "cpu: Test CPU")
+    assert not cached and path.parent == tmp_path and path.exists()
+    assert len(curve.seconds) == 2 and all(len(line) == 2 and min(line) > 0 for line in curve.seconds)
+    assert curve.model_shape().n_layers == tiny_lm.model.config.num_hidden_layers
+    again, _, cached = block_cost.curve_for(args, "cpu: Test CPU")
+    assert cached and again == curve
+    args.refresh = True
+    assert not block_cost.curve_for(args, "cpu: Test CPU")[2]
+    args.refresh, args.rows = False, [1, 2, 4]  # another grid is measured, not read from the cache
+    assert not block_cost.curve_for(args, "cpu: Test CPU")[2]

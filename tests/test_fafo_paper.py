@@ -128,6 +128,23 @@ def test_table13(samples):
     assert math.isnan(cell(t, "ours_tau", **{"kv.budget": "560"}))
 
 
+def test_table13_budget_fractions_stand_for_the_paper_budgets():
+    """experiment=fafo_table13_frac at scale=cpu: each budget fraction is shown under the paper budget
+    it stands for (fraction x 7600); the config budget (760) of those runs is ignored."""
+    r = rows("vanilla", "full", 4.0, 1.0, "multi_if", scale="cpu")
+    for frac, wall in ((0.0474, 3.0), (0.1789, 2.0)):
+        params = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "kv.budget_frac": frac, "scale": "cpu"}
+        r += rows("fafo", "streaming", wall, 2.0, "multi_if", **params)
+    t = fp.table13(pd.DataFrame(r), task="multi_if")
+    assert cell(t, "ours_speedup", **{"kv.budget": "360"}) == pytest.approx(4.0 / 3.0)
+    assert cell(t, "ours_speedup", **{"kv.budget": "1360"}) == pytest.approx(2.0)
+    assert math.isnan(cell(t, "ours_speedup", **{"kv.budget": "760"}))
+    assert (
+        "kv.budget_frac x 7600" in t.attrs["caption"]
+        and "scale=cpu: NOT the paper's setting" in t.attrs["caption"]
+    )
+
+
 def test_figure1(samples, tmp_path):
     png = tmp_path / "fig1.png"
     t = fp.figure1(samples, png)

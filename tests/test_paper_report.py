@@ -12,7 +12,9 @@ from analysis import paper
 from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 
 
-def write_run(root, run_id: str, decoder: str, kv: str, experiment: str, wall: float, **params) -> None:
+def write_run(
+    root, run_id: str, decoder: str, kv: str, experiment: str, wall: float, steps=(), **params
+) -> None:
     rd = RunDir(root / "runs", run_id)
     rd.path.mkdir(parents=True)
     dec = {"_target_": "x", **{k: v for k, v in params.items() if k.startswith("gamma")}}
@@ -58,11 +60,15 @@ def write_run(root, run_id: str, decoder: str, kv: str, experiment: str, wall: f
             "accepted_l1": 2,
             "kv_read_mb": 100.0 if decoder == "vanilla" else 40.0,
             "matches_vanilla": True,
+            "prompt_tokens": 100,
         }
         for i in range(2)
     ]
     cols = [c for c in SAMPLE_COLUMNS if c in rows[0]]
-    rd.write_sample("all", typed_frame(rows, {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict("records"), [], [])
+    step_rows = [{"run_id": run_id, "sample_id": f"s{i}", "turn": 0, **st} for i in range(2) for st in steps]
+    rd.write_sample(
+        "all", typed_frame(rows, {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict("records"), step_rows, []
+    )
     rd.consolidate()
     rd.mark_complete()
 
@@ -89,3 +95,36 @@ def test_report_from_records(tmp_path):
 def test_no_records_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit, match="error: no records under"):
         paper.main(["--root", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_cost_section_prices_each_run_on_its_environments_curve(tmp_path):
+    """A committed cost curve of the runs' environment: predicted decode speedup beside the measured
+    one, with the +-15% count; without one, the command that makes it."""
+    from analysis.cost_model import CostCurve, cache_name
+
+    root = tmp_path / "records"
+    write_run(root, "v", "vanilla", "full", "", 10.0)
+    steps = [
+        {
+            "step": j,
+            "block_tokens": 8,
+            "drafted": 7,
+            "accepted": 6,
+            "committed": 7,
+            "kv_attended": 0,
+            "draft": False,
+            "draft_model": False,
+        }
+        for j in range(9)
+    ]
+    write_run(root, "m", "pld", "full", "fafo_baselines", 5.0, steps=steps)
+    assert "No cost curve of these records' environment" in "\n".join(paper.cost_section(root, tmp_path))
+    key = {"device": "cpu: test", "model": "smollm2-135m", "dtype": "float32", "linear": "aten", "threads": 2}
+    curve = CostCurve(key, [1, 8], [64, 256], [[1.0, 1.75], [1.0, 1.75]])
+    (tmp_path / "cpu-test").mkdir()
+    (tmp_path / "cpu-test" / cache_name(key)).write_text(curve.to_json())
+    text = "\n".join(paper.cost_section(root, tmp_path))
+    # vanilla: 63 one-row steps (63 s on the curve); pld: 9 forwards of 8 rows (9 x 1.75 s) -> 4.0;
+    # measured decode speedup 9 s / 4 s = 2.25
+    assert "| fafo_baselines | pld | full | pg19 | 3.94 | 2.25 | 4 | 1.78 |" in text
+    assert "0 of 1 runs within +-15%" in text and "FAFO Table 2" in text

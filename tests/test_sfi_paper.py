@@ -59,3 +59,37 @@ def test_table4_scores_and_audit_beside_the_paper():
         sp.table4(
             pd.concat([samples, pd.DataFrame(rows("s2", "sfi", "sfi_ctx20", None, [True, True]))]), scores
         )
+
+
+def test_figure4_speedup_per_context_pairs_with_that_contexts_dense_run():
+    def run(run_id: str, decoder: str, ctx: int, decode_s: float) -> list[dict]:
+        out = []
+        for r in rows(run_id, decoder, "sfi_ctx20" if decoder == "sfi" else "full", None, [True, True]):
+            r.update(
+                {
+                    "task": "pg19",
+                    "task.context_length": ctx,
+                    "task_params": f'{{"context_length": {ctx}}}',
+                    "new_tokens": 64,
+                    "decode_s": decode_s,
+                    "wall_s": decode_s + 1.0,
+                }
+            )
+            out.append(r)
+        return out
+
+    samples = pd.DataFrame(
+        run("d1", "vanilla", 1024, 2.0) + run("s1", "sfi", 1024, 2.5) + run("d7", "vanilla", 7168, 4.0)
+        + run("s7", "sfi", 7168, 2.0) + run("s4", "sfi", 4096, 1.0)
+    )  # fmt: skip
+    t = sp.figure4(samples).set_index("context")
+    assert list(t.index) == [1024, 4096, 7168]
+    assert t.loc[1024, "decode_speedup"] == pytest.approx(0.8) and t.loc[
+        7168, "decode_speedup"
+    ] == pytest.approx(2)
+    assert t.loc[7168, "dense_tok_s"] == pytest.approx(16.0) and t.loc[7168, "sfi_tok_s"] == pytest.approx(
+        32.0
+    )
+    assert pd.isna(t.loc[4096, "decode_speedup"]) and "no vanilla" in t.loc[4096, "note"]
+    assert t.loc[1024, "slow_share"] == pytest.approx(0.3) and t.loc[1024, "visible"] == pytest.approx(0.2)
+    assert "128K: 14.36x" in sp.figure4(samples).attrs["caption"]

@@ -1,0 +1,162 @@
+"""The cost curve t(B, ctx) of this device: one forward of B query rows over a cache of ctx entries,
+measured on a grid, cached per (device, model, dtype, linear, threads), and written as a record.
+
+    flock /tmp/harness-bench.lock python -m benchmarks.block_cost \\
+        [--model smollm2-135m] [--dtype float32] [--linear onednn] [--threads 2] \\
+        [--rows 1 2 4 ... 512] [--contexts 256 1024 4096] [--refresh]
+
+The curve is also written beside the benchmark's output (`results/bench/<device>/<cache name>`), where
+`make paper` finds it. A cached curve (in `~/.cache/draftless-harness/block_cost/`, or
+`$HARNESS_COST_CACHE`; one file per device, model, dtype, linear and threads) is reused unless
+`--refresh`; `python -m analysis.cost_model` turns runs' steps tables into predicted speedups with
+it. Printed beside the measured cost ratios: the roofline model's ratios for the same model on
+A100/H100/H200 (`analysis.cost_model.GPUS`), and the roofline's predictions against the papers' own
+(tau, block, speedup) pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from analysis.cost_model import GPUS, SHAPES, CostCurve, ModelShape, cache_name, check_pairs
+from benchmarks.bench_block_cost import step_seconds
+from core.engine import Engine
+from core.models import load_model
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+CONTEXTS = (256, 1024, 4096)
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "draftless-harness" / "block_cost"
+    return Path(os.environ.get("HARNESS_COST_CACHE", str(default)))
+
+
+def measure(eng: Engine, rows: list[int], contexts: list[int], reps: int) -> list[list[float]]:
+    """Median seconds per forward, [context][rows]; each context is measured twice (the first pass
+    warms the allocator and kernels) and the second pass kept."""
+    grid = []
+    for ctx in contexts:
+        eng.reset(ctx + max(rows) + 1)
+        eng.prefill([100 + i % 1000 for i in range(ctx)])
+        line: list[float] = []
+        for _ in range(2):
+            line = [step_seconds(eng, ctx, b, reps) for b in rows]
+        grid.append(line)
+    return grid
+
+
+def read_bandwidth(mb: int = 1024, reps: int = 5) -> float:
+    """Bytes/s this process reads from memory with its threads: the best of `reps` sums over an
+    `mb`-MB fp32 tensor (a read-bound reduction: every byte read once, nothing written back)."""
+    import time
+
+    x = torch.ones(mb * 2**20 // 4)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Path, bool]:
+    """The cached curve of this environment, or a fresh measurement (then cached)."""
+    key = {
+        "device": device_name,
+        "model": args.model,
+        "dtype": args.dtype,
+        "linear": args.linear,
+        "threads": args.threads,
+    }
+    path = cache_dir() / cache_name(key)
+    if path.exists() and not args.refresh:
+        curve = CostCurve.from_json(path.read_text())
+        if curve.rows == list(args.rows) and curve.contexts == list(args.contexts):
+            return curve, path, True
+    lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
+    eng = Engine(lm.model, linear=args.linear if args.device == "cpu" else "aten")
+    shape = ModelShape.from_hf_config(lm.model.config)
+    seconds = measure(eng, list(args.rows), list(args.contexts), args.reps)
+    curve = CostCurve(key, list(args.rows), list(args.contexts), seconds, shape.__dict__, {"reps": args.reps})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(curve.to_json())
+    tmp.replace(path)
+    return curve, path, False
+
+
+def main(argv: list[str] | None = None) -> None:
+    from benchmarks.output import environment, out_dir
+    from runners.provenance import device_name
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--linear", default="onednn", choices=["aten", "onednn"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
+    ap.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
+    args = ap.parse_args(argv)
+    if sorted(set(args.rows)) != args.rows or args.rows[0] != 1:
+        raise SystemExit("error: --rows must be increasing, distinct and start at 1")
+    if sorted(set(args.contexts)) != args.contexts or args.contexts[0] < 1:
+        raise SystemExit("error: --contexts must be increasing, distinct and positive")
+    torch.set_num_threads(args.threads)
+    dev = device_name(torch.device(args.device))
+    curve, path, cached = curve_for(args, dev)
+    shape = curve.model_shape() or SHAPES.get(args.model)
+    print(
+        f"# block_cost: {args.model} {args.dtype} on {dev} (linear={curve.key['linear']})"
+        f", torch {torch.__version__}; curve {'from the cache' if cached else 'measured now'}: {path}\n"
+    )
+    gpus = list(GPUS)
+    for j, ctx in enumerate(curve.contexts):
+        print(f"cache {ctx} entries: cost of a B-row forward / a 1-row forward (= tau needed to break even)")
+        print("| rows | ms here | here | " + " | ".join(f"{g} (roofline)" for g in gpus) + " |")
+        print("|---:|---:|---:|" + "---:|" * len(gpus))
+        for i, b in enumerate(curve.rows):
+            here = curve.seconds[j][i] / curve.seconds[j][0]
+            roof = (
+                [GPUS[g].seconds(shape, b, ctx) / GPUS[g].seconds(shape, 1, ctx) for g in gpus]
+                if shape
+                else []
+            )
+            cells = " | ".join(f"{r:.2f}" for r in roof)
+            print(f"| {b} | {curve.seconds[j][i] * 1e3:.1f} | {here:.2f} | {cells} |")
+        print()
+    pairs = check_pairs(GPUS["A100-80GB"], SHAPES["llama-2-7b"])
+    if len(pairs):
+        print("Roofline (A100-80GB, Llama-2-7b fp16, ~600-entry cache) vs the papers' own pairs:")
+        print(pairs.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.device == "cpu" and shape is not None:
+        bw = read_bandwidth()
+        nbytes = 4 if args.dtype == "float32" else 2
+        print(f"\nEngine vs this machine's bandwidth limit (memory read at {bw / 1e9:.1f} GB/s now):")
+        print("| cache | weights + KV MB per token | limit ms | 1-row step ms | share of the limit |")
+        print("|---:|---:|---:|---:|---:|")
+        for j, ctx in enumerate(curve.contexts):
+            reads = shape.weight_bytes(nbytes) + ctx * shape.kv_bytes_per_entry(nbytes)
+            limit, step = reads / bw, curve.seconds[j][0]
+            cells = f"{reads / 2**20:.0f} | {limit * 1e3:.1f} | {step * 1e3:.1f} | {limit / step:.0%}"
+            print(f"| {ctx} | {cells} |")
+    env = environment()
+    print(f"\ncpu flags: {', '.join(env['cpu_flags']) or 'none'}")  # type: ignore[arg-type]
+    folder = out_dir(env)
+    if folder is not None:  # the curve itself beside the benchmark output: the analysis reads it
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / cache_name(curve.key)).write_text(curve.to_json())
+
+
+if __name__ == "__main__":
+    from benchmarks.output import recorded
+
+    with recorded("block_cost"):
+        main()
