@@ -306,11 +306,11 @@ def _sweep(
         prose["metric"] = prose["metric"].str.replace("_approx", "")
         prose["approx"] = True  # the prose's "~" values: shown, and marked approximate
         paper = pd.concat([paper.dropna(subset=["value"]), prose], ignore_index=True)
+    mine = ours.loc[ours["method"].isin(methods), param] if param in ours.columns else pd.Series(dtype=str)
     values = sorted(
-        {v for v in paper[f"s.{paper_key}"].dropna()}
-        | (set(ours[param].dropna()) if param in ours.columns else set()),
+        ({v for v in paper[f"s.{paper_key}"].dropna()} | set(mine.dropna())) - {"nan"},
         key=lambda v: float(v),
-    )
+    )  # a run without the swept parameter (another method) adds no column
     keys = [{"method": m, f"s.{paper_key}": v} for m in methods for v in values]
     out = _join_paper(
         ours, keys, paper, {"speedup": "speedup", "tau": "tau"}, {"method": "method", f"s.{paper_key}": param}

@@ -119,6 +119,8 @@ def test_table12_and_prose(samples):
         1.05
     )  # prose
     assert cell(t, "paper_tau", method="FAFO-Quest", **{"decoder.n": "40"}) == pytest.approx(2.19)
+    # Lookahead's runs (no decoder.n) add no "nan" column; the sweep values are in numeric order
+    assert list(t[t["method"] == "FAFO-Stream"]["decoder.n"]) == ["10", "20", "40"]
 
 
 def test_table13(samples):
