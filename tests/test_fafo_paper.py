@@ -147,6 +147,20 @@ def test_table13_budget_fractions_stand_for_the_paper_budgets():
     )
 
 
+def test_orderings_check_the_papers_claims(samples):
+    t = fp.orderings(samples).set_index("claim")
+    row = t.loc["MT-Bench: FAFO-Stream > Lookahead by tau"]
+    assert (row["paper"], row["ours"], row["verdict"]) == ("holds", "holds", "same")
+    assert row["values (ours / paper)"] == "2.50 vs 1.60 / 2.29 vs 1.66"
+    assert t.loc["MT-Bench: FAFO-Stream >= FAFO-Quest by speedup", "verdict"] == "same"
+    assert t.loc["MT-Bench: the k sweep's tau peaks at k=8", "ours"] == "holds"
+    assert t.loc["MT-Bench: the n sweep's tau peaks at n=40", "verdict"] == "same"
+    slow = samples.copy()
+    slow.loc[slow["decoder"] == "fafo", "wall_s"] *= 10  # FAFO slower than Lookahead in wall-clock
+    row = fp.orderings(slow).set_index("claim").loc["MT-Bench: FAFO-Stream > Lookahead by speedup"]
+    assert row["verdict"] == "DIFFERS" and "every row costs compute" in row["why it may differ"]
+
+
 def test_figure1(samples, tmp_path):
     png = tmp_path / "fig1.png"
     t = fp.figure1(samples, png)
