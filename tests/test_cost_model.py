@@ -53,15 +53,12 @@ def test_curve_rejects_a_malformed_grid():
 
 
 def test_model_shape_counts_the_real_weights(tiny_lm):
-    """from_hf_config's layer + head weights equal the model's linear weights (norms aside)."""
+    """from_hf_config's layer + head weights equal the model's linear weights (norms aside; a tied LM
+    head is still one Linear module)."""
     model = tiny_lm.model
     shape = ModelShape.from_hf_config(model.config)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    head_tied = (
-        shape.tied_embeddings and model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    )
-    expected = linear + (shape.head_params if head_tied else 0)
-    assert shape.n_layers * shape.layer_params + shape.head_params == expected
+    assert shape.n_layers * shape.layer_params + shape.head_params == linear
 
 
 def test_smollm2_shape_is_135m_parameters():
