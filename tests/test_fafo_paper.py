@@ -130,6 +130,18 @@ def test_table13(samples):
     assert math.isnan(cell(t, "ours_tau", **{"kv.budget": "560"}))
 
 
+def test_table2_ignores_runs_of_other_tasks(samples):
+    """Table 13's Multi-IF budget sweep (several FAFO-Stream runs) does not make Table 2 pool cells."""
+    extra = [
+        r
+        for frac in (0.05, 0.1)
+        for r in rows("fafo", "streaming", 2.0, 2.0, "multi_if", **{"decoder.k": 6, "decoder.n": 40,
+                                                                    "kv.budget": 760, "kv.budget_frac": frac})
+    ]  # fmt: skip
+    both = pd.concat([samples, pd.DataFrame(extra)], ignore_index=True)
+    assert cell(fp.table2(both), "ours_tau", method="FAFO-Stream", task="MT-Bench") == pytest.approx(2.5)
+
+
 def test_table13_budget_fractions_stand_for_the_paper_budgets():
     """experiment=fafo_table13_frac at scale=cpu: each budget fraction is shown under the paper budget
     it stands for (fraction x 7600); the config budget (760) of those runs is ignored."""
@@ -155,6 +167,7 @@ def test_orderings_check_the_papers_claims(samples):
     assert t.loc["MT-Bench: FAFO-Stream >= FAFO-Quest by speedup", "verdict"] == "same"
     assert t.loc["MT-Bench: the k sweep's tau peaks at k=8", "ours"] == "holds"
     assert t.loc["MT-Bench: the n sweep's tau peaks at n=40", "verdict"] == "same"
+    assert fp.orderings(samples[samples["task"] == "pg19"]).empty  # nothing of ours: no claims shown
     slow = samples.copy()
     slow.loc[slow["decoder"] == "fafo", "wall_s"] *= 10  # FAFO slower than Lookahead in wall-clock
     row = fp.orderings(slow).set_index("claim").loc["MT-Bench: FAFO-Stream > Lookahead by speedup"]
