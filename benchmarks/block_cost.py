@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     ap.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
     args = ap.parse_args(argv)
     if sorted(set(args.rows)) != args.rows or args.rows[0] != 1:
