@@ -44,7 +44,7 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	for e in fafo_table10_baselines fafo_table10_triforce fafo_table10; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) $(CPU_T10) || exit 1; done
 	for e in sfi_table4_dense_cpu sfi_table4_sfi_cpu sfi_table4_chunkkv_cpu sfi_table4_kvpress_cpu \
-	  sfi_figure4_dense_cpu sfi_figure4_cpu; do \
+	  sfi_figure4_dense_cpu sfi_figure4_cpu sfi_table6_cpu sfi_table7a_cpu sfi_table7b_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	$(PY) -m analysis.paper
 

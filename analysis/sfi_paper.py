@@ -9,6 +9,9 @@
   shape: the speedup grows with the context), with the visible share and slow-step share per context;
   the paper's speedups (Qwen3-4B on B200, 8k and 128k) in the caption. Ours: `experiment=sfi_figure4_cpu`
   and `sfi_figure4_dense_cpu`.
+- `table6` / `table7`: the Selector's lambda_clip, alpha_cross and alpha_soft swept (ours: the Table 4
+  setting per value), scores and the audit per value beside the paper's LongBench-V1 average
+  (Qwen3-30B-A3B). Ours: `experiment=sfi_table6_cpu`, `sfi_table7a_cpu`, `sfi_table7b_cpu`.
 Tables are made within one setup and one run per cell (`analysis.metrics`); the caption names ours.
 
 python -m analysis.sfi_paper [--root DIR]
@@ -91,6 +94,64 @@ def table4(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = 
     return out
 
 
+def _ablation(
+    samples: pd.DataFrame, scores: pd.DataFrame, params: list[str], table: str, paper_csv: Path | str
+) -> pd.DataFrame:
+    """One row per task and value of the swept Selector `params` (`kv.<param>` columns): SFI's task
+    score, match with dense greedy, median first divergence, slow-step share, beside the paper's
+    LongBench-V1 average at the same setting (`<param>=<value>;...` in the paper's rows)."""
+    ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
+    cols = [f"kv.{p}" for p in params]
+    has = all(c in ok.columns for c in cols)
+    sfi = ok[(ok["decoder"] == "sfi") & ok[cols].notna().all(axis=1)] if has else ok[:0]
+    sfi = one_setup(sfi) if len(sfi) else sfi
+    paper = pd.read_csv(paper_csv)
+    paper = paper[paper["table"].str.startswith(table) & (paper["task"] == "LongBench-V1 category/Avg")]
+
+    def setting(text: str) -> tuple[float, ...]:
+        kv = dict(item.split("=") for item in str(text).split(";"))
+        return tuple(float(kv.get(p, "nan")) for p in params)
+
+    paper_at = {setting(st): float(v) for st, v in zip(paper["setting"], paper["value"])}
+    rows = []
+    for key, run in sfi.groupby(["task", *cols], sort=True):
+        task, values = key[0], tuple(float(v) for v in key[1:])
+        check_one_run(run, f"SFI {dict(zip(params, values))} on {task}")
+        per_metric = scores[scores["run_id"].isin(run["run_id"].unique())].groupby("metric")["value"].mean()
+        fw = run["forwards"].sum()
+        rows.append(
+            {
+                "task": task,
+                **dict(zip(params, values)),
+                **{f"score.{m}": v for m, v in per_metric.items()},
+                "match_dense": run["matches_vanilla"].dropna().astype(float).mean(),
+                "first_divergence": run["first_divergence"].dropna().median(),
+                "slow_share": float(run["slow_steps"].sum() / fw) if fw else float("nan"),
+                "paper_lbv1_avg": paper_at.get(values, float("nan")),
+            }
+        )
+    out = pd.DataFrame(rows)
+    first = sfi.iloc[0] if len(sfi) else {}
+    out.attrs["caption"] = (
+        f"SFI {table} in shape ({' / '.join(params)} ablation). Ours: "
+        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
+        f"code {first.get('git_sha', '?')}, kv=sfi_ctx20 on the offline RULER-style stand-ins (4 samples); "
+        "paper: Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg). Scores near the floor at "
+        "this scale: read match_dense and first_divergence. Same protocol, other scale."
+    )
+    return out
+
+
+def table6(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
+    """Table 6: the Selector's lambda_clip (Eq. 18's clip of the fusion weight)."""
+    return _ablation(samples, scores, ["lambda_clip"], "Table 6", paper_csv)
+
+
+def table7(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
+    """Table 7: cross-head exclusivity alpha_cross (7a, soft-NMS off) and soft-NMS alpha_soft (7b)."""
+    return _ablation(samples, scores, ["alpha_cross", "alpha_soft"], "Table 7", paper_csv)
+
+
 def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
     """Per context length (`task.context_length`): dense and SFI decode tok/s, SFI's paired decode
     speedup over the dense run of that context, visible share on fast steps, slow-step share, and
@@ -154,20 +215,33 @@ def main(argv: list[str] | None = None) -> None:
     runs = load_runs(args.root)
     if runs.empty:
         sys.exit(f"error: no complete runs under {args.root}/runs")
-    every = from_experiments(load_table(args.root, "samples", runs), experiments("sfi_"))
-    if ((every["decoder"] == "sfi") & (every["task"] == "pg19")).any():
+    all_samples = load_table(args.root, "samples", runs)
+    scores = load_table(args.root, "scores", runs)
+    f4 = from_experiments(all_samples, experiments("sfi_figure4"))
+    if ((f4["decoder"] == "sfi") & (f4["task"] == "pg19")).any():
         try:
-            print(render(figure4(every)) + "\n")
+            print(render(figure4(f4)) + "\n")
         except AnalysisError as exc:
             print(f"error: Figure 4: {exc}", file=sys.stderr)
-    samples = every[every["task"].astype(str).str.startswith("longbench")]
+    for name, fn, names in (
+        ("Table 6", table6, ("sfi_table6_cpu",)),
+        ("Table 7", table7, ("sfi_table7a_cpu", "sfi_table7b_cpu")),
+    ):
+        abl = from_experiments(all_samples, names)
+        if (abl["decoder"] == "sfi").any():
+            try:
+                print(render(fn(abl, scores)) + "\n")
+            except AnalysisError as exc:
+                print(f"error: {name}: {exc}", file=sys.stderr)
+    samples = from_experiments(all_samples, experiments("sfi_table4"))
+    samples = samples[samples["task"].astype(str).str.startswith("longbench")]
     if samples.empty or not (samples["decoder"] == "sfi").any():
         sys.exit(
             "error: no SFI runs (python run.py -m experiment=sfi_table4_sfi_cpu, and the dense and kvpress "
             "rows: sfi_table4_dense_cpu, sfi_table4_kvpress_cpu, sfi_table4_chunkkv_cpu)"
         )
     try:
-        print(render(table4(samples, load_table(args.root, "scores", runs))))
+        print(render(table4(samples, scores)))
     except AnalysisError as exc:
         sys.exit(f"error: {exc}")
 

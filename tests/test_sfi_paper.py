@@ -93,3 +93,35 @@ def test_figure4_speedup_per_context_pairs_with_that_contexts_dense_run():
     assert pd.isna(t.loc[4096, "decode_speedup"]) and "no vanilla" in t.loc[4096, "note"]
     assert t.loc[1024, "slow_share"] == pytest.approx(0.3) and t.loc[1024, "visible"] == pytest.approx(0.2)
     assert "128K: 14.36x" in sp.figure4(samples).attrs["caption"]
+
+
+def test_table6_one_row_per_lambda_clip_beside_the_paper():
+    samples = pd.DataFrame(
+        [{**r, "kv.lambda_clip": lam} for lam, rid in ((0.02, "a"), (0.4, "b"))
+         for r in rows(rid, "sfi", "sfi_ctx20", None, [True, lam < 0.1])]
+        + rows("d", "vanilla", "full", None, [True, True])
+    )  # fmt: skip
+    scores = pd.DataFrame(
+        [{"run_id": r, "sample_id": f"s{i}", "metric": "f1", "value": v} for r, v in (("a", 0.4), ("b", 0.2))
+         for i in range(2)]
+    )  # fmt: skip
+    t = sp.table6(samples, scores).set_index("lambda_clip")
+    assert list(t.index) == [0.02, 0.4] and t.loc[0.02, "score.f1"] == pytest.approx(0.4)
+    assert t.loc[0.02, "match_dense"] == 1.0 and t.loc[0.4, "match_dense"] == 0.5
+    assert t.loc[0.02, "paper_lbv1_avg"] == pytest.approx(46.1) and t.loc[0.4, "slow_share"] == pytest.approx(
+        0.3
+    )
+    with pytest.raises(AnalysisError, match="would pool"):
+        sp.table6(pd.concat([samples, samples.assign(run_id="c")[samples["run_id"] == "a"]]), scores)
+
+
+def test_table7_rows_per_alpha_pair_beside_the_paper():
+    settings = ((0.35, 0.0, "a"), (0.35, 1.0, "b"))
+    samples = pd.DataFrame(
+        [{**r, "kv.alpha_cross": ac, "kv.alpha_soft": asoft} for ac, asoft, rid in settings
+         for r in rows(rid, "sfi", "sfi_ctx20", None, [True, True])]
+    )  # fmt: skip
+    scores = pd.DataFrame(columns=["run_id", "sample_id", "metric", "value"])
+    t = sp.table7(samples, scores)
+    assert list(zip(t["alpha_cross"], t["alpha_soft"])) == [(0.35, 0.0), (0.35, 1.0)]
+    assert t["paper_lbv1_avg"].notna().all() and "alpha_cross / alpha_soft" in t.attrs["caption"]
