@@ -20,18 +20,16 @@ own (tau, block, speedup) pairs (`paper_pairs`) before trusting them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from core.cost_curve import CostCurve, CostFn, cache_name  # noqa: F401  (re-exported)
+
 BENCH = Path(__file__).resolve().parents[1] / "results" / "bench"
-CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
 
 
 # --- model shapes ---------------------------------------------------------------------------------
@@ -117,56 +115,12 @@ GPUS: dict[str, Device] = {
 }
 
 
-# --- a measured cost curve ------------------------------------------------------------------------
-@dataclass
-class CostCurve:
-    """Seconds per forward measured on a grid of block rows x cache lengths, for one environment."""
-
-    key: dict[str, object]  # device, model, dtype, linear, threads
-    rows: list[int]
-    contexts: list[int]
-    seconds: list[list[float]]  # [context index][rows index]
-    shape: dict[str, object] | None = None  # ModelShape fields of the measured model
-    meta: dict[str, object] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if sorted(self.rows) != self.rows or sorted(self.contexts) != self.contexts:
-            raise ValueError("cost curve: rows and contexts must be increasing")
-        if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.rows) for r in self.seconds):
-            raise ValueError("cost curve: seconds must be a [contexts x rows] grid")
-
-    def model_shape(self) -> ModelShape | None:
-        return ModelShape(**self.shape) if self.shape else None  # type: ignore[arg-type]
-
-    def __call__(self, rows: int, ctx: float) -> float:
-        """Interpolated linearly in rows and in context; linear extrapolation past the grid's ends
-        (the last two points' slope: cost grows with rows and entries), never below 0."""
-        per_ctx = [_interp(self.rows, line, rows) for line in self.seconds]
-        return max(_interp(self.contexts, per_ctx, ctx), 0.0)
-
-    def ratio(self, rows: int, ctx: float) -> float:
-        return self(rows, ctx) / self(1, ctx)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> CostCurve:
-        return cls(**json.loads(text))
+# --- a measured cost curve: core.cost_curve (CostCurve, cache_name) ----------------------------
 
 
-def _interp(xs: list[int], ys: list[float], x: float) -> float:
-    if len(xs) == 1:
-        return ys[0]
-    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def cache_name(key: dict[str, object]) -> str:
-    """File name of a curve in the cache: one per (device, model, dtype, linear, threads)."""
-    parts = [str(key.get(k, "?")) for k in ("device", "model", "dtype", "linear", "threads")]
-    return "-".join("".join(c if c.isalnum() else "_" for c in p) for p in parts) + ".json"
+def shape_of(curve: CostCurve) -> ModelShape | None:
+    """The measured model's shape, as the curve records it."""
+    return ModelShape(**curve.shape) if curve.shape else None  # type: ignore[arg-type]
 
 
 def committed_curves(bench: Path) -> list[CostCurve]:
@@ -293,12 +247,13 @@ def run_predictions(root: Path, curves: list[CostCurve]) -> pd.DataFrame:
         for run_id, run in group[group["decoder"] != "vanilla"].groupby("run_id"):
             first = run.iloc[0]
             curve = curve_for_run(curves, first)
-            shape = SHAPES.get(str(first["model"])) or (curve.model_shape() if curve else None)
+            shape = SHAPES.get(str(first["model"])) or (shape_of(curve) if curve else None)
             backend = first.get("kv.backend")
             sparse = isinstance(backend, str) and backend in ("sliced", "flex", "flash")
             st = steps[steps["run_id"] == run_id]
             fw = run["forwards"].sum()
             row = {
+                "run_id": run_id,
                 "experiment": first.get("experiment", ""),
                 "decoder": first["decoder"],
                 "kv": first["kv"],

@@ -39,6 +39,8 @@ COLUMNS = [
     "decode_speedup",
     "kv_mb_per_token",
     "kv_bound_speedup",
+    "pred_speedup",
+    "pred_H100",
     "match_rate",
     "peak_mem_mb",
     "note",
@@ -87,6 +89,23 @@ def speedup_figure(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def with_predictions(table: pd.DataFrame, root: Path) -> pd.DataFrame:
+    """Add the speedups the cost model predicts from each run's blocks (analysis.cost_model): on the
+    curve measured in the run's environment (`pred_speedup`, NaN when none is committed) and on the
+    H100 roofline (`pred_H100`)."""
+    from analysis.cost_model import BENCH, committed_curves, run_predictions
+
+    try:
+        pred = run_predictions(root, committed_curves(BENCH))
+    except (KeyError, ValueError):
+        pred = pd.DataFrame()
+    if pred.empty or "run_id" not in table.columns:
+        return table.assign(pred_speedup=math.nan, pred_H100=math.nan)
+    pred = pred.set_index("run_id")[["predicted_here", "roofline_H100-SXM"]]
+    pred.columns = ["pred_speedup", "pred_H100"]
+    return table.merge(pred, left_on="run_id", right_index=True, how="left")
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     root_default = default_root()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +123,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         table = summarize(load_table(args.root, "samples", runs), load_table(args.root, "scores", runs))
     except AnalysisError as exc:
         sys.exit(f"error: {exc}")
+    table = with_predictions(table, Path(args.root))
     cols = [c for c in COLUMNS if c in table.columns] + [c for c in table.columns if c.startswith("score.")]
     with pd.option_context(
         "display.width", 250, "display.max_columns", 40, "display.float_format", "{:.3f}".format

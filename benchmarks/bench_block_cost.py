@@ -16,33 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
-from core.attention import MaskView
+from core.cost_curve import step_seconds
 from core.engine import Engine
 from core.models import load_model
-from runners.timing import synchronize
 
 ROWS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
-
-
-def step_seconds(eng: Engine, context: int, rows: int, reps: int) -> float:
-    mask = torch.ones(rows, context + rows, dtype=torch.bool)
-    mask[:, context:] = torch.tril(torch.ones(rows, rows, dtype=torch.bool))
-    view = MaskView(mask.to(eng.device), eng.scale)
-    tokens = torch.arange(rows) + 3  # any ids: the cost does not depend on them
-    pos = torch.arange(context, context + rows)
-    times = []
-    for _ in range(reps):
-        synchronize(eng.device)
-        t0 = time.perf_counter()
-        eng.step(tokens, pos, view, logits_rows=[rows - 1])
-        synchronize(eng.device)
-        times.append(time.perf_counter() - t0)
-        eng.commit([])  # nothing kept: the cache stays at `context`
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -17,37 +17,17 @@ A100/H100/H200 (`analysis.cost_model.GPUS`), and the roofline's predictions agai
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
-from analysis.cost_model import GPUS, SHAPES, CostCurve, ModelShape, cache_name, check_pairs
-from benchmarks.bench_block_cost import step_seconds
+from analysis.cost_model import GPUS, SHAPES, ModelShape, check_pairs, shape_of
+from core.cost_curve import CostCurve, cache_dir, cache_name, measure_grid, store_curve
 from core.engine import Engine
 from core.models import load_model
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CONTEXTS = (256, 1024, 4096)
-
-
-def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "draftless-harness" / "block_cost"
-    return Path(os.environ.get("HARNESS_COST_CACHE", str(default)))
-
-
-def measure(eng: Engine, rows: list[int], contexts: list[int], reps: int) -> list[list[float]]:
-    """Median seconds per forward, [context][rows]; each context is measured twice (the first pass
-    warms the allocator and kernels) and the second pass kept."""
-    grid = []
-    for ctx in contexts:
-        eng.reset(ctx + max(rows) + 1)
-        eng.prefill([100 + i % 1000 for i in range(ctx)])
-        line: list[float] = []
-        for _ in range(2):
-            line = [step_seconds(eng, ctx, b, reps) for b in rows]
-        grid.append(line)
-    return grid
 
 
 def read_bandwidth(mb: int = 1024, reps: int = 5) -> float:
@@ -81,13 +61,9 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
     lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, linear=args.linear if args.device == "cpu" else "aten")
     shape = ModelShape.from_hf_config(lm.model.config)
-    seconds = measure(eng, list(args.rows), list(args.contexts), args.reps)
+    seconds = measure_grid(eng, list(args.rows), list(args.contexts), args.reps)
     curve = CostCurve(key, list(args.rows), list(args.contexts), seconds, shape.__dict__, {"reps": args.reps})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(curve.to_json())
-    tmp.replace(path)
-    return curve, path, False
+    return curve, store_curve(curve), False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     dev = device_name(torch.device(args.device))
     curve, path, cached = curve_for(args, dev)
-    shape = curve.model_shape() or SHAPES.get(args.model)
+    shape = shape_of(curve) or SHAPES.get(args.model)
     print(
         f"# block_cost: {args.model} {args.dtype} on {dev} (linear={curve.key['linear']})"
         f", torch {torch.__version__}; curve {'from the cache' if cached else 'measured now'}: {path}\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from core.cost_curve import CostFn
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
@@ -16,6 +17,8 @@ class BaseDecoder:
 
     lossless: bool = True
     name: str = "base"
+    block: str = "fixed"  # "auto": blocks sized by cost (decoders.block_size); the runner gives the curve
+    cost: CostFn | None = None
 
     def __init__(self, engine: Engine, kv: KVPolicy | None = None, sampler: Sampler | None = None) -> None:
         self.engine = engine
@@ -28,6 +31,21 @@ class BaseDecoder:
 
     def params(self) -> dict:
         return {}
+
+    def use_cost(self, cost: CostFn) -> None:
+        """The environment's cost curve t(rows, ctx), for `block=auto` (set by the runner)."""
+        self.cost = cost
+
+    def block_cost(self) -> CostFn | None:
+        """The cost curve when blocks are sized by cost, None for fixed blocks."""
+        if self.block != "auto":
+            return None
+        if self.cost is None:
+            raise HarnessError(
+                f"{self.name}: block=auto sizes blocks from a cost curve; none was given "
+                "(the runner measures one; outside it call decoder.use_cost(curve))"
+            )
+        return self.cost
 
     def compiles_attention(self) -> bool:
         """True when this decoder's attention compiles per shape (FlexAttention): the runner's warm-up

@@ -25,6 +25,11 @@ positions are re-based every step on x_last (`stream_positions=rebase`, rows at 
 by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
 `tree=true` (ours, off in the paper setting) lays the candidates out as a prefix trie: candidates
 sharing a prefix share its rows, so fewer rows are computed for the same verification (lossless).
+`block=auto` (ours, issue 18; the paper's fixed sizes stay the default): the number of streams and how
+often they run come from the cost curve (`decoders.block_size.generator_plan`: the streams may add
+`generator_share` of a 1-row step's cost on average: all n every step on a GPU-like curve, fewer and
+not every step on a CPU), and each step verifies the number of retrieved candidates with the most
+expected committed tokens per second (acceptance per candidate rank and position, this generation).
 `FAFO2Forward` is the Table 1 ablation: a compressed forward over [x_last | streams] updates the
 pool, then a second, full-cache forward verifies [x_last | candidates].
 """
@@ -37,11 +42,13 @@ import torch
 
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import AcceptanceStats, CostFn, best_prefix, check_block_mode, generator_plan
 from decoders.fafo_layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo_views import ViewFactory
 from decoders.ngram_pool import NGramPool
-from decoders.verify import Verdict, greedy_verify, sample_verify
+from decoders.verify import Verdict, greedy_verify, match_lengths, sample_verify
 
+RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
 
 
@@ -71,6 +78,7 @@ class FAFO(BaseDecoder):
     """FAFO with guess length k, n fumble streams and up to m verified candidates per step."""
 
     name = "fafo"
+    sizes_blocks_by_cost = True  # block=auto is available
     lossless = True  # verification always reads the full cache, whatever the KV policy
 
     def __init__(
@@ -89,6 +97,8 @@ class FAFO(BaseDecoder):
         pad_candidates: bool | None = None,
         tree: bool = False,
         seed: int = 0,
+        block: str = "fixed",
+        generator_share: float = 0.25,
     ) -> None:
         m = n if m is None else m
         if k < 1 or n < 1 or m < 0:
@@ -113,6 +123,17 @@ class FAFO(BaseDecoder):
                 "pad_candidates (backend=flex pads by default: set pad_candidates=false)"
             )
         self.tree = tree
+        self.block = check_block_mode(block)
+        if self.block == "auto" and not self.sizes_blocks_by_cost:
+            raise ValueError(f"{self.name} has no block=auto (its two forwards keep fixed sizes)")
+        if self.block == "auto" and self.pad_candidates:
+            raise ValueError(
+                "fafo: block=auto varies the block shape; it cannot be combined with pad_candidates "
+                "(backend=flex pads by default: set pad_candidates=false or use backend=sliced)"
+            )
+        if generator_share <= 0:
+            raise ValueError(f"fafo generator_share must be positive, got {generator_share}")
+        self.generator_share = generator_share
         align = FLEX_Q_TILE if self.views.backend == "flex" else 0
         self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree, align=align)
 
@@ -130,6 +151,7 @@ class FAFO(BaseDecoder):
             "tree": self.tree,
             "seed": self.seed,
             "two_forward": False,
+            **({"block": "auto", "generator_share": self.generator_share} if self.block == "auto" else {}),
         }
 
     def compiles_attention(self) -> bool:
@@ -139,10 +161,12 @@ class FAFO(BaseDecoder):
         return build_layout(self.k, self.m, self.n, align=self.layouts.align).size
 
     # --- shared pieces ------------------------------------------------------------------------
-    def _start(self, prompt: list[int], out: list[int]) -> tuple[FumbleStreams, NGramPool, list[int]]:
+    def _start(
+        self, prompt: list[int], out: list[int], n: int | None = None
+    ) -> tuple[FumbleStreams, NGramPool, list[int]]:
         rng = random.Random(self.seed)
         init = torch.tensor(
-            [[rng.choice(prompt) for _ in range(self.k)] for _ in range(self.n)], dtype=torch.long
+            [[rng.choice(prompt) for _ in range(self.k)] for _ in range(n or self.n)], dtype=torch.long
         )
         pool = NGramPool(capacity=self.pool_capacity, max_key_len=self.k)
         seq = list(prompt) + out  # committed tokens + the root (last element)
@@ -216,13 +240,21 @@ class FAFO(BaseDecoder):
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> None:
         eng = self.engine
-        streams, pool, seq = self._start(prompt, out)
+        cost = self.block_cost()
+        n_streams, period = (self.n, 1) if cost is None else self._stream_plan(cost, len(prompt))
+        self.plan = (n_streams, period)
+        stats = AcceptanceStats()  # block=auto: acceptance per candidate rank and position
+        streams, pool, seq = self._start(prompt, out, n_streams)
         base = len(seq) - 1
-        done = False
+        done, step = False, 0
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            n = n_streams if step % period == 0 else 0  # 0: no fumble rows this step
+            step += 1
             cands, block_cands = self._candidates(pool, seq)
-            lay = self.layouts.get(block_cands, self.n)
+            if cost is not None and len(cands):
+                cands = block_cands = cands[: self._auto_candidates(cands, stats, n, cost, cache_len)]
+            lay = self.layouts.get(block_cands, n)
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
             logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
@@ -231,8 +263,33 @@ class FAFO(BaseDecoder):
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
-            self._grow_pool(pool, streams, preds[preds.numel() - self.n :])  # each stream's last row
+            if cost is not None and len(cands):
+                rows = lay.cand_rows[: len(cands)]
+                for j, n_ok in enumerate(match_lengths(cands, int(preds[0]), preds[rows]).tolist()):
+                    stats.update(min(j, RANKS), self.k, n_ok)
+            if n:
+                self._grow_pool(pool, streams, preds[preds.numel() - n :])  # each stream's last row
             base = self._next_base(base, len(seq) - 1)
+
+    # --- block=auto ---------------------------------------------------------------------------
+    def _stream_plan(self, cost: CostFn, ctx: int) -> tuple[int, int]:
+        """(streams, run them every `period` steps) from the cost curve (`generator_plan`)."""
+        return generator_plan(range(1, self.n + 1), lambda s: s * self.k, cost, ctx, self.generator_share)
+
+    def _auto_candidates(
+        self, cands: torch.Tensor, stats: AcceptanceStats, n: int, cost: CostFn, ctx: int
+    ) -> int:
+        """How many of the ranked candidates to verify (most expected tokens per second of forward);
+        with `tree`, a candidate costs only the rows of its prefix not shared with earlier ones."""
+        rows, seen = [1 + n * self.k], set()
+        for cand in cands.tolist():
+            new = 0
+            for t in range(self.k) if self.tree else ():
+                new += tuple(cand[: t + 1]) not in seen
+                seen.add(tuple(cand[: t + 1]))
+            rows.append(rows[-1] + (new if self.tree else self.k))
+        survivals = [stats.survival(min(j, RANKS), self.k) for j in range(len(cands))]
+        return best_prefix(survivals, rows, cost, ctx)
 
 
 class FAFO2Forward(FAFO):
@@ -242,6 +299,7 @@ class FAFO2Forward(FAFO):
     tokens and KV reads summed."""
 
     name = "fafo_2forward"
+    sizes_blocks_by_cost = False
 
     def params(self) -> dict:
         return {**super().params(), "two_forward": True}

@@ -31,6 +31,14 @@ seeded generator; each warm-up step appends the top level's outputs as a new lev
 level left by one column, so after N-2 steps the window has its steady shape. Candidates are
 verified during warm-up too whenever the pool has any.
 
+`block=auto` (ours, issue 18; the fixed setting stays the default): the window's width and how often
+it runs come from the cost curve (`decoders.block_size.generator_plan`: the window may add
+`generator_share` of a 1-row step's cost on average; on a GPU-like curve that is the whole window every
+step, on a CPU a narrow window every few steps), and each step verifies the number of pooled
+candidates with the most expected committed tokens per second (acceptance per candidate rank and
+position, this generation). Steps without the window still verify candidates; the window does not
+advance on them. Verification is unchanged, so the output is too.
+
 Upstream bugs fixed here (hao-ai-lab/LookaheadDecoding `lade/decoding.py`, see
 reference/anchors-decoders.md Sec. 2.3):
 1. when a whole (N-1)-gram matched, upstream's verification loop stopped before the bonus token and
@@ -50,10 +58,13 @@ import torch
 from core.attention import MaskView
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import AcceptanceStats, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import verify_logits
+from decoders.verify import match_lengths, verify_logits
 from kv_policies.full import FullKV
 from kv_policies.view import RestrictedView
+
+RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 
 
 @dataclass
@@ -160,11 +171,17 @@ class Lookahead(BaseDecoder):
         G: int = 7,
         pool_from_prompt: bool = False,
         seed: int = 0,
+        block: str = "fixed",
+        generator_share: float = 0.25,
     ) -> None:
         if N < 3 or W < 1 or G < 1:
             raise ValueError(f"lookahead needs N >= 3, W >= 1, G >= 1; got N={N} W={W} G={G}")
+        if generator_share <= 0:
+            raise ValueError(f"lookahead generator_share must be positive, got {generator_share}")
         super().__init__(engine, kv, sampler)
         self.N, self.W, self.G = N, W, G
+        self.block = check_block_mode(block)
+        self.generator_share = generator_share
         self.pool_from_prompt = pool_from_prompt
         self.seed = seed
         self._layouts: dict[tuple[tuple[int, ...], int], Layout] = {}
@@ -181,12 +198,18 @@ class Lookahead(BaseDecoder):
             "G": self.G,
             "pool_from_prompt": self.pool_from_prompt,
             "seed": self.seed,
+            **({"block": "auto", "generator_share": self.generator_share} if self.block == "auto" else {}),
         }
 
-    def _stage_lens(self, filled: int) -> list[int]:
+    def _stage_lens(self, filled: int, w: int | None = None) -> list[int]:
         """Level lengths with `filled` levels above level 0 (warm-up: filled < N-2)."""
-        w, n = self.W, self.N
+        w, n = self.W if w is None else w, self.N
         return [w + n - 3 - filled] + [w + n - 2 - filled] * filled
+
+    def _window_plan(self, cost, ctx: int) -> tuple[int, int]:
+        """block=auto: (window width, run the window every `period` steps) from the cost curve."""
+        rows = lambda w: sum(self._stage_lens(self.N - 2, w))  # noqa: E731  (steady-state window rows)
+        return generator_plan(range(1, self.W + 1), rows, cost, ctx, self.generator_share)
 
     def max_block(self) -> int:
         k = self.N - 1
@@ -213,20 +236,33 @@ class Lookahead(BaseDecoder):
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> None:
         eng, k = self.engine, self.N - 1
+        cost = self.block_cost()
+        width, period = (self.W, 1) if cost is None else self._window_plan(cost, len(prompt))
+        self.plan = (width, period)
+        stats = AcceptanceStats()  # block=auto: acceptance per candidate rank and position
         rng = random.Random(self.seed)
-        window = JacobiWindow(self.N, self.W, [rng.choice(prompt) for _ in range(self.W + self.N - 3)])
+        window = JacobiWindow(self.N, width, [rng.choice(prompt) for _ in range(width + self.N - 3)])
         pool = self.pool = NGramPool(self.G)
         seq = list(prompt) + out  # committed tokens + the root (last element)
         if self.pool_from_prompt:
             pool.add_sequence(seq, k)
-        done = False
+        done, step = False, 0
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
             guesses = pool.get((root,))
-            lay = self._layout(window.lens(), len(guesses))
+            lens = window.lens() if step % period == 0 else [0]  # [0]: no window rows this step
+            step += 1
+            if cost is not None and guesses:
+                survivals = [stats.survival(min(j, RANKS), k) for j in range(len(guesses))]
+                win = 1 + sum(lens)
+                rows = [win + g * k for g in range(len(guesses) + 1)]
+                guesses = guesses[: best_prefix(survivals, rows, cost, cache_len)]
+            lay = self._layout(lens, len(guesses))
             cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
             tokens = torch.tensor(
-                [root, *window.flat(), *cands.flatten().tolist()], dtype=torch.long, device=eng.device
+                [root, *(window.flat() if lens != [0] else []), *cands.flatten().tolist()],
+                dtype=torch.long,
+                device=eng.device,
             )
             view = self._view(lay.block_mask, cache_len)
             logits = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows)
@@ -239,7 +275,13 @@ class Lookahead(BaseDecoder):
             self.kv.after_commit(eng, len(rows))
             seq.extend(verdict.tokens[:n_new])
             counts.step(tokens.numel(), cands.numel(), verdict.accepted, n_new, view.kv_read(cache_len))
-            for key, gram in window.advance(root, preds[lay.top_sel].tolist()):
-                pool.add((key,), gram)
+            if cost is not None and len(guesses):
+                root_pred = int(preds[0])
+                rows_pred = preds[lay.guess_sel :].view(len(guesses), k)
+                for j, n_ok in enumerate(match_lengths(cands, root_pred, rows_pred).tolist()):
+                    stats.update(min(j, RANKS), k, n_ok)
+            if lens != [0]:
+                for key, gram in window.advance(root, preds[lay.top_sel].tolist()):
+                    pool.add((key,), gram)
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)

@@ -9,6 +9,11 @@ remaining length budget). One target forward verifies the chain
 the matching prefix plus the bonus token, sampling uses the one-hot-draft rule of
 `decoders.verify.sample_verify` (lossless in distribution). The root's and the accepted draft
 tokens' KV is committed; the bonus token is fed next step. With no match the step is a vanilla step.
+
+`block=auto` (ours, issue 18): the draft is cut to the length that maximises expected committed
+tokens per second of forward, from the environment's cost curve and the acceptance rate per draft
+position observed so far in this generation, keyed by the matched n-gram's length
+(`decoders.block_size`). `num_tokens` stays the longest draft.
 """
 
 from __future__ import annotations
@@ -19,11 +24,17 @@ import torch
 
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
 from decoders.verify import verify_logits
 
 
 def find_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> list[int]:
     """Up to `num_tokens` tokens following the leftmost earlier match of the longest trailing n-gram."""
+    return match_candidate(seq, max_ngram, num_tokens)[1]
+
+
+def match_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> tuple[int, list[int]]:
+    """(n, draft): the length of the matched trailing n-gram (0 = no match) and `find_candidate`'s draft."""
     length = len(seq)
     t = torch.as_tensor(seq, dtype=torch.long)
     for n in range(min(max_ngram, length - 1), 0, -1):
@@ -31,8 +42,8 @@ def find_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> list[
         hits = (windows == t[length - n :]).all(dim=1).nonzero().flatten()
         for start in (hits + n).tolist():
             if start < length:
-                return [int(x) for x in seq[start : min(start + num_tokens, length)]]
-    return []
+                return n, [int(x) for x in seq[start : min(start + num_tokens, length)]]
+    return 0, []
 
 
 class PromptLookup(BaseDecoder):
@@ -41,7 +52,13 @@ class PromptLookup(BaseDecoder):
     name = "pld"
 
     def __init__(
-        self, engine, kv=None, sampler=None, max_matching_ngram_size: int = 2, num_tokens: int = 10
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        max_matching_ngram_size: int = 2,
+        num_tokens: int = 10,
+        block: str = "fixed",
     ) -> None:
         if max_matching_ngram_size < 1 or num_tokens < 1:
             raise ValueError(
@@ -51,13 +68,15 @@ class PromptLookup(BaseDecoder):
         super().__init__(engine, kv, sampler)
         self.max_ngram = max_matching_ngram_size
         self.num_tokens = num_tokens
+        self.block = check_block_mode(block)
+        self.stats = AcceptanceStats()  # block=auto: acceptance by (matched n, draft position)
 
     @property
     def lossless(self) -> bool:  # type: ignore[override]
         return self.kv.lossless
 
     def params(self) -> dict:
-        return {"max_matching_ngram_size": self.max_ngram, "num_tokens": self.num_tokens}
+        return {"max_matching_ngram_size": self.max_ngram, "num_tokens": self.num_tokens, "block": self.block}
 
     def max_block(self) -> int:
         return 1 + self.num_tokens
@@ -66,16 +85,22 @@ class PromptLookup(BaseDecoder):
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> None:
         eng = self.engine
+        cost = self.block_cost()
+        self.stats = AcceptanceStats()
         seq = list(prompt) + out
         done = False
         while not done:
             p, cache_len = len(seq) - 1, eng.length
             budget = max(max_new_tokens - len(out) - 1, 0)  # the bonus token always comes on top
-            draft = find_candidate(seq, self.max_ngram, min(self.num_tokens, budget)) if budget else []
+            n_match, draft = (
+                match_candidate(seq, self.max_ngram, min(self.num_tokens, budget)) if budget else (0, [])
+            )
             for i, tok in enumerate(draft):
                 if tok in stop_ids:
                     draft = draft[:i]
                     break
+            if cost is not None and draft:
+                draft = draft[: self._auto_length(n_match, len(draft), cost, cache_len)]
             k = len(draft)
             tokens = torch.tensor([seq[-1], *draft], dtype=torch.long, device=eng.device)
             view = self.kv.decode_view(eng, k + 1)
@@ -88,3 +113,11 @@ class PromptLookup(BaseDecoder):
             self.kv.after_commit(eng, len(rows))
             seq.extend(verdict.tokens[:n_new])
             counts.step(k + 1, k, verdict.accepted, n_new, view.kv_read(cache_len))
+            if k:
+                self.stats.update(n_match, k, verdict.accepted)
+
+    def _auto_length(self, n_match: int, available: int, cost: CostFn, ctx: int) -> int:
+        """Draft length with the most expected committed tokens (bonus included) per second."""
+        survival = self.stats.survival(n_match, available)
+        options = [(1, 1.0)] + [(1 + k, 1.0 + sum(survival[:k])) for k in range(1, available + 1)]
+        return best_option(options, cost, ctx)

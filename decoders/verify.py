@@ -58,6 +58,14 @@ class Verdict:
         return [root_row, *range(base, base + self.accepted)]
 
 
+def match_lengths(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) -> torch.Tensor:
+    """long [g]: how many leading tokens of each candidate the greedy target agrees with."""
+    if cands.numel() == 0:
+        return torch.zeros(cands.shape[0], dtype=torch.long)
+    prev = torch.cat([torch.full_like(cands[:, :1], int(root_pred)), cand_pred[:, :-1]], dim=1)
+    return (cands == prev).long().cumprod(dim=1).sum(dim=1)
+
+
 def greedy_verify(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) -> Verdict:
     """Longest greedy-accepted candidate prefix plus the bonus token.
 
@@ -67,8 +75,7 @@ def greedy_verify(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) 
     g = cands.shape[0]
     if g == 0 or cands.shape[1] == 0:
         return Verdict(-1, 0, [int(root_pred)])
-    prev = torch.cat([torch.full_like(cands[:, :1], int(root_pred)), cand_pred[:, :-1]], dim=1)
-    lengths = (cands == prev).long().cumprod(dim=1).sum(dim=1)
+    lengths = match_lengths(cands, root_pred, cand_pred)
     best = int(lengths.argmax())  # first maximum on ties
     n = int(lengths[best])
     if n == 0:

@@ -30,6 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from tqdm.auto import tqdm
 
+from core.cost_curve import (
+    CostCurve,
+    cache_dir,
+    cache_name,
+    cached_curve,
+    measure_grid,
+    runtime_grid,
+    store_curve,
+)
 from core.engine import Engine, onednn_applies
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
@@ -50,6 +59,15 @@ WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
 
 def _params(node: Any) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
+
+
+def _decoder_params(node: Any) -> dict[str, Any]:
+    """The decoder's parameters; `block: fixed` (every decoder's default) is left out, so runs made
+    before decoders had a `block` field keep their ids."""
+    params = _params(node)
+    if params.get("block") == "fixed":
+        del params["block"]
+    return params
 
 
 def build(node: Any, group: str, **kwargs: Any) -> Any:
@@ -177,7 +195,7 @@ class Runner:
             "prefill_chunk": prefill_chunk,
             "linear": self.engine.linear,
             "decoder": self.names["decoder"],
-            "decoder_params": _params(cfg.decoder),
+            "decoder_params": _decoder_params(cfg.decoder),
             "kv": self.names["kv"],
             "kv_params": _params(cfg.kv),
             "draft": self.names["draft"],
@@ -198,6 +216,7 @@ class Runner:
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         self.code_version = provenance.git_sha(REPO)
         self.versions = provenance.versions()
+        self.cost_curve = ""  # block=auto: the cache name of the cost curve the decoder sized blocks with
         self.greedy = self.sampler.greedy
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
         self.audit = (
@@ -240,6 +259,8 @@ class Runner:
             self.rundir.write_run(self._run_row("running", started))
             sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
             try:
+                if todo:
+                    self._give_cost_curve(samples)
                 self.engine.reserve(self._capacity_bound(samples))
                 if todo and cfg.run.warmup:
                     self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
@@ -256,6 +277,32 @@ class Runner:
         if failed:
             self._raise_failed(failed, len(samples))
         return self.rundir.path
+
+    def _give_cost_curve(self, samples: list[Sample]) -> None:
+        """`decoder.block=auto`: hand the decoder this environment's cost curve t(rows, ctx), from the
+        cache or measured now on a compact grid (before anything is timed; then cached)."""
+        if getattr(self.decoder, "block", "fixed") != "auto":
+            return
+        key = {
+            "device": self.device_name,
+            "model": self.names["model"],
+            "dtype": self.identity["dtype"],
+            "linear": self.engine.linear,
+            "threads": self.threads,
+        }
+        curve = cached_curve(key)
+        if curve is None or curve.rows[-1] < self.decoder.max_block():
+            rows, contexts = runtime_grid(self.decoder.max_block(), self.engine.max_positions)
+            print(
+                f"[run] block=auto: measuring this environment's cost curve ({len(rows)} block sizes x "
+                f"{len(contexts)} cache lengths, once; cached in {cache_dir()})",
+                flush=True,
+            )
+            seconds = measure_grid(self.engine, rows, contexts, reps=5)
+            curve = CostCurve(key, rows, contexts, seconds, None, {"reps": 5, "grid": "runtime"})
+            store_curve(curve)
+        self.cost_curve = cache_name(key)
+        self.decoder.use_cost(curve)
 
     def _run_samples(self, todo: list[Sample], n_done: int) -> None:
         total = sum(self.task.n_turns(s) for s in todo)
@@ -478,6 +525,7 @@ class Runner:
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(self.cfg.run.seed),
             "sampling": json.dumps(self.identity["sampling"]),
+            "cost_curve": self.cost_curve,
             "time": time.time(),
         }
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_block_cost import step_seconds
 from benchmarks.bench_fafo import Tally, custom_fafo, spread
+from core.cost_curve import step_seconds
 from core.engine import Engine
 from decoders.fafo import FAFO
 
@@ -75,7 +75,9 @@ def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkey
     curve, path, cached = block_cost.curve_for(args, "cpu: Test CPU")
     assert not cached and path.parent == tmp_path and path.exists()
     assert len(curve.seconds) == 2 and all(len(line) == 2 and min(line) > 0 for line in curve.seconds)
-    assert curve.model_shape().n_layers == tiny_lm.model.config.num_hidden_layers
+    from analysis.cost_model import shape_of
+
+    assert shape_of(curve).n_layers == tiny_lm.model.config.num_hidden_layers
     again, _, cached = block_cost.curve_for(args, "cpu: Test CPU")
     assert cached and again == curve
     args.refresh = True

@@ -128,3 +128,31 @@ def test_cost_section_prices_each_run_on_its_environments_curve(tmp_path):
     # measured decode speedup 9 s / 4 s = 2.25
     assert "| fafo_baselines | pld | full | pg19 | 3.94 | 2.25 | 4 | 1.78 |" in text
     assert "0 of 1 runs within +-15%" in text and "FAFO Table 2" in text
+
+
+def test_summary_shows_predicted_beside_measured(tmp_path, monkeypatch):
+    """analysis.summary: the speedup predicted on the environment's committed curve and on the H100
+    roofline sit beside the measured one (NaN where no curve of that environment exists)."""
+    from analysis import cost_model
+    from analysis.cost_model import CostCurve, cache_name
+    from analysis.summary import main as summary_main
+
+    root = tmp_path / "records"
+    write_run(root, "v", "vanilla", "full", "", 10.0)
+    steps = [
+        dict(step=j, block_tokens=8, drafted=7, accepted=6, committed=7, kv_attended=0, draft=False,
+             draft_model=False)
+        for j in range(9)
+    ]  # fmt: skip
+    write_run(root, "m", "pld", "full", "", 5.0, steps=steps)
+    monkeypatch.setattr(cost_model, "BENCH", tmp_path / "bench")
+    table = summary_main(["--root", str(root), "--figure", str(tmp_path / "s.png")])
+    pld = table[table["decoder"] == "pld"].iloc[0]
+    assert pld["pred_speedup"] != pld["pred_speedup"] and pld["pred_H100"] > 1  # no curve here: NaN
+    key = {"device": "cpu: test", "model": "smollm2-135m", "dtype": "float32", "linear": "aten", "threads": 2}
+    (tmp_path / "bench" / "cpu-test").mkdir(parents=True)
+    curve = CostCurve(key, [1, 8], [64, 256], [[1.0, 1.75], [1.0, 1.75]])
+    (tmp_path / "bench" / "cpu-test" / cache_name(key)).write_text(curve.to_json())
+    table = summary_main(["--root", str(root), "--figure", str(tmp_path / "s.png")])
+    pld = table[table["decoder"] == "pld"].iloc[0]
+    assert pld["pred_speedup"] == pytest.approx(63 / (9 * 1.75), rel=0.01)

@@ -178,3 +178,29 @@ def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
     runs = pd.read_parquet(cpu.run() / "runs.parquet")
     assert runs.loc[0, "scale"] == "cpu" and runs.loc[0, "dtype"] == "float32"
     assert pd.read_parquet(paper.run() / "runs.parquet").loc[0, "scale"] == "paper"
+
+
+def test_block_auto_gets_a_cost_curve_measured_once(tmp_path, monkeypatch):
+    """decoder.block=auto: the runner measures this environment's cost curve before timing (once,
+    then from the cache), hands it to the decoder and records which curve; block=fixed keeps the run
+    id runs had before decoders had a `block` field; a bad mode is one clear error."""
+    from core import cost_curve
+
+    monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path / "curves"))
+    measured = []
+    real = cost_curve.measure_grid
+    monkeypatch.setattr("runners.runner.measure_grid", lambda *a, **k: measured.append(a[1]) or real(*a, **k))
+    fixed = Runner(make_cfg(tmp_path, "decoder=pld"))
+    assert "block" not in fixed.identity["decoder_params"]
+    auto = Runner(make_cfg(tmp_path, "decoder=pld", "decoder.block=auto"))
+    assert auto.run_id != fixed.run_id
+    runs = pd.read_parquet(auto.run() / "runs.parquet")
+    assert len(measured) == 1 and measured[0][-1] >= auto.decoder.max_block()
+    assert runs.loc[0, "cost_curve"] and (tmp_path / "curves" / runs.loc[0, "cost_curve"]).exists()
+    samples = pd.read_parquet(auto.rundir.path / "samples.parquet")
+    assert samples["matches_vanilla"].all()
+    Runner(make_cfg(tmp_path, "decoder=pld", "decoder.block=auto", "run.seed=1")).run()
+    assert len(measured) == 1  # the second run reads the cached curve
+    assert pd.read_parquet(fixed.run() / "runs.parquet").loc[0, "cost_curve"] == ""
+    with pytest.raises(HarnessError, match="block must be one of"):
+        Runner(make_cfg(tmp_path, "decoder=pld", "decoder.block=big"))

@@ -1,0 +1,154 @@
+"""The cost curve t(B, ctx) of one environment: seconds for one forward of B query rows over a cache
+of ctx entries, measured on a grid (`measure_grid`), interpolated between grid points (`CostCurve`)
+and cached on disk per (device, model, dtype, linear, threads) (`cached_curve`, `store_curve`).
+
+`python -m benchmarks.block_cost` measures the full grid and prints it beside the roofline model
+(`analysis.cost_model`); the runner measures a compact grid once per environment when a decoder sizes
+its blocks by cost (`decoder.block=auto`), before anything is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.attention import MaskView
+
+CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
+
+
+@dataclass
+class CostCurve:
+    """Seconds per forward measured on a grid of block rows x cache lengths, for one environment."""
+
+    key: dict[str, object]  # device, model, dtype, linear, threads
+    rows: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]  # [context index][rows index]
+    shape: dict[str, object] | None = None  # analysis.cost_model.ModelShape fields of the model
+    meta: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if sorted(self.rows) != self.rows or sorted(self.contexts) != self.contexts:
+            raise ValueError("cost curve: rows and contexts must be increasing")
+        if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.rows) for r in self.seconds):
+            raise ValueError("cost curve: seconds must be a [contexts x rows] grid")
+
+    def __call__(self, rows: int, ctx: float) -> float:
+        """Interpolated linearly in rows and in context; linear extrapolation past the grid's ends
+        (the last two points' slope: cost grows with rows and entries), never below 0."""
+        per_ctx = [_interp(self.rows, line, rows) for line in self.seconds]
+        return max(_interp(self.contexts, per_ctx, ctx), 0.0)
+
+    def ratio(self, rows: int, ctx: float) -> float:
+        return self(rows, ctx) / self(1, ctx)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> CostCurve:
+        return cls(**json.loads(text))
+
+
+def _interp(xs: list[int], ys: list[float], x: float) -> float:
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# --- the on-disk cache ------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "draftless-harness" / "block_cost"
+    return Path(os.environ.get("HARNESS_COST_CACHE", str(default)))
+
+
+def cache_name(key: dict[str, object]) -> str:
+    """File name of a curve in the cache: one per (device, model, dtype, linear, threads)."""
+    parts = [str(key.get(k, "?")) for k in ("device", "model", "dtype", "linear", "threads")]
+    return "-".join("".join(c if c.isalnum() else "_" for c in p) for p in parts) + ".json"
+
+
+def cached_curve(key: dict[str, object]) -> CostCurve | None:
+    """The cached curve of this environment (None when absent or unreadable)."""
+    path = cache_dir() / cache_name(key)
+    try:
+        return CostCurve.from_json(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def store_curve(curve: CostCurve) -> Path:
+    """Write `curve` into the cache atomically; returns its path."""
+    path = cache_dir() / cache_name(curve.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(curve.to_json())
+    tmp.replace(path)
+    return path
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _vocab(eng) -> int:
+    return int(eng.model.config.vocab_size)
+
+
+def step_seconds(eng, context: int, rows: int, reps: int) -> float:
+    """Median seconds of a causal `rows`-row step over the engine's `context`-entry cache (nothing
+    kept: the cache stays at `context`)."""
+    mask = torch.ones(rows, context + rows, dtype=torch.bool)
+    mask[:, context:] = torch.tril(torch.ones(rows, rows, dtype=torch.bool))
+    view = MaskView(mask.to(eng.device), eng.scale)
+    tokens = (torch.arange(rows) + 3) % _vocab(eng)  # any ids: the cost does not depend on them
+    pos = torch.arange(context, context + rows)
+    times = []
+    for _ in range(reps):
+        _sync(eng.device)
+        t0 = time.perf_counter()
+        eng.step(tokens, pos, view, logits_rows=[rows - 1])
+        _sync(eng.device)
+        times.append(time.perf_counter() - t0)
+        eng.commit([])
+    return statistics.median(times)
+
+
+def measure_grid(eng, rows: list[int], contexts: list[int], reps: int) -> list[list[float]]:
+    """Median seconds per forward, [context][rows]; each context is measured twice (the first pass
+    warms the allocator and kernels) and the second pass kept. Leaves the engine's cache in an
+    arbitrary state: callers reset it before generating."""
+    grid = []
+    for ctx in contexts:
+        eng.reset(ctx + max(rows) + 1)
+        vocab = _vocab(eng)
+        eng.prefill([(100 + i % 1000) % vocab for i in range(ctx)])
+        line: list[float] = []
+        for _ in range(2):
+            line = [step_seconds(eng, ctx, b, reps) for b in rows]
+        grid.append(line)
+    return grid
+
+
+def runtime_grid(max_rows: int, max_positions: int) -> tuple[list[int], list[int]]:
+    """The compact grid the runner measures for `decoder.block=auto`: rows 1, 2, 4, .. up to the
+    decoder's largest block, at up to three cache lengths the model can hold."""
+    rows = [1]
+    while rows[-1] < max_rows:
+        rows.append(min(rows[-1] * 2, max_rows))
+    room = max_positions - rows[-1] - 1
+    contexts = sorted({c for c in (256, 1024, 4096) if c <= room}) or [max(room // 2, 1)]
+    return rows, contexts

@@ -1,0 +1,125 @@
+"""Block sizes chosen by cost (`decoder.block=auto`): each step runs the block that maximises expected
+committed tokens per second of forward, from the environment's cost curve t(rows, ctx)
+(`core.cost_curve`, handed over by the runner) and acceptance statistics gathered during the
+generation. Only the size of a block changes, never verification: lossless decoders stay lossless.
+
+Acceptance model: a draft (a PLD continuation, a pool candidate) is accepted token by token; the
+chance that its token i is accepted given tokens 1..i-1 were is a running rate per (key, i) with a
+Beta prior (`prior_mean`, `prior_weight` pseudo-drafts). The key says where a draft comes from (PLD:
+the matched n-gram length; pool decoders: the candidate's rank). Every verified draft updates the
+positions it reached. Expected accepted tokens of one draft of length k = sum over i <= k of the
+survival P(tokens 1..i accepted); of several drafts verified together, the expected longest accepted
+prefix, with drafts treated as independent (an optimistic estimate where candidates share prefixes).
+The statistics live for one generation, like a KV policy's state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+
+from core.cost_curve import CostFn  # (rows, attended context) -> seconds
+
+BLOCK_MODES = ("fixed", "auto")
+
+
+def check_block_mode(block: str) -> str:
+    if block not in BLOCK_MODES:
+        raise ValueError(f"block must be one of {', '.join(BLOCK_MODES)}; got {block!r}")
+    return block
+
+
+class AcceptanceStats:
+    """Running per-position acceptance rates of drafts, per key (one generation)."""
+
+    def __init__(self, prior_mean: float = 0.5, prior_weight: float = 2.0) -> None:
+        if not 0.0 < prior_mean < 1.0 or prior_weight <= 0:
+            raise ValueError("acceptance prior: mean in (0, 1) and a positive weight")
+        self.prior_mean, self.prior_weight = prior_mean, prior_weight
+        self.reached: dict[Hashable, list[int]] = defaultdict(list)  # drafts that reached position i
+        self.passed: dict[Hashable, list[int]] = defaultdict(list)  # ... and had token i accepted
+
+    def update(self, key: Hashable, drafted: int, accepted: int) -> None:
+        """One verified draft of `drafted` tokens whose first `accepted` tokens were accepted."""
+        reached, passed = self.reached[key], self.passed[key]
+        while len(reached) < drafted:
+            reached.append(0)
+            passed.append(0)
+        for i in range(min(accepted + 1, drafted)):
+            reached[i] += 1
+            passed[i] += i < accepted
+
+    def rate(self, key: Hashable, i: int) -> float:
+        """P(token i accepted | tokens before it accepted), 0-based position."""
+        reached, passed = self.reached.get(key, []), self.passed.get(key, [])
+        n, a = (reached[i], passed[i]) if i < len(reached) else (0, 0)
+        return (a + self.prior_mean * self.prior_weight) / (n + self.prior_weight)
+
+    def survival(self, key: Hashable, k: int) -> list[float]:
+        """[P(tokens 1..i all accepted) for i = 1..k]."""
+        out, s = [], 1.0
+        for i in range(k):
+            s *= self.rate(key, i)
+            out.append(s)
+        return out
+
+
+def expected_longest(survivals: Sequence[Sequence[float]]) -> float:
+    """E[longest accepted prefix] over independent drafts with the given survival curves."""
+    depth = max((len(s) for s in survivals), default=0)
+    total = 0.0
+    for i in range(depth):
+        miss = 1.0
+        for s in survivals:
+            if i < len(s):
+                miss *= 1.0 - s[i]
+        total += 1.0 - miss
+    return total
+
+
+def best_prefix(survivals: Sequence[Sequence[float]], rows: Sequence[int], cost: CostFn, ctx: float) -> int:
+    """How many of the ranked drafts to verify: g in 0..len(survivals) maximising
+    (1 + E[longest accepted prefix of drafts 1..g]) / cost(rows[g]); `rows[g]` = block rows with g
+    drafts. Incremental: one pass over the drafts' positions."""
+    depth = max((len(s) for s in survivals), default=0)
+    miss = [1.0] * depth
+    options = [(rows[0], 1.0)]
+    for g, s in enumerate(survivals, start=1):
+        for i, p in enumerate(s):
+            miss[i] *= 1.0 - p
+        options.append((rows[g], 1.0 + sum(1.0 - m for m in miss)))
+    return best_option(options, cost, ctx)
+
+
+def best_option(options: Sequence[tuple[int, float]], cost: CostFn, ctx: float) -> int:
+    """Index of the (rows, expected committed tokens) option with the most tokens per second; ties go
+    to the smaller block (listed first)."""
+    best, best_rate = 0, -1.0
+    for i, (rows, tokens) in enumerate(options):
+        rate = tokens / max(cost(rows, ctx), 1e-12)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = i, rate
+    return best
+
+
+def generator_plan(
+    sizes: Sequence[int], rows_of: Callable[[int], int], cost: CostFn, ctx: float, share: float
+) -> tuple[int, int]:
+    """(size, period) for the rows that produce guesses rather than verify them (Lookahead's window,
+    FAFO's streams): their payoff comes in later steps, so instead of an expected-token estimate they
+    get a fixed `share` of a 1-row step's cost, on average. The largest size whose rows
+    (`rows_of(size)`, besides the root) add at most that share, run every step; when even the smallest
+    adds more, the smallest run every `period`-th step so that its cost averaged over steps does."""
+    if share <= 0:
+        raise ValueError(f"generator share must be positive, got {share}")
+    one = cost(1, ctx)
+
+    def extra(s: int) -> float:
+        return max(cost(1 + rows_of(s), ctx) / one - 1.0, 0.0)
+
+    fits = [s for s in sizes if extra(s) <= share]
+    if fits:
+        return max(fits), 1
+    small = min(sizes)
+    return small, max(math.ceil(extra(small) / share - 1e-9), 1)

@@ -1,0 +1,192 @@
+"""`decoder.block=auto` (issue 18): the acceptance model and the chooser against brute force, the
+cost-curve hand-over by the runner, and losslessness of auto-sized blocks on tiny models and SmolLM2."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from core.engine import Engine
+from core.types import Counts, HarnessError
+from decoders.block_size import AcceptanceStats, best_option, best_prefix, expected_longest, generator_plan
+from decoders.fafo import FAFO, FAFO2Forward
+from decoders.lookahead import Lookahead
+from decoders.pld import PromptLookup
+from decoders.vanilla import Vanilla
+from tests.conftest import needs_smollm
+from tests.lossless_check import check_lossless, mtbench_lossless
+from tests.test_lossless_lookahead import varied_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def flat(rows: int, ctx: float) -> float:  # a GPU-like curve: a block costs one step up to 512 rows
+    return 1.0 + max(rows - 512, 0) * 0.01
+
+
+def steep(rows: int, ctx: float) -> float:  # every row costs 40% of a step
+    return 1.0 + 0.4 * (rows - 1)
+
+
+def test_acceptance_stats_count_reached_positions():
+    st = AcceptanceStats(prior_mean=0.5, prior_weight=2.0)
+    assert st.rate("k", 0) == 0.5 and st.survival("k", 2) == [0.5, 0.25]
+    st.update("k", drafted=4, accepted=1)  # token 0 accepted, token 1 rejected, 2-3 never reached
+    assert st.reached["k"] == [1, 1, 0, 0] and st.passed["k"] == [1, 0, 0, 0]
+    st.update("k", drafted=2, accepted=2)
+    assert st.rate("k", 0) == pytest.approx(3 / 4) and st.rate("k", 1) == pytest.approx(2 / 4)
+    assert st.rate("k", 2) == 0.5 and st.rate("other", 0) == 0.5  # unseen: the prior
+    with pytest.raises(ValueError):
+        AcceptanceStats(prior_mean=1.0)
+
+
+def test_expected_longest_matches_enumeration():
+    rng = random.Random(0)
+    for _ in range(50):
+        drafts = []
+        for _ in range(rng.randint(1, 3)):
+            rates = [rng.random() for _ in range(rng.randint(1, 4))]
+            drafts.append(rates)
+        survivals = [
+            [1.0] * 0 + [float(__import__("math").prod(r[: i + 1])) for i in range(len(r))] for r in drafts
+        ]
+        # brute force: every draft's accepted length is its first rejected position
+        outcomes = [range(len(r) + 1) for r in drafts]
+        want = 0.0
+        for lengths in itertools.product(*outcomes):
+            p = 1.0
+            for r, n in zip(drafts, lengths):
+                p *= math.prod(r[:n]) * (1 - r[n] if n < len(r) else 1.0)
+            want += p * max(lengths)
+        assert expected_longest(survivals) == pytest.approx(want)
+    assert expected_longest([]) == 0.0
+
+
+def test_best_option_follows_the_curve():
+    options = [(1, 1.0), (3, 1.8), (6, 2.2), (11, 2.4)]
+    assert best_option(options, flat, 100) == 3  # rows are free: the longest draft
+    assert best_option(options, steep, 100) == 0  # 1.8 / 1.8 ties 1.0 / 1: the smaller block
+    assert best_option([(1, 1.0), (2, 1.9)], steep, 100) == 1
+    sizes = [1, 2, 4, 8, 40]
+    assert generator_plan(sizes, lambda s: 6 * s, flat, 100, 0.1) == (40, 1)  # every step, full size
+    # steep: 6 rows add 2.4 steps; run the smallest every 24th step (2.4 / 24 = 0.1 per step)
+    assert generator_plan(sizes, lambda s: 6 * s, steep, 100, 0.1) == (1, 24)
+    assert generator_plan(sizes, lambda s: s, steep, 100, 0.8) == (2, 1)
+    with pytest.raises(ValueError):
+        generator_plan(sizes, lambda s: s, steep, 100, 0.0)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    return eng, [(p, Vanilla(eng).generate(p, 40, set(), Counts())) for p in varied_prompts(8, seed=3)]
+
+
+@pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
+def test_pld_auto_is_lossless_and_follows_the_curve(refs, curve):
+    eng, cases = refs
+    drafted = {}
+    for block in ("fixed", "auto"):
+        drafted[block] = 0
+        for prompt, ref in cases:
+            dec = PromptLookup(eng, num_tokens=8, block=block)
+            dec.use_cost(curve)
+            counts = Counts()
+            got = dec.generate(prompt, 40, set(), counts)
+            check_lossless(eng, prompt, ref, got)
+            assert counts.committed == len(got) - 1
+            drafted[block] += counts.drafted
+    if curve is flat:
+        assert drafted["auto"] == drafted["fixed"]  # free rows: always the whole draft
+    else:
+        assert 0 < drafted["auto"] < drafted["fixed"]  # expensive rows: drafts cut where they fail
+
+
+def test_block_auto_needs_a_curve_and_a_known_mode(refs):
+    eng, cases = refs
+    with pytest.raises(HarnessError, match="cost curve"):
+        PromptLookup(eng, block="auto").generate(cases[0][0], 8, set(), Counts())
+    with pytest.raises(ValueError, match="block must be one of"):
+        PromptLookup(eng, block="big")
+
+
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_block_auto_lossless(smollm):
+    def auto(make):
+        def build(e):
+            dec = make(e)
+            dec.use_cost(steep)
+            return dec
+
+        return build
+
+    makers = [
+        ("pld_auto", auto(lambda e: PromptLookup(e, block="auto"))),
+        ("lookahead_auto", auto(lambda e: Lookahead(e, pool_from_prompt=True, block="auto"))),
+        ("fafo_auto", auto(lambda e: FAFO(e, k=3, n=4, tree=True, pool_from_prompt=True, block="auto"))),
+    ]
+    taus = mtbench_lossless(smollm, makers, 3, 1, 48)
+    assert max(taus) > 1.0
+
+
+def test_best_prefix_equals_options_built_by_hand():
+    rng = random.Random(1)
+    for _ in range(30):
+        survivals = [sorted((rng.random() for _ in range(3)), reverse=True) for _ in range(rng.randint(0, 6))]
+        rows = [1 + 3 * g for g in range(len(survivals) + 1)]
+        for curve in (flat, steep):
+            options = [(rows[g], 1.0 + expected_longest(survivals[:g])) for g in range(len(survivals) + 1)]
+            assert best_prefix(survivals, rows, curve, 50) == best_option(options, curve, 50)
+    assert best_prefix([[0.9, 0.9], [0.9, 0.9]], [1, 3, 5], flat, 50) == 2
+    assert best_prefix([[0.1, 0.0], [0.1, 0.0]], [1, 3, 5], steep, 50) == 0
+
+
+@pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
+def test_lookahead_auto_is_lossless_and_follows_the_curve(refs, curve):
+    eng, cases = refs
+    rows = {}
+    for block in ("fixed", "auto"):
+        rows[block] = 0
+        for prompt, ref in cases:
+            dec = Lookahead(eng, N=4, W=5, G=5, pool_from_prompt=True, block=block)
+            dec.use_cost(curve)
+            counts = Counts()
+            got = dec.generate(prompt, 40, set(), counts)
+            check_lossless(eng, prompt, ref, got)
+            rows[block] += sum(s.block_tokens for s in counts.steps)
+    if curve is flat:
+        assert dec.plan == (5, 1) and rows["auto"] == rows["fixed"]  # the whole window, every step
+    else:
+        assert dec.plan[0] == 1 and dec.plan[1] > 1 and rows["auto"] < rows["fixed"] / 2
+
+
+@pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
+@pytest.mark.parametrize("tree", [False, True], ids=["flat_cands", "tree"])
+def test_fafo_auto_is_lossless_and_follows_the_curve(refs, curve, tree):
+    eng, cases = refs
+    rows = {}
+    for block in ("fixed", "auto"):
+        rows[block] = 0
+        for prompt, ref in cases:
+            dec = FAFO(eng, k=3, n=6, m=6, tree=tree, pool_from_prompt=True, pool_capacity=8, block=block)
+            dec.use_cost(curve)
+            counts = Counts()
+            got = dec.generate(prompt, 40, set(), counts)
+            check_lossless(eng, prompt, ref, got)
+            rows[block] += sum(s.block_tokens for s in counts.steps)
+    if curve is flat:
+        assert dec.plan == (6, 1) and rows["auto"] == rows["fixed"]  # every stream and candidate
+    else:
+        assert dec.plan[0] == 1 and dec.plan[1] > 1 and rows["auto"] < rows["fixed"] / 2
+
+
+def test_fafo_auto_refuses_static_shapes(refs):
+    eng, _ = refs
+    with pytest.raises(ValueError, match="pad_candidates"):
+        FAFO(eng, k=2, n=2, pad_candidates=True, block="auto")
+    with pytest.raises(ValueError, match="no block=auto"):
+        FAFO2Forward(eng, k=2, n=2, block="auto")
