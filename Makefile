@@ -25,7 +25,7 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 	  tests/test_lossless_triforce.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec; do \
+	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_block_auto; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
@@ -38,6 +38,7 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	for e in $(FAFO_CPU); do $(PY) run.py -m experiment=$$e scale=cpu $(RECORDS) || exit 1; done
 	$(PY) run.py -m experiment=fafo_baselines scale=cpu task=multi_if decoder=vanilla $(RECORDS)
 	$(PY) run.py -m experiment=fafo_table13_frac scale=cpu $(RECORDS)
+	$(PY) run.py -m experiment=block_auto scale=cpu $(RECORDS)
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(RECORDS)
 	for e in triforce_table1_cpu triforce_table8a_cpu triforce_table8b_cpu triforce_figure6a_cpu \
 	  triforce_figure6b_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done

@@ -24,7 +24,7 @@ from analysis import fafo_paper as fafo
 from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
 from analysis.load import experiments, from_experiments
-from analysis.metrics import SETUP, AnalysisError, with_env
+from analysis.metrics import SETUP, AnalysisError, summarize, with_env
 
 REPO = Path(__file__).resolve().parents[1]
 SCALE_NOTE = "Same protocol, other scale: compare shapes and orderings, not absolute numbers."
@@ -268,6 +268,30 @@ def cost_section(root: Path, bench: Path | None = None) -> list[str]:
     return parts
 
 
+def block_auto_section(samples: pd.DataFrame) -> list[str]:
+    """Ours, not a paper's: decoders with blocks sized by cost (experiment=block_auto) beside their
+    fixed-size counterparts and vanilla (experiment=fafo_baselines), paired per environment."""
+    parts = ["## Blocks sized by cost (ours, not a paper's table)", ""]
+    exp = samples.get("experiment", pd.Series("", index=samples.index)).fillna("")
+    if not (exp == "block_auto").any():
+        return parts + ["No runs yet: `python run.py -m experiment=block_auto scale=cpu`.", ""]
+    sub = samples[exp.isin(["fafo_baselines", "block_auto"])]
+    table = summarize(sub)
+    table = table[table["task"].isin(sorted(set(sub.loc[exp == "block_auto", "task"])))]
+    cols = ["task", "method", "samples", "tau", "decode_speedup", "speedup", "speedup_lo", "speedup_hi"]
+    parts += [
+        "`decoder=pld_auto|lookahead_auto|fafo_auto` size each block from the cost curve of the run's "
+        "environment and the acceptance seen so far (`decoders/block_size.py`); the fixed rows are the "
+        "README/paper settings. Speedups are paired with the vanilla run of the same environment "
+        f"({_setup_line(sub)}); speed ratios of a shared CPU jitter by 10-30%: "
+        "`benchmarks.bench_block_auto` repeats them interleaved.",
+        "",
+        markdown(table[cols].sort_values(["task", "method"]).reset_index(drop=True)),
+        "",
+    ]
+    return parts
+
+
 def build_report(root: Path, out: Path) -> str:
     """The report's markdown (figures are written under `out/figures`)."""
     from analysis.load import load_samples
@@ -316,6 +340,8 @@ def build_report(root: Path, out: Path) -> str:
             parts += [f"Not made from these records: {why}", ""]
         if not made and not refused:
             parts += [f"No runs yet: `{command}`.", ""]
+    if len(samples):
+        parts += block_auto_section(samples)
     parts += cost_section(root)
     parts += ["## Not reproduced, and why", "", "| paper | table | reason |", "|---|---|---|"]
     parts += [f"| {p} | {t} | {why} |" for p, t, why in NOT_REPRODUCED]

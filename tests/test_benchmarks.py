@@ -84,3 +84,16 @@ def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkey
     assert not block_cost.curve_for(args, "cpu: Test CPU")[2]
     args.refresh, args.rows = False, [1, 2, 4]  # another grid is measured, not read from the cache
     assert not block_cost.curve_for(args, "cpu: Test CPU")[2]
+
+
+def test_bench_block_auto_prices_the_blocks_a_method_ran():
+    """bench_block_auto's prediction: vanilla's 1-row steps for the committed tokens over the forwards
+    run, each priced at its own cache length."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_block_auto import priced
+
+    steps = [SimpleNamespace(block_tokens=4, committed=3), SimpleNamespace(block_tokens=1, committed=1)]
+    num, den = priced(steps, 10, lambda rows, ctx: rows * (1 + ctx / 100))
+    assert num == pytest.approx(1.10 + 1.11 + 1.12 + 1.13)  # 1-row steps at contexts 10..13
+    assert den == pytest.approx(4 * 1.10 + 1.13)

@@ -156,3 +156,17 @@ def test_summary_shows_predicted_beside_measured(tmp_path, monkeypatch):
     table = summary_main(["--root", str(root), "--figure", str(tmp_path / "s.png")])
     pld = table[table["decoder"] == "pld"].iloc[0]
     assert pld["pred_speedup"] == pytest.approx(63 / (9 * 1.75), rel=0.01)
+
+
+def test_block_auto_section_pairs_auto_runs_with_the_fixed_baselines(tmp_path):
+    from analysis.load import load_samples
+
+    root = tmp_path / "records"
+    write_run(root, "v", "vanilla", "full", "fafo_baselines", 10.0)
+    write_run(root, "p", "pld", "full", "fafo_baselines", 6.0)
+    assert "No runs yet" in "\n".join(paper.block_auto_section(load_samples(root)))
+    write_run(root, "a", "pld_auto", "full", "block_auto", 5.0)
+    text = "\n".join(paper.block_auto_section(load_samples(root)))
+    assert "| pg19 | pld_auto+full |" in text and "| pg19 | pld+full |" in text
+    assert "| pg19 | vanilla+full | 2 | 1 | 1 |" in text
+    assert "| pg19 | pld_auto+full | 2 | 3.94 | 2.25 |" in text  # 63 tokens / 16 forwards; 9 s / 4 s
