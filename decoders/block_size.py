@@ -78,17 +78,59 @@ def expected_longest(survivals: Sequence[Sequence[float]]) -> float:
     return total
 
 
-def best_prefix(survivals: Sequence[Sequence[float]], rows: Sequence[int], cost: CostFn, ctx: float) -> int:
+class PrefixGain:
+    """Observed gain of verifying the g-th ranked draft of a step too: how much it lengthened the
+    longest accepted prefix of drafts 1..g-1, per g (one generation). Candidates of one step are
+    correlated (a trie shares prefixes; two guesses rarely both match), so the independent-drafts
+    model's gain is blended with the observed one: (observed sum + weight * model) / (observations +
+    weight). Gains are never negative: verifying more never shortens the accepted prefix."""
+
+    def __init__(self, weight: float = 2.0) -> None:
+        self.weight = weight
+        self.total: list[float] = []
+        self.count: list[int] = []
+
+    def update(self, lengths: Sequence[int]) -> None:
+        """Accepted lengths of the drafts verified in one step, in rank order."""
+        best = 0
+        for g, n in enumerate(lengths):
+            if g == len(self.total):
+                self.total.append(0.0)
+                self.count.append(0)
+            self.total[g] += max(n - best, 0)
+            self.count[g] += 1
+            best = max(best, n)
+
+    def blend(self, g: int, model_gain: float) -> float:
+        """Expected gain of the g-th draft (1-based)."""
+        i = g - 1
+        total, count = (self.total[i], self.count[i]) if i < len(self.total) else (0.0, 0)
+        return (total + self.weight * model_gain) / (count + self.weight)
+
+
+def best_prefix(
+    survivals: Sequence[Sequence[float]],
+    rows: Sequence[int],
+    cost: CostFn,
+    ctx: float,
+    observed: PrefixGain | None = None,
+) -> int:
     """How many of the ranked drafts to verify: g in 0..len(survivals) maximising
     (1 + E[longest accepted prefix of drafts 1..g]) / cost(rows[g]); `rows[g]` = block rows with g
-    drafts. Incremental: one pass over the drafts' positions."""
+    drafts; each draft's gain from the independent-drafts model, blended with `observed` gains when
+    given. Incremental: one pass over the drafts' positions."""
     depth = max((len(s) for s in survivals), default=0)
     miss = [1.0] * depth
     options = [(rows[0], 1.0)]
+    tokens, model_before = 1.0, 0.0
     for g, s in enumerate(survivals, start=1):
         for i, p in enumerate(s):
             miss[i] *= 1.0 - p
-        options.append((rows[g], 1.0 + sum(1.0 - m for m in miss)))
+        model = sum(1.0 - m for m in miss)
+        gain = model - model_before
+        tokens += observed.blend(g, gain) if observed else gain
+        model_before = model
+        options.append((rows[g], tokens))
     return best_option(options, cost, ctx)
 
 

@@ -42,7 +42,14 @@ import torch
 
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
-from decoders.block_size import AcceptanceStats, CostFn, best_prefix, check_block_mode, generator_plan
+from decoders.block_size import (
+    AcceptanceStats,
+    CostFn,
+    PrefixGain,
+    best_prefix,
+    check_block_mode,
+    generator_plan,
+)
 from decoders.fafo_layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo_views import ViewFactory
 from decoders.ngram_pool import NGramPool
@@ -98,7 +105,7 @@ class FAFO(BaseDecoder):
         tree: bool = False,
         seed: int = 0,
         block: str = "fixed",
-        generator_share: float = 0.25,
+        generator_share: float = 0.1,
     ) -> None:
         m = n if m is None else m
         if k < 1 or n < 1 or m < 0:
@@ -244,6 +251,7 @@ class FAFO(BaseDecoder):
         n_streams, period = (self.n, 1) if cost is None else self._stream_plan(cost, len(prompt))
         self.plan = (n_streams, period)
         stats = AcceptanceStats()  # block=auto: acceptance per candidate rank and position
+        gains = PrefixGain()  # ... and the longest accepted among the first g candidates
         streams, pool, seq = self._start(prompt, out, n_streams)
         base = len(seq) - 1
         done, step = False, 0
@@ -253,7 +261,7 @@ class FAFO(BaseDecoder):
             step += 1
             cands, block_cands = self._candidates(pool, seq)
             if cost is not None and len(cands):
-                cands = block_cands = cands[: self._auto_candidates(cands, stats, n, cost, cache_len)]
+                cands = block_cands = cands[: self._auto_candidates(cands, stats, gains, n, cost, cache_len)]
             lay = self.layouts.get(block_cands, n)
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
@@ -265,8 +273,10 @@ class FAFO(BaseDecoder):
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
             if cost is not None and len(cands):
                 rows = lay.cand_rows[: len(cands)]
-                for j, n_ok in enumerate(match_lengths(cands, int(preds[0]), preds[rows]).tolist()):
+                lengths = match_lengths(cands, int(preds[0]), preds[rows]).tolist()
+                for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), self.k, n_ok)
+                gains.update(lengths)
             if n:
                 self._grow_pool(pool, streams, preds[preds.numel() - n :])  # each stream's last row
             base = self._next_base(base, len(seq) - 1)
@@ -277,7 +287,13 @@ class FAFO(BaseDecoder):
         return generator_plan(range(1, self.n + 1), lambda s: s * self.k, cost, ctx, self.generator_share)
 
     def _auto_candidates(
-        self, cands: torch.Tensor, stats: AcceptanceStats, n: int, cost: CostFn, ctx: int
+        self,
+        cands: torch.Tensor,
+        stats: AcceptanceStats,
+        gains: PrefixGain,
+        n: int,
+        cost: CostFn,
+        ctx: int,
     ) -> int:
         """How many of the ranked candidates to verify (most expected tokens per second of forward);
         with `tree`, a candidate costs only the rows of its prefix not shared with earlier ones."""
@@ -289,7 +305,7 @@ class FAFO(BaseDecoder):
                 seen.add(tuple(cand[: t + 1]))
             rows.append(rows[-1] + (new if self.tree else self.k))
         survivals = [stats.survival(min(j, RANKS), self.k) for j in range(len(cands))]
-        return best_prefix(survivals, rows, cost, ctx)
+        return best_prefix(survivals, rows, cost, ctx, gains)
 
 
 class FAFO2Forward(FAFO):

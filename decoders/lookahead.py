@@ -58,7 +58,7 @@ import torch
 from core.attention import MaskView
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
-from decoders.block_size import AcceptanceStats, best_prefix, check_block_mode, generator_plan
+from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
 from decoders.verify import match_lengths, verify_logits
 from kv_policies.full import FullKV
@@ -172,7 +172,7 @@ class Lookahead(BaseDecoder):
         pool_from_prompt: bool = False,
         seed: int = 0,
         block: str = "fixed",
-        generator_share: float = 0.25,
+        generator_share: float = 0.1,
     ) -> None:
         if N < 3 or W < 1 or G < 1:
             raise ValueError(f"lookahead needs N >= 3, W >= 1, G >= 1; got N={N} W={W} G={G}")
@@ -240,6 +240,7 @@ class Lookahead(BaseDecoder):
         width, period = (self.W, 1) if cost is None else self._window_plan(cost, len(prompt))
         self.plan = (width, period)
         stats = AcceptanceStats()  # block=auto: acceptance per candidate rank and position
+        gains = PrefixGain()  # ... and the longest accepted among the first g candidates
         rng = random.Random(self.seed)
         window = JacobiWindow(self.N, width, [rng.choice(prompt) for _ in range(width + self.N - 3)])
         pool = self.pool = NGramPool(self.G)
@@ -256,7 +257,7 @@ class Lookahead(BaseDecoder):
                 survivals = [stats.survival(min(j, RANKS), k) for j in range(len(guesses))]
                 win = 1 + sum(lens)
                 rows = [win + g * k for g in range(len(guesses) + 1)]
-                guesses = guesses[: best_prefix(survivals, rows, cost, cache_len)]
+                guesses = guesses[: best_prefix(survivals, rows, cost, cache_len, gains)]
             lay = self._layout(lens, len(guesses))
             cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
             tokens = torch.tensor(
@@ -278,8 +279,10 @@ class Lookahead(BaseDecoder):
             if cost is not None and len(guesses):
                 root_pred = int(preds[0])
                 rows_pred = preds[lay.guess_sel :].view(len(guesses), k)
-                for j, n_ok in enumerate(match_lengths(cands, root_pred, rows_pred).tolist()):
+                lengths = match_lengths(cands, root_pred, rows_pred).tolist()
+                for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), k, n_ok)
+                gains.update(lengths)
             if lens != [0]:
                 for key, gram in window.advance(root, preds[lay.top_sel].tolist()):
                     pool.add((key,), gram)

@@ -11,7 +11,14 @@ import pytest
 
 from core.engine import Engine
 from core.types import Counts, HarnessError
-from decoders.block_size import AcceptanceStats, best_option, best_prefix, expected_longest, generator_plan
+from decoders.block_size import (
+    AcceptanceStats,
+    PrefixGain,
+    best_option,
+    best_prefix,
+    expected_longest,
+    generator_plan,
+)
 from decoders.fafo import FAFO, FAFO2Forward
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
@@ -190,3 +197,20 @@ def test_fafo_auto_refuses_static_shapes(refs):
         FAFO(eng, k=2, n=2, pad_candidates=True, block="auto")
     with pytest.raises(ValueError, match="no block=auto"):
         FAFO2Forward(eng, k=2, n=2, block="auto")
+
+
+def test_observed_prefix_gains_override_the_independence_model():
+    """Candidates that never add to the first one's accepted length stop being verified on a cheap
+    curve, whatever the per-candidate rates say; unobserved ranks fall back to the model."""
+    gains = PrefixGain(weight=2.0)
+    for _ in range(20):
+        gains.update([2, 2, 0])  # the second shares the first's prefix, the third misses: no gain
+    assert gains.total == [40.0, 0.0, 0.0] and gains.count == [20, 20, 20]
+    assert gains.blend(1, 1.0) == pytest.approx(42 / 22) and gains.blend(2, 0.5) == pytest.approx(1 / 22)
+    assert gains.blend(4, 0.3) == pytest.approx(0.3)  # never observed: the model
+    survivals = [[0.5, 0.25]] * 3
+    rows = [1, 3, 5, 7]
+    cheap = lambda r, c: 1.0 + 0.05 * (r - 1)  # noqa: E731
+    assert best_prefix(survivals, rows, cheap, 50) == 3  # the model: every candidate pays
+    assert best_prefix(survivals, rows, cheap, 50, gains) == 1  # observed: only the first does
+    assert best_prefix(survivals, rows, flat, 50, gains) == 3  # free rows: verify them all anyway

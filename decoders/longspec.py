@@ -1,0 +1,261 @@
+"""LongSpec (Yang et al. 2025, papers/004; seed-specs §4.3): a one-block draft that reads the target's
+KV cache drafts a tree by dynamic beam search; one target forward verifies every tree node through
+Hybrid Tree Attention (`core.tree_attention`). Lossless: the target decides every token.
+
+One step, with L committed entries in the target cache and the root r = the last output token (not
+cached yet, as in `decoders.selfspec`):
+1. Draft (`decoders.longspec_draft.LongSpecDraft`): depth 1 = the top-w1 children of r under the draft
+   (r queried at position L); at depth d every beam node of depth d-1 (queried at position L + d - 1,
+   seeing the draft's window cache and its own ancestors) proposes its top-w_d children, and the top-w_d
+   of all of those by cumulative draft log-prob become the new beam and tree nodes (the others are not
+   in the tree). The draft's cross-attention reads only the target's L committed entries.
+2. Verify: ONE target forward over [r, every tree node], node at depth d at position L + d, with the
+   ancestor mask over the block and the whole cache visible (`HybridTreeView`).
+3. Accept: greedy = the longest root path whose every token is the target's argmax at its parent, plus
+   the bonus argmax after it. Sampling = at each node along the path, its children x1..xm (one-hot,
+   deterministic top-k drafts) are tried in order with Lookahead's/SpecInfer's rule (`decoders.verify.
+   sample_verify`): accept x_i with probability p_i(x_i), p_1 = the target's distribution at the node,
+   p_{i+1} = p_i with x_i removed and renormalised; when none is accepted the next token is drawn from
+   p_{m+1} and the step ends. Exact in distribution. (The rule is `sample_verify`'s; that function
+   walks equal-length candidate rows, while a beam tree's root paths end at different depths, so the
+   walk over the tree is written out in `_accept`.)
+4. Commit the root and the accepted path's rows (`engine.commit`: their KV compacted in the one cache),
+   then the same tokens enter the draft's window.
+A chain (gamma drafts) is the case widths = [1] * gamma.
+
+Counts: one `counts.step` per target forward (block rows, drafted tree nodes, accepted, committed, cache
+entries read); one `counts.draft_model_step(rows, window entries)` per draft forward (its cross-attention
+reads the target's committed entries of one layer on top: not in `kv_attended`, like any draft model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.sampling import Sampler
+from core.tree_attention import HybridTreeView
+from core.types import Counts, HarnessError
+from decoders.base import BaseDecoder, extend_output
+from decoders.longspec_draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer
+
+RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
+
+
+@dataclass
+class Tree:
+    """A draft tree as the target's block: row 0 is the root, rows 1.. the nodes (parents first)."""
+
+    tokens: list[int]
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    score: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-prob
+    children: list[list[int]] = field(default_factory=lambda: [[]])
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        row = len(self.tokens)
+        self.tokens.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.score.append(score)
+        self.children.append([])
+        self.children[parent].append(row)
+        return row
+
+    def path(self, row: int) -> list[int]:
+        """The rows from the root down to `row` (inclusive)."""
+        out = []
+        while row >= 0:
+            out.append(row)
+            row = self.parent[row]
+        return out[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """bool `[n, n]`: row i may attend to row j iff j is i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            if i:
+                mask[i] = mask[self.parent[i]]
+            mask[i, i] = True
+        return mask
+
+
+def _widths(depth: object, widths: object) -> list[int]:
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise HarnessError(f"decoder=longspec: depth must be a positive integer, got {depth!r}")
+    try:
+        if isinstance(widths, (str, bytes)):
+            raise TypeError
+        values = list(widths)  # a list or Hydra's ListConfig
+    except TypeError:
+        raise HarnessError(f"decoder=longspec: widths must be a list of {depth} positive integers") from None
+    if len(values) != depth or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in values):
+        raise HarnessError(
+            f"decoder=longspec: widths must be {depth} positive integers (one per depth), got {values!r}"
+        )
+    return values
+
+
+class LongSpec(BaseDecoder):
+    name = "longspec"
+    lossless = True  # the target verifies every token
+
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler: Sampler | None = None,
+        depth: int = 5,
+        widths: Sequence[int] = (4, 16, 16, 16, 16),
+        window: int | None = None,
+        target_layer: int | None = None,
+        checkpoint: str | None = None,
+        seed: int = 0,
+        draft_module: Any = None,
+    ) -> None:
+        """`checkpoint`: a draft folder (`LongSpecDraft.save`), or "random" (untrained, seeded by `seed`).
+        `window` / `target_layer`: None = the checkpoint's (random: 512 / the last layer); a loaded
+        draft's target layer cannot change. `draft_module`: a ready draft object (tests), instead of
+        a checkpoint."""
+        self.widths = _widths(depth, widths)
+        self.depth = depth
+        super().__init__(engine, kv, sampler)
+        if not self.kv.lossless:
+            raise HarnessError(
+                f"decoder=longspec verifies over the full cache and drafts from the target's committed "
+                f"entries; kv={self.kv.name} would only hide entries from it: use kv=full"
+            )
+        if window is not None:
+            check_window(window)
+        if target_layer is not None:
+            target_layer = resolve_layer(target_layer, engine.w.n_layers)
+        self.checkpoint = checkpoint
+        self.draft = (
+            draft_module if draft_module is not None else self._load(checkpoint, window, target_layer, seed)
+        )
+
+    def _load(
+        self, checkpoint: str | None, window: int | None, layer: int | None, seed: int
+    ) -> LongSpecDraft:
+        if checkpoint is None:
+            raise HarnessError(
+                "decoder=longspec needs a trained draft: set decoder.checkpoint=<draft folder> (no trained "
+                "draft ships yet), or decoder.checkpoint=random for an untrained random draft "
+                "(lossless, tau near 1: smoke runs only)"
+            )
+        if str(checkpoint) == RANDOM:
+            last = self.engine.w.n_layers - 1
+            return LongSpecDraft.init_for(
+                self.engine, last if layer is None else layer, window or DEFAULT_WINDOW, seed
+            )
+        draft = LongSpecDraft.load(Path(str(checkpoint)).expanduser(), self.engine, window)
+        if layer is not None and layer != draft.target_layer:
+            raise HarnessError(
+                f"decoder=longspec: the draft at {checkpoint} reads target layer {draft.target_layer}, "
+                f"not decoder.target_layer={layer} (leave it null to use the checkpoint's)"
+            )
+        return draft
+
+    def params(self) -> dict:
+        return {
+            "depth": self.depth,
+            "widths": list(self.widths),
+            "window": self.draft.window,
+            "target_layer": self.draft.target_layer,
+            "checkpoint": self.draft.label,
+        }
+
+    def max_block(self) -> int:
+        return 1 + sum(self.widths)
+
+    def prepare(self, prompt: list[int], counts: Counts) -> None:
+        self.draft.start(prompt)  # the prompt is committed in the target cache: fill the draft's window
+
+    # ------------------------------------------------------------------------------------------
+    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> Tree:
+        """Dynamic beam search under the draft, `depth` levels below the root."""
+        draft, dev = self.draft, self.engine.device
+        tree = Tree([root])
+        draft.begin_block()
+        draft_row: dict[int, int] = {}  # tree row -> row in the draft's staged block
+        beam = [0]
+        for d in range(1, depth + 1):
+            for row in beam:
+                draft_row[row] = len(draft_row)
+            window = draft.cached
+            visible = torch.zeros(len(beam), window + len(draft_row), dtype=torch.bool)
+            visible[:, :window] = True
+            for i, row in enumerate(beam):
+                visible[i, [window + draft_row[a] for a in tree.path(row)]] = True
+            tokens = torch.tensor([tree.tokens[r] for r in beam], dtype=torch.long, device=dev)
+            positions = torch.full((len(beam),), length + d - 1, dtype=torch.long, device=dev)
+            logp = torch.log_softmax(draft.step(tokens, positions, visible, length), dim=-1).cpu()
+            counts.draft_model_step(len(beam), window)
+            width = self.widths[d - 1]
+            top = logp.topk(min(width, logp.shape[-1]), dim=-1)
+            total = top.values + torch.tensor([tree.score[r] for r in beam]).unsqueeze(1)
+            best = total.flatten().topk(min(width, total.numel())).indices.tolist()
+            k = top.values.shape[1]
+            beam = [
+                tree.add(int(top.indices[i // k, i % k]), beam[i // k], float(total.flatten()[i]))
+                for i in best
+            ]
+        draft.begin_block()  # the staged block is not needed once the tree is drafted
+        return tree
+
+    def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The accepted path's tree rows and the committed tokens (accepted + bonus)."""
+        rows: list[int] = []
+        node = 0
+        if self.sampler.greedy:
+            preds = logits.argmax(-1).tolist()
+            while True:
+                nxt = next((c for c in tree.children[node] if tree.tokens[c] == preds[node]), None)
+                if nxt is None:
+                    return rows, [tree.tokens[r] for r in rows] + [preds[node]]
+                rows.append(nxt)
+                node = nxt
+        gen = self.sampler.generator
+        while True:
+            p = self.sampler.probs(logits[node]).float().cpu().clone()
+            nxt = None
+            for child in tree.children[node]:
+                x = tree.tokens[child]
+                px = float(p[x])
+                u = float(torch.rand((), generator=gen))
+                if u < px or float(p.sum()) - px <= 0.0:
+                    nxt = child
+                    break
+                p[x] = 0.0
+                p = p / p.sum()
+            if nxt is None:
+                return rows, [tree.tokens[r] for r in rows] + [self.sampler.sample_from(p)]
+            rows.append(nxt)
+            node = nxt
+
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        eng = self.engine
+        done = False
+        while not done:
+            length = eng.length
+            depth = min(self.depth, max_new_tokens - len(out) - 1)  # the bonus token comes on top
+            tree = self._draft_tree(out[-1], length, depth, counts) if depth > 0 else Tree([out[-1]])
+            n = len(tree.tokens)
+            view = HybridTreeView(tree.ancestor_mask(), eng.scale)
+            tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
+            positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
+            logits = eng.step(tokens, positions, view)
+            path, new = self._accept(tree, logits)
+            n_new, done = extend_output(out, new, max_new_tokens, stop_ids)
+            rows = [0, *path][:n_new]
+            eng.commit(rows)
+            self.kv.after_commit(eng, len(rows))
+            self.draft.commit([tree.tokens[r] for r in rows], length)
+            counts.step(n, n - 1, len(path), n_new, view.kv_read(length))

@@ -1,0 +1,293 @@
+"""LongSpec's draft model (papers/004 Sec. 3.1; seed-specs §4.1): one transformer block on top of the
+target's frozen embedding and LM head, reading the target's KV cache.
+
+    h0 = Emb_target(x)
+    h1 = h0 + SelfAttn(Norm(h0))        causal over the draft's own window cache + the block; RoPE with
+                                        the target's settings (its own rotary embedding, positions absolute)
+    h2 = h1 + CrossAttn(Norm(h1); K_T, V_T)   K_T/V_T: the target's cached (post-RoPE) keys/values of
+                                        layer `target_layer`, committed entries only; queries rotated at
+                                        their absolute positions; the target's KV heads (GQA)
+    h3 = h2 + MLP(Norm(h2))             gated (the target's activation)
+    logits = LMHead_target(Norm(h3))
+
+Only the block's weights are the draft's (`state_dict()`): the embedding and LM head are the target's,
+shared, never saved. Heads, KV heads and head_dim are the target's (the cross-attention reads its cache).
+
+Window cache (constant memory): the keys/values of the last `window` committed tokens, `[H_kv, window,
+d]` allocated once. In a one-block draft a token's self-attention K/V depend only on the token and its
+position (h0 is the embedding), so committed tokens' K/V are computed directly from them, with no
+context (`commit`). Every block query sees the whole window cache plus what its visibility allows in
+the block (the paper's sliding window: the query at position p sees the window's `window` committed
+tokens and its own ancestors, a few more than a strict `window` keys; stated here as our choice).
+
+Block protocol (mirrors the target's `Engine.step`): `begin_block()`, then `step(tokens, positions,
+visible, target_len)` any number of times: each call's rows are appended to the staged block and
+attend with `visible` `[n, cached + staged + n]` over [window cache | block so far]. The staged block is
+forgotten at the next `begin_block()`; the window only changes on `start` / `commit`.
+
+Checkpoints: a folder with `model.safetensors` (the block's weights) and `config.json` (`DraftConfig`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from core.attention import sdpa
+from core.engine import Engine, _rotate_half
+from core.hf_compat import rope_cos_sin
+from core.types import HarnessError
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+DEFAULT_WINDOW = 512  # the paper's sliding window
+
+
+@dataclass
+class DraftConfig:
+    """What a draft checkpoint was built for; `check_target` compares it with a target engine."""
+
+    vocab_size: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_model: str  # the target's name (informative: the shapes decide compatibility)
+    target_layer: int  # the target layer whose cached K/V the cross-attention reads (non-negative)
+    window: int  # self-attention window: committed tokens kept in the draft's own cache
+    rms_norm_eps: float = 1e-6
+
+    @staticmethod
+    def for_target(engine: Engine, target_layer: int, window: int) -> DraftConfig:
+        cfg = engine.model.config
+        w = engine.w
+        return DraftConfig(
+            vocab_size=w.vocab_size,
+            hidden_size=int(cfg.hidden_size),
+            n_heads=w.n_heads,
+            n_kv_heads=w.n_kv_heads,
+            head_dim=w.head_dim,
+            intermediate_size=int(cfg.intermediate_size),
+            target_model=target_name(engine),
+            target_layer=resolve_layer(target_layer, w.n_layers),
+            window=check_window(window),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        )
+
+    def check_target(self, engine: Engine, where: str) -> None:
+        """One clear line when this draft cannot serve `engine`'s model."""
+        want = DraftConfig.for_target(engine, 0, 1)
+        for field in ("vocab_size", "hidden_size", "n_heads", "n_kv_heads", "head_dim"):
+            mine, theirs = getattr(self, field), getattr(want, field)
+            if mine != theirs:
+                raise HarnessError(
+                    f"LongSpec draft {where} was trained for another target ({self.target_model}): its "
+                    f"{field} is {mine}, the target's ({want.target_model}) is {theirs}"
+                )
+        resolve_layer(self.target_layer, engine.w.n_layers)
+
+
+def target_name(engine: Engine) -> str:
+    cfg = engine.model.config
+    return str(getattr(cfg, "_name_or_path", "") or f"{cfg.model_type} (unnamed)")
+
+
+def resolve_layer(layer: object, n_layers: int) -> int:
+    """`layer` in [-n_layers, n_layers) as a non-negative index (-1 = the last layer)."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+        raise HarnessError(
+            f"decoder=longspec: target_layer must be an integer in [-{n_layers}, {n_layers - 1}] "
+            f"(the target has {n_layers} layers), got {layer!r}"
+        )
+    return layer % n_layers
+
+
+def check_window(window: object) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise HarnessError(f"decoder=longspec: window must be a positive integer, got {window!r}")
+    return window
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class LongSpecDraft(torch.nn.Module):
+    def __init__(self, config: DraftConfig, engine: Engine, label: str) -> None:
+        super().__init__()
+        c = config
+        config.check_target(engine, label)
+        self.config, self.engine, self.label = c, engine, label
+        self.target_layer, self.window = c.target_layer, c.window
+        hid, q_size, kv_size = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+
+        def lin(n_out: int, n_in: int) -> torch.nn.Linear:
+            return torch.nn.Linear(n_in, n_out, bias=False)
+
+        self.self_norm = RMSNorm(hid, c.rms_norm_eps)
+        self.q_proj, self.k_proj, self.v_proj = lin(q_size, hid), lin(kv_size, hid), lin(kv_size, hid)
+        self.o_proj = lin(hid, q_size)
+        self.cross_norm = RMSNorm(hid, c.rms_norm_eps)
+        self.cross_q_proj, self.cross_o_proj = lin(q_size, hid), lin(hid, q_size)
+        self.mlp_norm = RMSNorm(hid, c.rms_norm_eps)
+        self.gate_proj, self.up_proj = lin(c.intermediate_size, hid), lin(c.intermediate_size, hid)
+        self.down_proj = lin(hid, c.intermediate_size)
+        self.final_norm = RMSNorm(hid, c.rms_norm_eps)
+        self.to(device=engine.device, dtype=engine.dtype)
+        self.requires_grad_(False)
+        shape = (c.n_kv_heads, c.window, c.head_dim)
+        self.win_k = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
+        self.win_v = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
+        self.cached = 0  # committed tokens in the window cache (<= window)
+        self.begin_block()
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def init_for(
+        cls, engine: Engine, target_layer: int = -1, window: int = DEFAULT_WINDOW, seed: int = 0
+    ) -> LongSpecDraft:
+        """An untrained draft for `engine`'s model, random-initialised deterministically from `seed`
+        (normal(0, 0.02) projections, unit norms)."""
+        config = DraftConfig.for_target(engine, target_layer, window)
+        draft = cls(config, engine, "untrained random draft: lossless, tau near 1")
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in draft.named_parameters():
+                if not name.endswith("norm.weight"):
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        return draft
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, folder / WEIGHTS)
+        (folder / CONFIG).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, engine: Engine, window: int | None = None) -> LongSpecDraft:
+        """The draft saved at `path` for `engine`'s model (`window` overrides the saved window)."""
+        from safetensors.torch import load_file
+
+        folder = Path(path)
+        if not (folder / WEIGHTS).is_file() or not (folder / CONFIG).is_file():
+            raise HarnessError(
+                f"no LongSpec draft checkpoint at {folder} (needs {WEIGHTS} and {CONFIG}): pass "
+                "a draft folder, or decoder.checkpoint=random for an untrained random draft"
+            )
+        try:
+            config = DraftConfig(**json.loads((folder / CONFIG).read_text()))
+        except (TypeError, ValueError) as exc:
+            raise HarnessError(f"LongSpec draft {folder}: unreadable {CONFIG} ({exc})") from None
+        if window is not None:
+            config.window = check_window(window)
+        draft = cls(config, engine, str(folder))
+        state = load_file(str(folder / WEIGHTS), device=str(engine.device))
+        own = draft.state_dict()
+        bad = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]
+        if bad:
+            raise HarnessError(f"LongSpec draft {folder}: its weights do not fit its config ({bad[0]})")
+        draft.load_state_dict({k: v.to(engine.dtype) for k, v in state.items()})
+        return draft
+
+    def params(self) -> dict:
+        return {"label": self.label, "target_layer": self.target_layer, "window": self.window}
+
+    # --- window cache ---------------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(self.engine.model, positions, self.engine.dtype)
+
+    def _self_kv(self, h0: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Post-RoPE self-attention keys and values `[H_kv, n, d]` of embedded tokens `h0` `[n, hidden]`."""
+        c, n = self.config, h0.shape[0]
+        x = self.self_norm(h0)
+        k = self.k_proj(x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
+        return k * cos + _rotate_half(k) * sin, v
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """Empty the window, then commit the prompt (positions 0..) into it."""
+        self.cached = 0
+        self.begin_block()
+        self.commit(prompt, 0)
+
+    @torch.inference_mode()
+    def commit(self, tokens: Sequence[int], first_position: int) -> None:
+        """Committed tokens at positions `first_position, ...`: their K/V enter the window (the oldest
+        entries leave it once it holds `window`)."""
+        tokens = list(tokens)
+        first_position += max(0, len(tokens) - self.window)  # only the last `window` can stay
+        tokens = tokens[-self.window :]
+        m = len(tokens)
+        if not m:
+            return
+        dev = self.engine.device
+        pos = torch.arange(first_position, first_position + m, device=dev)
+        cos, sin = self._rope(pos)
+        k, v = self._self_kv(self.engine.w.embed(torch.tensor(tokens, device=dev)), cos, sin)
+        drop = max(0, self.cached + m - self.window)
+        keep = self.cached - drop
+        if drop and keep:
+            self.win_k[:, :keep] = self.win_k[:, drop : self.cached].clone()
+            self.win_v[:, :keep] = self.win_v[:, drop : self.cached].clone()
+        self.win_k[:, keep : keep + m] = k
+        self.win_v[:, keep : keep + m] = v
+        self.cached = keep + m
+
+    # --- block forwards -------------------------------------------------------------------------
+    def begin_block(self) -> None:
+        self._block_k: list[torch.Tensor] = []
+        self._block_v: list[torch.Tensor] = []
+
+    @torch.inference_mode()
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, target_len: int
+    ) -> torch.Tensor:
+        """Float logits `[n, vocab]` of query `tokens` at absolute `positions`; `visible` `[n, cached +
+        staged + n]` (True = may attend) over [window cache | block]; the cross-attention reads the
+        target cache's first `target_len` entries of layer `target_layer` (its committed entries)."""
+        c, eng = self.config, self.engine
+        tokens, positions = tokens.to(eng.device), positions.to(eng.device)
+        n = tokens.numel()
+        cos, sin = self._rope(positions)
+        h0 = eng.w.embed(tokens)
+        k, v = self._self_kv(h0, cos, sin)
+        self._block_k.append(k)
+        self._block_v.append(v)
+        keys = torch.cat([self.win_k[:, : self.cached], *self._block_k], dim=1)
+        values = torch.cat([self.win_v[:, : self.cached], *self._block_v], dim=1)
+        if visible.shape != (n, keys.shape[1]):
+            raise ValueError(f"visible must be [{n}, {keys.shape[1]}], got {tuple(visible.shape)}")
+        q = self.q_proj(self.self_norm(h0)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
+        q = q * cos + _rotate_half(q) * sin
+        o = sdpa(q[None], keys[None], values[None], visible.to(eng.device), eng.scale)[0]
+        h1 = h0 + self.o_proj(o.transpose(0, 1).reshape(n, -1))
+        h2 = h1
+        if target_len > 0:
+            qc = self.cross_q_proj(self.cross_norm(h1)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
+            qc = qc * cos + _rotate_half(qc) * sin
+            kt = eng.cache.k[self.target_layer, :, :target_len]
+            vt = eng.cache.v[self.target_layer, :, :target_len]
+            oc = sdpa(qc[None], kt[None], vt[None], None, eng.scale)[0]
+            h2 = h1 + self.cross_o_proj(oc.transpose(0, 1).reshape(n, -1))
+        x = self.mlp_norm(h2)
+        h3 = h2 + self.down_proj(eng.w.act(self.gate_proj(x)) * self.up_proj(x))
+        return eng.w.lm_head(self.final_norm(h3)).float()
+
+    def memory_bytes(self) -> int:
+        """Bytes the draft itself holds: its weights, its window cache and the staged block (the
+        target's embedding, LM head and KV cache are shared, not counted)."""
+        tensors = [*self.parameters(), self.win_k, self.win_v, *self._block_k, *self._block_v]
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,382 @@
+"""LongSpec (decoders/longspec.py, decoders/longspec_draft.py): greedy equals vanilla greedy (fp32) for a
+chain, a small tree and the paper's tree, with an untrained random draft and with a draft that is the
+target itself (so that long paths are accepted and multi-token commits happen); the one KV cache ends
+as vanilla's; sampling is exact in distribution; the draft's memory is constant in context length; its
+checkpoints round-trip; bad input is one clear error."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from core.attention import CausalView, MaskView
+from core.engine import Engine
+from core.models import load_model
+from core.sampling import Sampler
+from core.types import Counts, HarnessError
+from decoders.longspec import LongSpec, Tree
+from decoders.longspec_draft import LongSpecDraft
+from decoders.vanilla import Vanilla
+from kv_policies.base import build_policy
+from tests.conftest import needs_smollm
+from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N_NEW = 32
+TREES = {
+    "chain": (4, [1, 1, 1, 1]),
+    "small": (4, [2, 2, 2, 2]),
+    "paper": (5, [4, 16, 16, 16, 16]),
+}
+
+
+def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Random byte ids and repetitive text, short and long (as tests/test_lossless_lookahead.py builds
+    them; repeated here so that this file does not depend on the Lookahead decoder importing)."""
+    rng = random.Random(seed)
+    texts = [
+        "The quick brown fox jumps over the lazy dog. " * 2,
+        "def f(x):\n    return x * x\n",
+        "1, 2, 3, 4, 5, 6, 7, 8",
+        "MT-Bench asks: compose a travel blog post about Hawaii.",
+    ]
+    return [
+        list(texts[(i // 2) % len(texts)].encode())
+        if i % 2
+        else [rng.randrange(256) for _ in range(rng.randint(2, 60))]
+        for i in range(n)
+    ]
+
+
+class TargetDraft:
+    """A test draft whose logits are the target model's own, run densely on a cache of its own over the
+    committed sequence plus the block rows each query may see: it proposes what the target will accept,
+    so long paths are accepted. Same protocol as `LongSpecDraft` (start / begin_block / step / commit);
+    it checks that the decoder gives it only committed target entries and contiguous commits."""
+
+    def __init__(self, lm, window: int = 8) -> None:
+        self.eng = Engine(lm.model)
+        self.window, self.target_layer, self.label = window, 0, "the target as its own draft (tests)"
+        self.seq: list[int] = []
+        self.cached = 0
+
+    def start(self, prompt) -> None:
+        self.seq = list(prompt)
+        self.eng.reset(len(prompt) + 512)
+        self.eng.prefill(self.seq)
+        self.cached = min(self.window, len(self.seq))
+        self.begin_block()
+
+    def begin_block(self) -> None:
+        self.tokens: list[int] = []
+        self.positions: list[int] = []
+        self.rows: list[torch.Tensor] = []  # each staged row's visibility over the block
+
+    def step(self, tokens, positions, visible, target_len: int) -> torch.Tensor:
+        assert target_len == len(self.seq)  # the cross-attention may read committed entries only
+        assert visible[:, : self.cached].all()  # the window is always visible
+        self.tokens += tokens.tolist()
+        self.positions += positions.tolist()
+        self.rows += list(visible[:, self.cached :])
+        n, total = tokens.numel(), len(self.tokens)
+        block = torch.zeros(total, total, dtype=torch.bool)
+        for i, row in enumerate(self.rows):
+            block[i, : row.numel()] = row
+        mask = torch.cat([torch.ones(total, len(self.seq), dtype=torch.bool), block], dim=1)
+        logits = self.eng.step(
+            torch.tensor(self.tokens), torch.tensor(self.positions), MaskView(mask, self.eng.scale)
+        )
+        self.eng.crop(self.eng.length)
+        return logits[total - n :]
+
+    def commit(self, tokens, first_position: int) -> None:
+        assert first_position == len(self.seq)  # commits follow the committed sequence
+        tokens = list(tokens)
+        if tokens:
+            pos = torch.arange(first_position, first_position + len(tokens))
+            self.eng.step(torch.tensor(tokens), pos, CausalView(self.eng.scale))
+            self.eng.commit(list(range(len(tokens))))
+        self.seq += tokens
+        self.cached = min(self.window, len(self.seq))
+
+
+def make(eng, tree: str, draft: str, lm=None, **kw) -> LongSpec:
+    depth, widths = TREES[tree]
+    if draft == "target":
+        return LongSpec(eng, depth=depth, widths=widths, draft_module=TargetDraft(lm), **kw)
+    return LongSpec(eng, depth=depth, widths=widths, checkpoint="random", window=16, **kw)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    return eng, [(p, Vanilla(eng).generate(p, N_NEW, set(), Counts())) for p in varied_prompts(6, seed=5)]
+
+
+@pytest.mark.parametrize("draft", ["random", "target"])
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_greedy_equals_vanilla_tiny(refs, tiny_lm, tree, draft):
+    eng, cases = refs
+    dec = make(eng, tree, draft, tiny_lm)
+    total = Counts(keep_steps=False)
+    for prompt, ref in cases:
+        counts = Counts()
+        got = dec.generate(prompt, N_NEW, set(), counts)
+        check_lossless(eng, prompt, ref, got)
+        assert counts.committed == len(got) - 1
+        rows = 1 + sum(TREES[tree][1])
+        assert all(s.block_tokens <= rows for s in counts.steps if not s.draft)
+        assert counts.draft_model_forwards >= counts.forwards - 1  # the last step may draft nothing
+        total.forwards += counts.forwards
+        total.committed += counts.committed
+        total.accepted += counts.accepted
+    print(f"[longspec] {tree} {draft}: tau {total.tau:.2f}")
+    if draft == "target":  # multi-token paths are accepted and committed
+        assert total.tau > 1.5 and total.tau > 0.6 * (TREES[tree][0] + 1)
+
+
+def test_cache_ends_exactly_as_vanilla(refs, tiny_lm):
+    eng, cases = refs
+    for prompt, ref in cases[:3]:
+        Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
+        n = eng.length
+        k_ref, v_ref = eng.cache.k[:, :, :n].clone(), eng.cache.v[:, :, :n].clone()
+        pos_ref = eng.cache.slot_pos[:n].clone()
+        counts = Counts()
+        got = make(eng, "paper", "target", tiny_lm).generate(prompt, N_NEW, set(), counts)
+        assert got == ref and eng.length == n and counts.tau > 2
+        torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(eng.cache.v[:, :, :n], v_ref, atol=1e-5, rtol=1e-5)
+        assert torch.equal(eng.cache.slot_pos[:n], pos_ref)
+
+
+def test_stop_token_and_length(refs, tiny_lm):
+    eng, cases = refs
+    for prompt, ref in cases[:3]:
+        stop = {ref[len(ref) // 2]}
+        want = Vanilla(eng).generate(prompt, N_NEW, stop, Counts())
+        for draft in ("random", "target"):
+            dec = make(eng, "small", draft, tiny_lm)
+            check_lossless(eng, prompt, want, dec.generate(prompt, N_NEW, stop, Counts()))
+            for max_new in (1, 2, 3, 6):
+                assert dec.generate(prompt, max_new, set(), Counts()) == ref[:max_new]
+
+
+# --- the draft ----------------------------------------------------------------------------------
+def test_draft_memory_is_constant_in_context_length(tiny_lm):
+    """The draft holds its weights and a `window`-entry cache (plus one tree block while drafting),
+    whatever the context: after a 20-token and a 600-token prompt it holds the same bytes in the same
+    tensors, while the target's cache grew."""
+    eng = Engine(tiny_lm.model)
+    dec = make(eng, "paper", "random")
+    draft = dec.draft
+    seen = []
+    for n in (20, 600):
+        prompt = [(7 * i) % 256 for i in range(n)]
+        dec.generate(prompt, 16, set(), Counts())
+        assert draft.cached == draft.window == 16
+        seen.append((draft.memory_bytes(), draft.win_k.data_ptr(), draft.win_v.data_ptr()))
+    assert seen[0] == seen[1]
+    assert eng.length > 600  # the target's cache did grow
+
+
+def test_window_cache_holds_the_last_committed_tokens(tiny_lm):
+    """Committed tokens' K/V computed directly (no context) equal the same tokens staged in a block at
+    the same positions: the draft's logits after `start(seq)` equal those of a block that feeds the
+    last tokens of `seq` causally; and the window keeps exactly the last `window` tokens."""
+    eng = Engine(tiny_lm.model)
+    seq = [(11 * i + 3) % 256 for i in range(40)]
+    eng.reset(64)
+    eng.prefill(seq)
+    draft = LongSpecDraft.init_for(eng, target_layer=1, window=64, seed=2)
+    draft.start(seq[:-1])
+    one = draft.step(torch.tensor(seq[-1:]), torch.tensor([39]), torch.ones(1, 40, dtype=torch.bool), 40)
+    draft.start(seq[:-6])
+    mask = torch.cat([torch.ones(6, 34, dtype=torch.bool), torch.ones(6, 6, dtype=torch.bool).tril()], dim=1)
+    many = draft.step(torch.tensor(seq[-6:]), torch.arange(34, 40), mask, 40)
+    torch.testing.assert_close(many[-1:], one, atol=1e-5, rtol=1e-5)
+    small = LongSpecDraft.init_for(eng, target_layer=1, window=8, seed=2)
+    small.start(seq[:30])
+    small.commit(seq[30:35], 30)
+    direct = LongSpecDraft.init_for(eng, target_layer=1, window=8, seed=2)
+    direct.start([0] * 27)  # positions 0..26, then the last 8 tokens at their own positions
+    direct.commit(seq[27:35], 27)
+    assert small.cached == direct.cached == 8
+    torch.testing.assert_close(small.win_k, direct.win_k, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(small.win_v, direct.win_v, atol=1e-6, rtol=1e-6)
+
+
+def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_for(eng, target_layer=0, window=32, seed=7)
+    names = set(draft.state_dict())
+    assert not any("embed" in k or "lm_head" in k for k in names)  # shared with the target, not saved
+    draft.save(tmp_path / "d")
+    back = LongSpecDraft.load(tmp_path / "d", eng)
+    assert back.target_layer == 0 and back.window == 32 and back.label == str(tmp_path / "d")
+    for k, v in draft.state_dict().items():
+        assert torch.equal(v, back.state_dict()[k])
+    dec = LongSpec(eng, depth=2, widths=[2, 2], checkpoint=str(tmp_path / "d"))
+    assert dec.params() == {
+        "depth": 2,
+        "widths": [2, 2],
+        "window": 32,
+        "target_layer": 0,
+        "checkpoint": str(tmp_path / "d"),
+    }
+    arch = tiny_lm.model.config.model_type
+    for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
+        other = load_model("tiny", "tiny", arch=arch, dtype="float32", device="cpu", seed=1, tiny=tiny)
+        with pytest.raises(HarnessError, match=f"trained for another target.*{field}") as exc:
+            LongSpec(Engine(other.model), checkpoint=str(tmp_path / "d"))
+        assert "\n" not in str(exc.value)
+    with pytest.raises(HarnessError, match="reads target layer 0"):
+        LongSpec(eng, checkpoint=str(tmp_path / "d"), target_layer=1)
+
+
+def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
+    eng = Engine(tiny_lm.model)
+    cases = [
+        (dict(depth=0, widths=[]), "depth must be a positive integer"),
+        (dict(depth=2, widths=[2, 0]), "widths must be 2 positive integers"),
+        (dict(depth=2, widths=[2]), "widths must be 2 positive integers"),
+        (dict(depth=1, widths="4"), "widths must be a list"),
+        (dict(window=0, checkpoint="random"), "window must be a positive integer"),
+        (dict(target_layer=2, checkpoint="random"), "target_layer must be an integer in \\[-2, 1\\]"),
+        (dict(target_layer=-3, checkpoint="random"), "target_layer must be an integer"),
+        (dict(), "needs a trained draft.*checkpoint=random"),
+        (dict(checkpoint=str(tmp_path / "missing")), "no LongSpec draft checkpoint at"),
+        (dict(checkpoint="random", kv=build_policy("streaming", budget=24)), "use kv=full"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(HarnessError, match=message) as exc:
+            LongSpec(eng, **kw)
+        assert "\n" not in str(exc.value)
+
+
+def test_params_and_block_size(tiny_lm):
+    dec = make(Engine(tiny_lm.model), "paper", "random")
+    assert dec.max_block() == 1 + 4 + 4 * 16
+    assert dec.params() == {
+        "depth": 5,
+        "widths": [4, 16, 16, 16, 16],
+        "window": 16,
+        "target_layer": 1,
+        "checkpoint": "untrained random draft: lossless, tau near 1",
+    }
+
+
+def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm):
+    """Depth d keeps the top-w_d children (by cumulative draft log-prob) over every beam node's top-w_d
+    proposals (brute force: the draft run over each parent's root path alone); the tree holds exactly
+    sum(widths) nodes, each at its parent's depth + 1."""
+    eng = Engine(tiny_lm.model)
+    dec = make(eng, "small", "random")
+    draft = dec.draft
+    prompt = list(b"beam search")
+    eng.reset(64)
+    eng.prefill(prompt)
+    draft.start(prompt)
+    tree = dec._draft_tree(5, eng.length, 4, Counts())
+    assert tree.depth == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(tree.depth[r] == tree.depth[tree.parent[r]] + 1 for r in range(1, len(tree.tokens)))
+    mask = tree.ancestor_mask()
+    for d in (1, 2, 3, 4):
+        cands = []
+        for p in (r for r in range(len(tree.tokens)) if tree.depth[r] == d - 1):
+            path = tree.path(p)
+            draft.begin_block()
+            vis = torch.ones(len(path), draft.cached + len(path), dtype=torch.bool)
+            vis[:, draft.cached :] = mask[path][:, path]
+            pos = eng.length + torch.tensor([tree.depth[r] for r in path])
+            tokens = torch.tensor([tree.tokens[r] for r in path])
+            logp = torch.log_softmax(draft.step(tokens, pos, vis, eng.length)[-1], -1)
+            top = logp.topk(2)
+            cands += [(tree.score[p] + float(v), p, int(t)) for v, t in zip(top.values, top.indices)]
+        cands.sort(key=lambda c: -c[0])
+        rows = [r for r in range(len(tree.tokens)) if tree.depth[r] == d]
+        assert [(tree.parent[r], tree.tokens[r]) for r in rows] == [(p, t) for _, p, t in cands[:2]]
+        for r, (score, _, _) in zip(rows, cands):
+            assert abs(tree.score[r] - score) < 1e-4
+
+
+# --- sampling -----------------------------------------------------------------------------------
+def test_tree_sampling_rule_draws_from_the_target():
+    """At one node with three one-hot children, the committed token is distributed as p (children
+    accepted with p_i(x_i), else the residual draws the token)."""
+    p = torch.tensor([0.05, 0.3, 0.1, 0.25, 0.2, 0.1])
+    logits = p.log().unsqueeze(0).repeat(4, 1)
+    tree = Tree([0])
+    for tok in (1, 4, 5):
+        tree.add(tok, 0, 0.0)
+    dec = object.__new__(LongSpec)
+    dec.sampler = Sampler(temperature=1.0, seed=11)
+    firsts = []
+    for _ in range(6000):
+        _, tokens = dec._accept(tree, logits)
+        firsts.append((tokens[0],))
+    assert chi_square_pvalue(firsts, {(i,): float(p[i]) for i in range(6)}) > 1e-3
+
+
+@pytest.mark.parametrize("draft", ["target", "random"])
+def test_sampling_is_lossless_in_distribution(draft):
+    """First 3 sampled tokens of LongSpec (a small tree) fit the exact vanilla-sampling distribution."""
+    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
+    lm = load_model(
+        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
+    )
+    eng = Engine(lm.model)
+    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
+    exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    widths = [3, 3]
+    sampler = Sampler(seed=1, **sampler_kw)
+    if draft == "target":
+        dec = LongSpec(eng, depth=2, widths=widths, sampler=sampler, draft_module=TargetDraft(lm))
+    else:
+        dec = LongSpec(eng, depth=2, widths=widths, sampler=sampler, checkpoint="random")
+    samples, accepted = [], 0
+    for _ in range(800):
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
+        accepted += counts.accepted
+    if draft == "target":
+        assert accepted > 400  # drafts are really accepted under sampling
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+# --- SmolLM2 ------------------------------------------------------------------------------------
+@pytest.mark.smollm
+@needs_smollm
+def test_smollm_mtbench_fast(smollm):
+    """Three MT-Bench questions (turn 1), 32 tokens: the small tree with an untrained random draft and
+    the paper's tree with the target as its own draft (long accepted paths)."""
+    makers = [
+        ("longspec_small-random", lambda e: make(e, "small", "random")),
+        ("longspec-target-draft", lambda e: make(e, "paper", "target", smollm)),
+    ]
+    taus = mtbench_lossless(smollm, makers, 3, 1, 32)
+    assert max(taus) > 1.5
+
+
+def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
+    """conf/decoder/longspec*.yaml: the paper's tree and the two labelled CPU presets; `checkpoint: null`
+    (the default) stops with the one-line message."""
+    from hydra.utils import instantiate
+
+    from tests.test_configs import _compose
+
+    shapes = {
+        "longspec": (5, [4, 16, 16, 16, 16]),
+        "longspec_chain": TREES["chain"],
+        "longspec_small": TREES["small"],
+    }
+    eng = Engine(tiny_lm.model)
+    for option, (depth, widths) in shapes.items():
+        cfg = _compose(f"decoder={option}").decoder
+        assert cfg.depth == depth and list(cfg.widths) == widths and cfg.checkpoint is None
+        with pytest.raises(HarnessError, match="needs a trained draft"):
+            instantiate(cfg)(engine=eng)
+        dec = instantiate(_compose(f"decoder={option}", "decoder.checkpoint=random").decoder)(engine=eng)
+        assert dec.params()["widths"] == widths and dec.draft.window == 512
