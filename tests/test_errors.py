@@ -29,7 +29,10 @@ CASES = [
     (["run.limitt=2"], "unknown key run.limitt; run has: audit, keep_steps, limit,"),
     (["+run.limitt=2"], "unknown key run.limitt; run has:"),
     (["+sampling.temp=1"], "unknown key sampling.temp; sampling has: temperature, top_k, top_p"),
-    (["decoder=fafo", "decoder.kk=3"], "unknown key decoder.kk; decoder has: backend, fumble_sees_last, k,"),
+    (
+        ["decoder=fafo", "decoder.kk=3"],
+        "unknown key decoder.kk; decoder has: backend, block, fumble_sees_last, generator_share, k,",
+    ),
     (["run.limit=-1"], "run.limit must be a positive integer or null"),
     (["run.max_new_tokens=abc"], "run.max_new_tokens must be a positive integer or null"),
     (["kv=streaming", "kv.budget_frac=2"], "budget_frac must be in (0, 1]"),
