@@ -178,8 +178,8 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
     ("TriForce", "Table 6", "LWM-Text 256K/512K: models far beyond the embedded model's 8k context"),
     ("SFI", "Tables 1-3, 5", "vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 models "
      "(Figure 4's trend is reproduced in shape above)"),
-    ("LongSpec", "all tables and figures", "decoder=longspec and its trained draft are not built yet "
-     "(issue: LongSpec)"),
+    ("LongSpec", "all tables and figures", "decoder=longspec is built and lossless, but no draft is "
+     "trained yet for the embedded model (training, issue: LongSpec)"),
 ]  # fmt: skip
 
 
@@ -283,8 +283,9 @@ def block_auto_section(samples: pd.DataFrame) -> list[str]:
         "`decoder=pld_auto|lookahead_auto|fafo_auto` size each block from the cost curve of the run's "
         "environment and the acceptance seen so far (`decoders/block_size.py`); the fixed rows are the "
         "README/paper settings. Speedups are paired with the vanilla run of the same environment "
-        f"({_setup_line(sub)}); speed ratios of a shared CPU jitter by 10-30%: "
-        "`benchmarks.bench_block_auto` repeats them interleaved.",
+        f"({_setup_line(sub)}). The auto and fixed runs may come from different sessions, and speed "
+        "ratios of a shared CPU jitter by 10-30% between them: `benchmarks.bench_block_auto` repeats "
+        "every method interleaved in one process (results/bench/).",
         "",
         markdown(table[cols].sort_values(["task", "method"]).reset_index(drop=True)),
         "",
