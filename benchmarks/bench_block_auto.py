@@ -31,7 +31,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from core.cost_curve import CostCurve, CostFn, cached_curve, measure_grid, runtime_grid, store_curve
+from core.cost_curve import CostCurve, CostFn, cached_or_measured
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -85,20 +85,9 @@ def prompts_of(task_name: str, n: int, tokenizer) -> list[tuple[str, list[int]]]
 
 
 def curve_here(eng: Engine, dev: str, threads: int, max_rows: int) -> tuple[CostCurve, str]:
-    key = {
-        "device": dev,
-        "model": "smollm2-135m",
-        "dtype": "float32",
-        "linear": eng.linear,
-        "threads": threads,
-    }
-    curve = cached_curve(key)
-    if curve is not None and curve.rows[-1] >= max_rows:
-        return curve, "cached"
-    rows, contexts = runtime_grid(max_rows, eng.max_positions)
-    curve = CostCurve(key, rows, contexts, measure_grid(eng, rows, contexts, reps=5), None, {"reps": 5})
-    store_curve(curve)
-    return curve, "measured now"
+    key = {"device": dev, "model": "smollm2-135m", "dtype": "float32", "linear": eng.linear}
+    curve, measured = cached_or_measured(eng, {**key, "threads": threads}, max_rows)
+    return curve, "measured now" if measured else "cached"
 
 
 def priced(steps, prompt_len: int, cost: CostFn) -> tuple[float, float]:

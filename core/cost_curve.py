@@ -152,3 +152,23 @@ def runtime_grid(max_rows: int, max_positions: int) -> tuple[list[int], list[int
     room = max_positions - rows[-1] - 1
     contexts = sorted({c for c in (256, 1024, 4096) if c <= room}) or [max(room // 2, 1)]
     return rows, contexts
+
+
+def cached_or_measured(
+    eng, key: dict[str, object], max_rows: int, reps: int = 5, on_measure: Callable[[str], None] | None = None
+) -> tuple[CostCurve, bool]:
+    """The environment `key`'s curve from the cache when it reaches `max_rows` rows; otherwise measured
+    now on `runtime_grid` (reported first through `on_measure`) and cached. Returns (curve, measured
+    now). Measuring leaves the engine's cache in an arbitrary state."""
+    curve = cached_curve(key)
+    if curve is not None and curve.rows[-1] >= max_rows:
+        return curve, False
+    rows, contexts = runtime_grid(max_rows, eng.max_positions)
+    if on_measure is not None:
+        on_measure(
+            f"measuring this environment's cost curve ({len(rows)} block sizes x {len(contexts)} cache "
+            f"lengths, once; cached in {cache_dir()})"
+        )
+    curve = CostCurve(key, rows, contexts, measure_grid(eng, rows, contexts, reps), None, {"reps": reps})
+    store_curve(curve)
+    return curve, True

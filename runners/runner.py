@@ -30,15 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from tqdm.auto import tqdm
 
-from core.cost_curve import (
-    CostCurve,
-    cache_dir,
-    cache_name,
-    cached_curve,
-    measure_grid,
-    runtime_grid,
-    store_curve,
-)
+from core.cost_curve import cache_name, cached_or_measured
 from core.engine import Engine, onednn_applies
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
@@ -260,7 +252,7 @@ class Runner:
             sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
             try:
                 if todo:
-                    self._give_cost_curve(samples)
+                    self._give_cost_curve()
                 self.engine.reserve(self._capacity_bound(samples))
                 if todo and cfg.run.warmup:
                     self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
@@ -278,7 +270,7 @@ class Runner:
             self._raise_failed(failed, len(samples))
         return self.rundir.path
 
-    def _give_cost_curve(self, samples: list[Sample]) -> None:
+    def _give_cost_curve(self) -> None:
         """`decoder.block=auto`: hand the decoder this environment's cost curve t(rows, ctx), from the
         cache or measured now on a compact grid (before anything is timed; then cached)."""
         if getattr(self.decoder, "block", "fixed") != "auto":
@@ -290,17 +282,8 @@ class Runner:
             "linear": self.engine.linear,
             "threads": self.threads,
         }
-        curve = cached_curve(key)
-        if curve is None or curve.rows[-1] < self.decoder.max_block():
-            rows, contexts = runtime_grid(self.decoder.max_block(), self.engine.max_positions)
-            print(
-                f"[run] block=auto: measuring this environment's cost curve ({len(rows)} block sizes x "
-                f"{len(contexts)} cache lengths, once; cached in {cache_dir()})",
-                flush=True,
-            )
-            seconds = measure_grid(self.engine, rows, contexts, reps=5)
-            curve = CostCurve(key, rows, contexts, seconds, None, {"reps": 5, "grid": "runtime"})
-            store_curve(curve)
+        announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
+        curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)
         self.cost_curve = cache_name(key)
         self.decoder.use_cost(curve)
 

@@ -92,20 +92,29 @@ def refs(tiny_lm):
     return eng, [(p, Vanilla(eng).generate(p, 40, set(), Counts())) for p in varied_prompts(8, seed=3)]
 
 
-@pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
-def test_pld_auto_is_lossless_and_follows_the_curve(refs, curve):
+def fixed_and_auto(refs, make, curve) -> tuple[dict[str, int], dict[str, int], object]:
+    """Every reference prompt through `make(engine, block)` for block fixed and auto on `curve`, each
+    output checked against vanilla's. Returns drafted tokens and block rows summed per block mode, and
+    the last auto decoder (its `plan`)."""
     eng, cases = refs
-    drafted = {}
+    drafted, rows = {}, {}
     for block in ("fixed", "auto"):
-        drafted[block] = 0
+        drafted[block] = rows[block] = 0
         for prompt, ref in cases:
-            dec = PromptLookup(eng, num_tokens=8, block=block)
+            dec = make(eng, block)
             dec.use_cost(curve)
             counts = Counts()
             got = dec.generate(prompt, 40, set(), counts)
             check_lossless(eng, prompt, ref, got)
             assert counts.committed == len(got) - 1
             drafted[block] += counts.drafted
+            rows[block] += sum(s.block_tokens for s in counts.steps)
+    return drafted, rows, dec
+
+
+@pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
+def test_pld_auto_is_lossless_and_follows_the_curve(refs, curve):
+    drafted, _, _ = fixed_and_auto(refs, lambda e, b: PromptLookup(e, num_tokens=8, block=b), curve)
     if curve is flat:
         assert drafted["auto"] == drafted["fixed"]  # free rows: always the whole draft
     else:
@@ -154,17 +163,10 @@ def test_best_prefix_equals_options_built_by_hand():
 
 @pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
 def test_lookahead_auto_is_lossless_and_follows_the_curve(refs, curve):
-    eng, cases = refs
-    rows = {}
-    for block in ("fixed", "auto"):
-        rows[block] = 0
-        for prompt, ref in cases:
-            dec = Lookahead(eng, N=4, W=5, G=5, pool_from_prompt=True, block=block)
-            dec.use_cost(curve)
-            counts = Counts()
-            got = dec.generate(prompt, 40, set(), counts)
-            check_lossless(eng, prompt, ref, got)
-            rows[block] += sum(s.block_tokens for s in counts.steps)
+    def make(e, b):
+        return Lookahead(e, N=4, W=5, G=5, pool_from_prompt=True, block=b)
+
+    _, rows, dec = fixed_and_auto(refs, make, curve)
     if curve is flat:
         assert dec.plan == (5, 1) and rows["auto"] == rows["fixed"]  # the whole window, every step
     else:
@@ -174,17 +176,10 @@ def test_lookahead_auto_is_lossless_and_follows_the_curve(refs, curve):
 @pytest.mark.parametrize("curve", [flat, steep], ids=["flat", "steep"])
 @pytest.mark.parametrize("tree", [False, True], ids=["flat_cands", "tree"])
 def test_fafo_auto_is_lossless_and_follows_the_curve(refs, curve, tree):
-    eng, cases = refs
-    rows = {}
-    for block in ("fixed", "auto"):
-        rows[block] = 0
-        for prompt, ref in cases:
-            dec = FAFO(eng, k=3, n=6, m=6, tree=tree, pool_from_prompt=True, pool_capacity=8, block=block)
-            dec.use_cost(curve)
-            counts = Counts()
-            got = dec.generate(prompt, 40, set(), counts)
-            check_lossless(eng, prompt, ref, got)
-            rows[block] += sum(s.block_tokens for s in counts.steps)
+    def make(e, b):
+        return FAFO(e, k=3, n=6, m=6, tree=tree, pool_from_prompt=True, pool_capacity=8, block=b)
+
+    _, rows, dec = fixed_and_auto(refs, make, curve)
     if curve is flat:
         assert dec.plan == (6, 1) and rows["auto"] == rows["fixed"]  # every stream and candidate
     else:

@@ -6,8 +6,6 @@ checkpoints round-trip; bad input is one clear error."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -22,6 +20,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm
 from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 32
@@ -30,24 +29,6 @@ TREES = {
     "small": (4, [2, 2, 2, 2]),
     "paper": (5, [4, 16, 16, 16, 16]),
 }
-
-
-def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    """Random byte ids and repetitive text, short and long (as tests/test_lossless_lookahead.py builds
-    them; repeated here so that this file does not depend on the Lookahead decoder importing)."""
-    rng = random.Random(seed)
-    texts = [
-        "The quick brown fox jumps over the lazy dog. " * 2,
-        "def f(x):\n    return x * x\n",
-        "1, 2, 3, 4, 5, 6, 7, 8",
-        "MT-Bench asks: compose a travel blog post about Hawaii.",
-    ]
-    return [
-        list(texts[(i // 2) % len(texts)].encode())
-        if i % 2
-        else [rng.randrange(256) for _ in range(rng.randint(2, 60))]
-        for i in range(n)
-    ]
 
 
 class TargetDraft:

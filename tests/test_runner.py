@@ -189,7 +189,7 @@ def test_block_auto_gets_a_cost_curve_measured_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path / "curves"))
     measured = []
     real = cost_curve.measure_grid
-    monkeypatch.setattr("runners.runner.measure_grid", lambda *a, **k: measured.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(cost_curve, "measure_grid", lambda *a, **k: measured.append(a[1]) or real(*a, **k))
     fixed = Runner(make_cfg(tmp_path, "decoder=pld"))
     assert "block" not in fixed.identity["decoder_params"]
     auto = Runner(make_cfg(tmp_path, "decoder=pld", "decoder.block=auto"))
