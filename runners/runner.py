@@ -24,20 +24,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 from tqdm.auto import tqdm
 
 from core.cost_curve import cache_name, cached_or_measured
-from core.engine import Engine, onednn_applies
+from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
 from decoders.draft_model import build_draft
 from decoders.vanilla import Vanilla
 from runners import provenance
 from runners.audit import VanillaAudit, digest, reference_key
+from runners.config import (
+    build,
+    decoder_params,
+    group_params,
+    pin_threads,
+    positive_int,
+    resolve_linear,
+    stop_ids_for,
+)
 from runners.lock import RunLock
 from runners.records import RunDir, run_id_for
 from runners.report import print_summary
@@ -47,78 +53,6 @@ from tasks.base import Task
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
-
-
-def _params(node: Any) -> dict[str, Any]:
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
-
-
-def _decoder_params(node: Any) -> dict[str, Any]:
-    """The decoder's parameters; `block: fixed` (every decoder's default) is left out, so runs made
-    before decoders had a `block` field keep their ids."""
-    params = _params(node)
-    if params.get("block") == "fixed":
-        del params["block"]
-    return params
-
-
-def build(node: Any, group: str, **kwargs: Any) -> Any:
-    """`hydra.utils.instantiate` with user errors as one line: a HarnessError raised by the target
-    surfaces as itself; a ValueError/TypeError of its constructor (a parameter out of range) and a
-    missing mandatory field become a HarnessError naming the config group."""
-    try:
-        return instantiate(node, **kwargs)
-    except MissingMandatoryValue as exc:
-        raise HarnessError(f"{group}.{exc.key} is required (set {group}.{exc.key}=...)") from None
-    except InstantiationException as exc:
-        cause = exc.__cause__
-        while cause is not None and not isinstance(cause, HarnessError):
-            if isinstance(cause, (ValueError, TypeError)):
-                raise HarnessError(f"{group}: {cause}") from None
-            cause = cause.__cause__
-        if cause is not None:
-            raise cause from None
-        raise
-
-
-def stop_ids_for(tokenizer: Any, model: Any) -> set[int]:
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif src:
-            ids.update(int(x) for x in src)
-    return ids
-
-
-def positive_int(value: Any, what: str, allow_null: bool = False) -> int | None:
-    """`value` as a positive integer (or None when `allow_null`), else one clear error."""
-    if value is None and allow_null:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        also = " or null (the whole task)" if allow_null else ""
-        raise HarnessError(f"{what} must be a positive integer{also}, got {value!r}")
-    return value
-
-
-def pin_threads(value: Any) -> int:
-    """`run.threads` (null = torch's default count), set explicitly so that every timing records it."""
-    n = torch.get_num_threads() if value is None else positive_int(value, "run.threads")
-    torch.set_num_threads(n)
-    return n
-
-
-def resolve_linear(choice: str | None, lm) -> str:
-    """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU)."""
-    choice = choice or "auto"
-    if choice == "auto":
-        return "onednn" if onednn_applies(lm.model) else "aten"
-    if choice not in ("aten", "onednn"):
-        raise HarnessError(f"run.linear must be aten, onednn or auto, got {choice!r}")
-    if choice == "onednn" and not onednn_applies(lm.model):
-        raise HarnessError("run.linear=onednn needs an fp32 model on an x86 CPU; use run.linear=auto")
-    return choice
 
 
 class Runner:
@@ -187,20 +121,20 @@ class Runner:
             "prefill_chunk": prefill_chunk,
             "linear": self.engine.linear,
             "decoder": self.names["decoder"],
-            "decoder_params": _decoder_params(cfg.decoder),
+            "decoder_params": decoder_params(cfg.decoder),
             "kv": self.names["kv"],
-            "kv_params": _params(cfg.kv),
+            "kv_params": group_params(cfg.kv),
             "draft": self.names["draft"],
-            "draft_params": {**_params(cfg.draft), "label": self.draft.label}
+            "draft_params": {**group_params(cfg.draft), "label": self.draft.label}
             if self.draft is not None
             else {},
             "task": self.names["task"],
-            "task_params": _params(cfg.task),
+            "task_params": group_params(cfg.task),
             "task_version": self.task.version,
             "limit": self.task.limit,
             "max_new_tokens": self.task.max_new_tokens,
             "seed": int(run.seed),
-            "sampling": _params(cfg.sampling),
+            "sampling": group_params(cfg.sampling),
         }
         if stratify:  # absent = the first `limit` samples (keeps earlier runs' ids)
             self.identity["stratify"] = True

@@ -1,0 +1,89 @@
+"""Turning the composed config into parts the runner uses, with bad values as one clear error line:
+parameters of a config group (for the run's identity), instantiation, positive integers, threads, the
+engine's GEMM choice, the stop tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from core.engine import onednn_applies
+from core.types import HarnessError
+
+
+def group_params(node: Any) -> dict[str, Any]:
+    """A config group's fields, resolved, without Hydra's `_partial_` flag."""
+    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
+
+
+def decoder_params(node: Any) -> dict[str, Any]:
+    """The decoder's parameters; `block: fixed` (every decoder's default) is left out, so runs made
+    before decoders had a `block` field keep their ids."""
+    params = group_params(node)
+    if params.get("block") == "fixed":
+        del params["block"]
+    return params
+
+
+def build(node: Any, group: str, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate` with user errors as one line: a HarnessError raised by the target
+    surfaces as itself; a ValueError/TypeError of its constructor (a parameter out of range) and a
+    missing mandatory field become a HarnessError naming the config group."""
+    try:
+        return instantiate(node, **kwargs)
+    except MissingMandatoryValue as exc:
+        raise HarnessError(f"{group}.{exc.key} is required (set {group}.{exc.key}=...)") from None
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, HarnessError):
+            if isinstance(cause, (ValueError, TypeError)):
+                raise HarnessError(f"{group}: {cause}") from None
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+def stop_ids_for(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def positive_int(value: Any, what: str, allow_null: bool = False) -> int | None:
+    """`value` as a positive integer (or None when `allow_null`), else one clear error."""
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        also = " or null (the whole task)" if allow_null else ""
+        raise HarnessError(f"{what} must be a positive integer{also}, got {value!r}")
+    return value
+
+
+def pin_threads(value: Any) -> int:
+    """`run.threads` (null = torch's default count), set explicitly so that every timing records it."""
+    n = torch.get_num_threads() if value is None else positive_int(value, "run.threads")
+    torch.set_num_threads(n)
+    return n
+
+
+def resolve_linear(choice: str | None, lm) -> str:
+    """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU)."""
+    choice = choice or "auto"
+    if choice == "auto":
+        return "onednn" if onednn_applies(lm.model) else "aten"
+    if choice not in ("aten", "onednn"):
+        raise HarnessError(f"run.linear must be aten, onednn or auto, got {choice!r}")
+    if choice == "onednn" and not onednn_applies(lm.model):
+        raise HarnessError("run.linear=onednn needs an fp32 model on an x86 CPU; use run.linear=auto")
+    return choice
