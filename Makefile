@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs
+.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs train-longspec
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -28,6 +28,14 @@ bench:           ## the speed claims, one script each (run one at a time)
 	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_block_auto; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
+LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about an hour; rerun resumes) and ship it
+	scripts/install.sh
+	$(PY) -m training.longspec out=outputs/longspec_train
+	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train/draft $(LONGSPEC_DRAFT)
+	cp outputs/longspec_train/log.csv outputs/longspec_train/eval.csv $(LONGSPEC_DRAFT)/
+	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
+
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper
 
@@ -47,6 +55,7 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	for e in sfi_table4_dense_cpu sfi_table4_sfi_cpu sfi_table4_chunkkv_cpu sfi_table4_kvpress_cpu \
 	  sfi_figure4_dense_cpu sfi_figure4_cpu sfi_table6_cpu sfi_table7a_cpu sfi_table7b_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
+	for e in longspec_table1_cpu longspec_table1_magicdec_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	$(PY) -m analysis.paper
 
 lint:

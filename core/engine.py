@@ -147,9 +147,14 @@ class Engine:
         if logits_rows is not None:
             rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
             h = h.index_select(0, rows)
+        return self.lm_logits(w.norm(h))
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float logits of normed hidden states `h` through the LM head (prepacked when the engine
+        packs its GEMMs; a draft that shares the head calls this too)."""
         if self._packed:
-            return self._lin(w.norm(h), w.lm_head.weight).float()
-        return w.lm_head(w.norm(h)).float()
+            return self._lin(h, self.w.lm_head.weight).float()
+        return self.w.lm_head(h).float()
 
     def commit(self, keep: Sequence[int] | torch.Tensor) -> None:
         self.cache.commit(keep)

@@ -82,6 +82,11 @@ class BaseDecoder:
         counts.kv_activity = self.kv.activity_summary(counts.forwards)
         return out
 
+    def identity_extra(self) -> dict:
+        """Run-identity fields the decoder's config does not determine (a draft checkpoint's weights
+        digest); empty for most decoders, so their run ids are those of their config."""
+        return {}
+
     def prepare(self, prompt: list[int], counts: Counts) -> None:
         """Prefill-phase work besides the target's prefill (a draft model's own prefill)."""
 

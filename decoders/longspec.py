@@ -38,12 +38,30 @@ from typing import Any
 import torch
 
 from core.sampling import Sampler
-from core.tree_attention import HybridTreeView
+from core.tree_attention import BACKENDS, HybridTreeView
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from decoders.longspec_draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer
+from decoders.longspec_draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer, target_name
+from decoders.longspec_sail import is_sail, load_sail
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
+AUTO = "auto"  # decoder.checkpoint=auto: the draft shipped in SHIPPED for the target model
+SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "longspec"  # <target name>/ per draft
+
+
+def shipped_draft(engine) -> Path:
+    """The committed draft folder for `engine`'s model (`checkpoints/longspec/<model folder name>`)."""
+    name = Path(target_name(engine)).name
+    folder = SHIPPED / name
+    if not (folder / "config.json").is_file():
+        have = sorted(p.name for p in SHIPPED.glob("*") if (p / "config.json").is_file())
+        raise HarnessError(
+            f"decoder=longspec: no shipped LongSpec draft for {name!r} "
+            f"(shipped: {', '.join(have) or 'none'}): "
+            "train one (python -m training.longspec) and pass decoder.checkpoint=<its draft folder>, or "
+            "decoder.checkpoint=random for an untrained draft (lossless, tau near 1)"
+        )
+    return folder
 
 
 @dataclass
@@ -116,12 +134,22 @@ class LongSpec(BaseDecoder):
         target_layer: int | None = None,
         checkpoint: str | None = None,
         seed: int = 0,
+        tree_attention: str = "masked",
         draft_module: Any = None,
     ) -> None:
-        """`checkpoint`: a draft folder (`LongSpecDraft.save`), or "random" (untrained, seeded by `seed`).
+        """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
+        model), "random" (untrained, seeded by `seed`), or a released LongSpec draft (`sail/longspec-*`
+        hub id or its folder: `decoders.longspec_sail`).
         `window` / `target_layer`: None = the checkpoint's (random: 512 / the last layer); a loaded
         draft's target layer cannot change. `draft_module`: a ready draft object (tests), instead of
-        a checkpoint."""
+        a checkpoint. `tree_attention`: "hybrid" (the paper's cache/tree split merged through LSEs) or
+        "masked" (the same attention as one masked SDPA; faster on CPU): `core.tree_attention`."""
+        if tree_attention not in BACKENDS:
+            raise HarnessError(
+                f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
+                f"got {tree_attention!r}"
+            )
+        self.tree_attention = tree_attention
         self.widths = _widths(depth, widths)
         self.depth = depth
         super().__init__(engine, kv, sampler)
@@ -144,16 +172,29 @@ class LongSpec(BaseDecoder):
     ) -> LongSpecDraft:
         if checkpoint is None:
             raise HarnessError(
-                "decoder=longspec needs a trained draft: set decoder.checkpoint=<draft folder> (no trained "
-                "draft ships yet), or decoder.checkpoint=random for an untrained random draft "
+                "decoder=longspec needs a trained draft: set decoder.checkpoint=auto (the shipped draft "
+                "for this model), =<draft folder>, or =random for an untrained random draft "
                 "(lossless, tau near 1: smoke runs only)"
             )
+        if str(checkpoint) == AUTO:
+            folder = shipped_draft(self.engine)
+            draft = LongSpecDraft.load(folder, self.engine, window)
+            where = folder.relative_to(SHIPPED.parent.parent).as_posix()  # no machine-specific path
+            draft.label = f"auto: {where}@{draft.label.rsplit('@', 1)[-1]}"
+            return self._check_layer(draft, layer, checkpoint)
         if str(checkpoint) == RANDOM:
             last = self.engine.w.n_layers - 1
             return LongSpecDraft.init_for(
                 self.engine, last if layer is None else layer, window or DEFAULT_WINDOW, seed
             )
-        draft = LongSpecDraft.load(Path(str(checkpoint)).expanduser(), self.engine, window)
+        if is_sail(checkpoint):  # the authors' released drafts: sail/longspec-* (hub) or such a folder
+            draft = load_sail(str(checkpoint), self.engine, window)
+        else:
+            draft = LongSpecDraft.load(Path(str(checkpoint)).expanduser(), self.engine, window)
+        return self._check_layer(draft, layer, checkpoint)
+
+    @staticmethod
+    def _check_layer(draft: LongSpecDraft, layer: int | None, checkpoint: object) -> LongSpecDraft:
         if layer is not None and layer != draft.target_layer:
             raise HarnessError(
                 f"decoder=longspec: the draft at {checkpoint} reads target layer {draft.target_layer}, "
@@ -168,7 +209,13 @@ class LongSpec(BaseDecoder):
             "window": self.draft.window,
             "target_layer": self.draft.target_layer,
             "checkpoint": self.draft.label,
+            "tree_attention": self.tree_attention,
         }
+
+    def identity_extra(self) -> dict:
+        """Which draft weights ran (the label holds the checkpoint's weights digest): a retrained draft
+        behind the same `checkpoint: auto` gets a new run id."""
+        return {} if str(self.checkpoint) == RANDOM else {"draft": self.draft.label}
 
     def max_block(self) -> int:
         return 1 + sum(self.widths)
@@ -248,7 +295,7 @@ class LongSpec(BaseDecoder):
             depth = min(self.depth, max_new_tokens - len(out) - 1)  # the bonus token comes on top
             tree = self._draft_tree(out[-1], length, depth, counts) if depth > 0 else Tree([out[-1]])
             n = len(tree.tokens)
-            view = HybridTreeView(tree.ancestor_mask(), eng.scale)
+            view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
             tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
             positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
             logits = eng.step(tokens, positions, view)

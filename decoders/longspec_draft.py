@@ -26,6 +26,9 @@ attend with `visible` `[n, cached + staged + n]` over [window cache | block so f
 forgotten at the next `begin_block()`; the window only changes on `start` / `commit`.
 
 Checkpoints: a folder with `model.safetensors` (the block's weights) and `config.json` (`DraftConfig`).
+Two config options (their defaults give the block above) serve the LongSpec authors' released drafts
+(`decoders.longspec_sail`): `qkv_bias=True` (biases on q/k/v and the cross-attention's q projection)
+and `final_norm=False` (logits = LMHead(h3), no norm in between).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class DraftConfig:
     target_layer: int  # the target layer whose cached K/V the cross-attention reads (non-negative)
     window: int  # self-attention window: committed tokens kept in the draft's own cache
     rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False  # biases on q_proj/k_proj/v_proj/cross_q_proj (the released LongSpec drafts)
+    final_norm: bool = True  # False: logits = LMHead(h3), no norm (the released LongSpec drafts)
 
     @staticmethod
     def for_target(engine: Engine, target_layer: int, window: int) -> DraftConfig:
@@ -89,6 +94,13 @@ class DraftConfig:
                     f"{field} is {mine}, the target's ({want.target_model}) is {theirs}"
                 )
         resolve_layer(self.target_layer, engine.w.n_layers)
+
+
+def weights_digest(path: Path) -> str:
+    """The first 10 hex digits of the sha1 of a weights file: which draft a run used, in its identity."""
+    import hashlib
+
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:10]
 
 
 def target_name(engine: Engine) -> str:
@@ -132,18 +144,20 @@ class LongSpecDraft(torch.nn.Module):
         self.target_layer, self.window = c.target_layer, c.window
         hid, q_size, kv_size = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
 
-        def lin(n_out: int, n_in: int) -> torch.nn.Linear:
-            return torch.nn.Linear(n_in, n_out, bias=False)
+        def lin(n_out: int, n_in: int, bias: bool = False) -> torch.nn.Linear:
+            return torch.nn.Linear(n_in, n_out, bias=bias)
 
+        bias = c.qkv_bias
         self.self_norm = RMSNorm(hid, c.rms_norm_eps)
-        self.q_proj, self.k_proj, self.v_proj = lin(q_size, hid), lin(kv_size, hid), lin(kv_size, hid)
+        self.q_proj, self.k_proj = lin(q_size, hid, bias), lin(kv_size, hid, bias)
+        self.v_proj = lin(kv_size, hid, bias)
         self.o_proj = lin(hid, q_size)
         self.cross_norm = RMSNorm(hid, c.rms_norm_eps)
-        self.cross_q_proj, self.cross_o_proj = lin(q_size, hid), lin(hid, q_size)
+        self.cross_q_proj, self.cross_o_proj = lin(q_size, hid, bias), lin(hid, q_size)
         self.mlp_norm = RMSNorm(hid, c.rms_norm_eps)
         self.gate_proj, self.up_proj = lin(c.intermediate_size, hid), lin(c.intermediate_size, hid)
         self.down_proj = lin(hid, c.intermediate_size)
-        self.final_norm = RMSNorm(hid, c.rms_norm_eps)
+        self.final_norm = RMSNorm(hid, c.rms_norm_eps) if c.final_norm else torch.nn.Identity()
         self.to(device=engine.device, dtype=engine.dtype)
         self.requires_grad_(False)
         shape = (c.n_kv_heads, c.window, c.head_dim)
@@ -168,12 +182,43 @@ class LongSpecDraft(torch.nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
         return draft
 
-    def save(self, path: str | Path) -> None:
+    @classmethod
+    def init_from_layer(
+        cls, engine: Engine, target_layer: int = -1, window: int = DEFAULT_WINDOW, source_layer: int = -1
+    ) -> LongSpecDraft:
+        """A draft whose block starts as a copy of the target's layer `source_layer` (our choice of
+        initialisation, not the paper's, which does not say): self-attention and MLP from that layer,
+        the cross-attention's query/output projections from its attention too, the final norm from the
+        target's. Training then starts from a block that already maps the target's hidden space."""
+        config = DraftConfig.for_target(engine, target_layer, window)
+        source = resolve_layer(source_layer, engine.w.n_layers)
+        draft = cls(config, engine, f"untrained draft initialised from target layer {source}")
+        layer, c = engine.w.layers[source], config
+        q_size, kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        wq, wk, wv = layer.wqkv.split([q_size, kv_size, kv_size])
+        gate, up = layer.wgu.chunk(2)
+        pairs = {
+            "q_proj": wq, "k_proj": wk, "v_proj": wv, "o_proj": layer.wo, "cross_q_proj": wq,
+            "cross_o_proj": layer.wo, "gate_proj": gate, "up_proj": up, "down_proj": layer.wdown,
+        }  # fmt: skip
+        norms = {
+            "self_norm": layer.ln1.weight, "cross_norm": layer.ln1.weight,
+            "mlp_norm": layer.ln2.weight, "final_norm": engine.w.norm.weight,
+        }  # fmt: skip
+        with torch.no_grad():
+            for name, weight in {**pairs, **norms}.items():
+                getattr(draft, name).weight.copy_(weight)
+        return draft
+
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the block's weights (in `dtype`, default their own) and its config to folder `path`."""
+
         from safetensors.torch import save_file
 
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, folder / WEIGHTS)
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, folder / WEIGHTS)
         (folder / CONFIG).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
 
     @classmethod
@@ -193,7 +238,7 @@ class LongSpecDraft(torch.nn.Module):
             raise HarnessError(f"LongSpec draft {folder}: unreadable {CONFIG} ({exc})") from None
         if window is not None:
             config.window = check_window(window)
-        draft = cls(config, engine, str(folder))
+        draft = cls(config, engine, f"{folder}@{weights_digest(folder / WEIGHTS)}")
         state = load_file(str(folder / WEIGHTS), device=str(engine.device))
         own = draft.state_dict()
         bad = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]
@@ -258,7 +303,7 @@ class LongSpecDraft(torch.nn.Module):
         """Float logits `[n, vocab]` of query `tokens` at absolute `positions`; `visible` `[n, cached +
         staged + n]` (True = may attend) over [window cache | block]; the cross-attention reads the
         target cache's first `target_len` entries of layer `target_layer` (its committed entries)."""
-        c, eng = self.config, self.engine
+        eng = self.engine
         tokens, positions = tokens.to(eng.device), positions.to(eng.device)
         n = tokens.numel()
         cos, sin = self._rope(positions)
@@ -270,20 +315,76 @@ class LongSpecDraft(torch.nn.Module):
         values = torch.cat([self.win_v[:, : self.cached], *self._block_v], dim=1)
         if visible.shape != (n, keys.shape[1]):
             raise ValueError(f"visible must be [{n}, {keys.shape[1]}], got {tuple(visible.shape)}")
+        cross = None
+        if target_len > 0:
+            cross = (
+                eng.cache.k[self.target_layer, :, :target_len],
+                eng.cache.v[self.target_layer, :, :target_len],
+            )
+        h3 = self._hidden(h0, cos, sin, keys, values, visible.to(eng.device), cross, None)
+        return eng.lm_logits(self.final_norm(h3))  # the target's head, prepacked like the target's
+
+    def _hidden(
+        self,
+        h0: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        self_mask: torch.Tensor,
+        cross: tuple[torch.Tensor, torch.Tensor] | None,
+        cross_mask: torch.Tensor | None,
+        cross_causal: bool = False,
+    ) -> torch.Tensor:
+        """The block's output h3 `[n, hidden]` for query rows with embeddings `h0` and RoPE `cos/sin`:
+        self-attention over `keys/values` `[H_kv, m, d]` under `self_mask` `[n, m]`, cross-attention over
+        the target's `cross` (K, V) under `cross_mask` (or causal), then the MLP. Shared by `step`
+        (inference) and `forward_train`, so training optimises exactly the function that drafts."""
+        c, eng = self.config, self.engine
+        n = h0.shape[0]
         q = self.q_proj(self.self_norm(h0)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
         q = q * cos + _rotate_half(q) * sin
-        o = sdpa(q[None], keys[None], values[None], visible.to(eng.device), eng.scale)[0]
+        o = sdpa(q[None], keys[None], values[None], self_mask, eng.scale)[0]
         h1 = h0 + self.o_proj(o.transpose(0, 1).reshape(n, -1))
         h2 = h1
-        if target_len > 0:
+        if cross is not None:
             qc = self.cross_q_proj(self.cross_norm(h1)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
             qc = qc * cos + _rotate_half(qc) * sin
-            kt = eng.cache.k[self.target_layer, :, :target_len]
-            vt = eng.cache.v[self.target_layer, :, :target_len]
-            oc = sdpa(qc[None], kt[None], vt[None], None, eng.scale)[0]
+            kt, vt = cross
+            oc = sdpa(qc[None], kt[None], vt[None], cross_mask, eng.scale, is_causal=cross_causal)[0]
             h2 = h1 + self.cross_o_proj(oc.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h2)
-        h3 = h2 + self.down_proj(eng.w.act(self.gate_proj(x)) * self.up_proj(x))
+        return h2 + self.down_proj(eng.w.act(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_train(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        target_k: torch.Tensor,
+        target_v: torch.Tensor,
+        lag: int,
+    ) -> torch.Tensor:
+        """Differentiable logits for a whole training sequence, as drafting would compute them (seed-specs
+        §4.2, flash-noisy training): query row t (token t at `positions[t]`) attends to the draft's own
+        rows t-window..t and to the target's K/V `[H_kv, S, d]` (layer `target_layer`, computed with the
+        same positions) of rows <= t - lag, the view a draft query has `lag` tokens after the last
+        verified one. Returns `[S - 1 - lag, vocab]` float logits for rows lag..S-2 (each predicts the
+        token after it); rows before `lag` see no target entry and are left out."""
+        eng = self.engine
+        n_seq = tokens.numel()
+        rows = n_seq - 1 - lag
+        if lag < 1 or rows < 1:
+            raise ValueError(f"lag must be in [1, {n_seq - 2}] for a {n_seq}-token sequence, got {lag}")
+        cos, sin = self._rope(positions)
+        h0 = eng.w.embed(tokens).detach()
+        keys, values = self._self_kv(h0, cos, sin)
+        t = torch.arange(lag, n_seq - 1, device=eng.device)
+        s = torch.arange(n_seq, device=eng.device)
+        gap = t[:, None] - s[None, :]
+        self_mask = (gap >= 0) & (gap <= self.window)
+        sl = slice(lag, n_seq - 1)
+        cross = (target_k[:, :rows], target_v[:, :rows])  # row t sees target rows 0..t-lag: causal
+        h3 = self._hidden(h0[sl], cos[sl], sin[sl], keys, values, self_mask, cross, None, cross_causal=True)
         return eng.w.lm_head(self.final_norm(h3)).float()
 
     def memory_bytes(self) -> int:

@@ -121,7 +121,11 @@ class Runner:
             "prefill_chunk": prefill_chunk,
             "linear": self.engine.linear,
             "decoder": self.names["decoder"],
-            "decoder_params": decoder_params(cfg.decoder),
+            # + what the config cannot say, e.g. which weights a decoder's draft checkpoint holds
+            "decoder_params": {
+                **decoder_params(cfg.decoder),
+                **getattr(self.decoder, "identity_extra", dict)(),
+            },
             "kv": self.names["kv"],
             "kv_params": group_params(cfg.kv),
             "draft": self.names["draft"],

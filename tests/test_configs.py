@@ -42,7 +42,7 @@ def test_decoder_option_instantiates(option, tiny_lm):
     from core.engine import Engine
 
     needs = {"sfi": (["kv=sfi"], {"tokenizer": tiny_lm.tokenizer})}  # decoders bound to a policy / tokenizer
-    if option.startswith("longspec"):  # checkpoint: null is one error line (tests/test_lossless_longspec.py)
+    if option.startswith("longspec"):  # checkpoint: auto has no shipped draft for a tiny model
         needs[option] = (["decoder.checkpoint=random"], {})
     overrides, extra = needs.get(option, ([], {}))
     cfg = _compose(f"decoder={option}", *overrides)

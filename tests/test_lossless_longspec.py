@@ -15,7 +15,7 @@ from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec import LongSpec, Tree
-from decoders.longspec_draft import LongSpecDraft
+from decoders.longspec_draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm
@@ -100,7 +100,8 @@ def refs(tiny_lm):
 @pytest.mark.parametrize("tree", sorted(TREES))
 def test_greedy_equals_vanilla_tiny(refs, tiny_lm, tree, draft):
     eng, cases = refs
-    dec = make(eng, tree, draft, tiny_lm)
+    # the target draft runs the paper's split attention; the random draft the one-SDPA form (default)
+    dec = make(eng, tree, draft, tiny_lm, **({"tree_attention": "hybrid"} if draft == "target" else {}))
     total = Counts(keep_steps=False)
     for prompt, ref in cases:
         counts = Counts()
@@ -196,7 +197,8 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
     assert not any("embed" in k or "lm_head" in k for k in names)  # shared with the target, not saved
     draft.save(tmp_path / "d")
     back = LongSpecDraft.load(tmp_path / "d", eng)
-    assert back.target_layer == 0 and back.window == 32 and back.label == str(tmp_path / "d")
+    digest = weights_digest(tmp_path / "d" / "model.safetensors")
+    assert back.target_layer == 0 and back.window == 32 and back.label == f"{tmp_path / 'd'}@{digest}"
     for k, v in draft.state_dict().items():
         assert torch.equal(v, back.state_dict()[k])
     dec = LongSpec(eng, depth=2, widths=[2, 2], checkpoint=str(tmp_path / "d"))
@@ -205,7 +207,8 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         "widths": [2, 2],
         "window": 32,
         "target_layer": 0,
-        "checkpoint": str(tmp_path / "d"),
+        "checkpoint": f"{tmp_path / 'd'}@{digest}",  # the weights' digest: which draft, in the run id
+        "tree_attention": "masked",
     }
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
@@ -227,9 +230,10 @@ def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
         (dict(window=0, checkpoint="random"), "window must be a positive integer"),
         (dict(target_layer=2, checkpoint="random"), "target_layer must be an integer in \\[-2, 1\\]"),
         (dict(target_layer=-3, checkpoint="random"), "target_layer must be an integer"),
-        (dict(), "needs a trained draft.*checkpoint=random"),
+        (dict(), "needs a trained draft.*=random"),
         (dict(checkpoint=str(tmp_path / "missing")), "no LongSpec draft checkpoint at"),
         (dict(checkpoint="random", kv=build_policy("streaming", budget=24)), "use kv=full"),
+        (dict(checkpoint="random", tree_attention="flash"), "tree_attention must be one of hybrid, masked"),
     ]
     for kw, message in cases:
         with pytest.raises(HarnessError, match=message) as exc:
@@ -246,6 +250,7 @@ def test_params_and_block_size(tiny_lm):
         "window": 16,
         "target_layer": 1,
         "checkpoint": "untrained random draft: lossless, tau near 1",
+        "tree_attention": "masked",
     }
 
 
@@ -342,8 +347,8 @@ def test_smollm_mtbench_fast(smollm):
 
 
 def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
-    """conf/decoder/longspec*.yaml: the paper's tree and the two labelled CPU presets; `checkpoint: null`
-    (the default) stops with the one-line message."""
+    """conf/decoder/longspec*.yaml: the paper's tree and the two labelled CPU presets; `checkpoint: auto`
+    (the default) stops with the one-line message for a model without a shipped draft."""
     from hydra.utils import instantiate
 
     from tests.test_configs import _compose
@@ -356,8 +361,8 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
     eng = Engine(tiny_lm.model)
     for option, (depth, widths) in shapes.items():
         cfg = _compose(f"decoder={option}").decoder
-        assert cfg.depth == depth and list(cfg.widths) == widths and cfg.checkpoint is None
-        with pytest.raises(HarnessError, match="needs a trained draft"):
+        assert cfg.depth == depth and list(cfg.widths) == widths and cfg.checkpoint == "auto"
+        with pytest.raises(HarnessError, match="no shipped LongSpec draft for '"):
             instantiate(cfg)(engine=eng)
         dec = instantiate(_compose(f"decoder={option}", "decoder.checkpoint=random").decoder)(engine=eng)
         assert dec.params()["widths"] == widths and dec.draft.window == 512

@@ -84,7 +84,8 @@ def test_report_from_records(tmp_path):
     assert "0.5 |" in text and "2 |" in text  # the two speedups vs the vanilla run
     assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu`" in text
     assert "No runs yet: `python run.py -m experiment=fafo_table11`" in text
-    assert "| LongSpec | all tables and figures |" in text and "Same protocol, other scale" in text
+    assert "| LongSpec | Figure 4 |" in text and "Same protocol, other scale" in text
+    assert "No runs yet: `python run.py -m experiment=longspec_table1_cpu" in text
     # a cell holding two runs is refused in the report, not pooled
     write_run(root, "t2c", "triforce", "retrieval", "triforce_table8a_cpu", 7.0, gamma1=2, gamma2=6)
     paper.main(["--root", str(root), "--out", str(out)])

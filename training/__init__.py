@@ -1,0 +1,1 @@
+"""Training for the components that need it (the LongSpec draft: `python -m training.longspec`)."""

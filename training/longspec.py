@@ -1,0 +1,472 @@
+"""Train a LongSpec draft (papers/004 §3.2; seed-specs §4.2) for a frozen target, on CPU or GPU.
+
+    python -m training.longspec out=outputs/longspec_train              # defaults: the embedded model
+    python -m training.longspec out=... stages.0.sequences=64 eval_every=8   # any field, dotted
+
+What one training sequence does (S = seq_len tokens of offline text, `training.longspec_data`):
+1. Position ids: `anchor_offset` = [0, 1, .., anchors-1, o+anchors, o+anchors+1, ..] with o uniform in
+   [0, max_offset] (seed-specs' [H] reading: position i is o + i after the anchors, so o = 0 is the plain
+   sequence), or `vanilla` = 0..S-1.
+2. The frozen target runs once over the sequence at those positions (`Engine.step`, no gradient): its
+   post-RoPE K/V of layer `target_layer` are what the draft's cross-attention reads; with `labels:
+   target` its greedy prediction at each position is the label (self-distillation, stage 3).
+3. Flash-noisy lag j uniform in [1, max_lag]: draft row t sees target rows <= t - j (at inference the
+   root is 1 token past the last verified one and a depth-d node d+1: max_lag = tree depth covers
+   every query of a depth-5 tree). Rows t < j see no target entry and are left out of the loss.
+4. Next-token cross-entropy on rows j..S-2 (`LongSpecDraft.forward_train`, the same block code that
+   drafts), averaged over `batch` sequences per AdamW step; LR: linear warmup, cosine to 10% per stage.
+
+Stages run in order, each for its number of sequences. `generated` sequences of a stage are the
+target's own greedy continuations (`gen_prompt` tokens of held-out text, then the target's output up
+to S), trained with `labels: target`: what the draft meets at inference is the target's own text.
+
+Resumable: every `checkpoint_every` optimizer steps `state.pt` holds the draft, optimizer, step and log
+(each sequence's randomness is seeded by its index, so a resumed run draws what an uninterrupted one
+would); rerunning the same command continues, a different config is refused. Outputs in `out/`:
+`config.json`, `data.json` (the recipe), `log.csv` (per step: loss, lr, tokens, tokens/s), `eval.csv`
+(validation loss and tau over training tokens), `loss.png`, and `draft/` (the draft in bfloat16 with
+its config and `training.json`), which `decoder=longspec decoder.checkpoint=<out>/draft` loads.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.attention import CausalView
+from core.engine import Engine
+from core.models import load_model
+from core.types import Counts, HarnessError
+from decoders.longspec import LongSpec
+from decoders.longspec_draft import LongSpecDraft
+from training.longspec_data import SOURCES, build_sequences, load_sequences, save_sequences
+
+
+@dataclass
+class Stage:
+    name: str
+    sequences: int  # training sequences this stage consumes
+    labels: str = "data"  # data: the next data token | target: the target's greedy prediction |
+    # soft: the target's whole next-token distribution (cross-entropy = KL to the target + a constant)
+    positions: str = "anchor_offset"  # anchor_offset | vanilla
+    lr: float = 5e-4
+    generated: int = 0  # of `sequences`, how many are the target's own continuations
+
+
+@dataclass
+class TrainConfig:
+    out: str = "outputs/longspec_train"
+    model_source: str = "packaged"  # core.models.load_model: packaged | hub | tiny
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    linear: str = "auto"  # auto: prepacked oneDNN GEMMs for an fp32 target on x86, else aten
+    threads: int = 0  # torch threads (0: leave torch's default)
+    target_layer: int = -1  # the target layer whose K/V the draft reads (the reference: the last)
+    window: int = 512  # the draft's self-attention window (paper)
+    init: str = (
+        "random"  # random: normal(0, 0.02) | layer: the block starts as a copy of the target's last layer
+    )
+    seq_len: int = 1024
+    anchors: int = 4  # anchored positions at the start of each sequence (paper: 4)
+    max_offset: int = -1  # anchor offset o in [0, max_offset]; -1: the target's context - seq_len
+    max_lag: int = 5  # flash-noisy lag j in [1, max_lag]
+    batch: int = 2  # sequences per optimizer step
+    warmup: int = 8  # optimizer steps of linear warmup at the start of each stage
+    grad_clip: float = 1.0
+    sources: list[str] = field(default_factory=lambda: list(SOURCES))
+    max_chars_per_source: int = 2_000_000
+    gen_prompt: int = 512  # held-out tokens before a generated continuation
+    validation: int = 2  # held-out sequences for validation loss and tau
+    eval_every: int = 60  # optimizer steps between evaluations (and at every stage end)
+    eval_new_tokens: int = 48
+    checkpoint_every: int = 20  # optimizer steps between resumable checkpoints
+    seed: int = 0
+    stages: list[Stage] = field(
+        default_factory=lambda: [
+            Stage("pretrain", 640, "data", "anchor_offset", 1e-3),
+            Stage("distill", 320, "soft", "vanilla", 5e-4, generated=24),
+        ]
+    )
+
+
+def parse(argv: list[str]) -> TrainConfig:
+    """The defaults with `key=value` overrides (dotted keys, list items by index: `stages.0.lr=1e-3`;
+    values in YAML, e.g. `stages=[{name: a, sequences: 8}]`)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(TrainConfig)
+    try:
+        for item in argv:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"expected key=value, got {item!r}")
+            OmegaConf.update(cfg, key, OmegaConf.from_dotlist([f"v={value}"])["v"], merge=True)
+        out: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except Exception as exc:  # omegaconf's validation errors: one line
+        raise HarnessError(
+            f"training.longspec: bad override ({exc.__class__.__name__}: {exc})".split("\n")[0]
+        ) from None
+    return check(out)
+
+
+def check(cfg: TrainConfig) -> TrainConfig:
+    if cfg.init not in ("layer", "random"):
+        raise HarnessError(f"training.longspec: init must be layer or random, got {cfg.init!r}")
+    if cfg.seq_len < cfg.anchors + cfg.max_lag + 2 or cfg.batch < 1 or cfg.max_lag < 1:
+        raise HarnessError(
+            "training.longspec: need batch >= 1, max_lag >= 1, seq_len >= anchors + max_lag + 2"
+        )
+    for st in cfg.stages:
+        if st.labels not in ("data", "target", "soft") or st.positions not in ("anchor_offset", "vanilla"):
+            raise HarnessError(
+                f"training.longspec: stage {st.name}: labels must be data|target|soft and positions "
+                f"anchor_offset|vanilla, got {st.labels!r}, {st.positions!r}"
+            )
+        if st.sequences < 1 or not 0 <= st.generated <= st.sequences:
+            raise HarnessError(f"training.longspec: stage {st.name}: need 0 <= generated <= sequences, >= 1")
+        if st.generated and st.labels == "data":
+            raise HarnessError(
+                f"training.longspec: stage {st.name}: generated sequences need target or soft labels"
+            )
+    if cfg.gen_prompt >= cfg.seq_len:
+        raise HarnessError("training.longspec: gen_prompt must be shorter than seq_len")
+    return cfg
+
+
+# --- the pieces of one step ------------------------------------------------------------------------
+def positions_for(kind: str, n: int, anchors: int, max_offset: int, rng: random.Random) -> list[int]:
+    """Position ids of a training sequence (module docstring, step 1)."""
+    if kind == "vanilla" or max_offset <= 0:
+        return list(range(n))
+    o = rng.randint(0, max_offset)
+    return list(range(min(anchors, n))) + [o + i for i in range(anchors, n)]
+
+
+@torch.no_grad()
+def target_view(
+    engine: Engine, tokens: torch.Tensor, positions: torch.Tensor, layer: int, want_logits: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The frozen target over one sequence: its K/V `[H_kv, S, d]` of `layer` and, if asked, its float
+    logits at every position."""
+    n = tokens.numel()
+    engine.reset(n)
+    logits = engine.step(
+        tokens, positions, CausalView(engine.scale), logits_rows=None if want_logits else [n - 1]
+    )
+    engine.commit(torch.arange(n))
+    k = engine.cache.k[layer, :, :n].clone()
+    v = engine.cache.v[layer, :, :n].clone()
+    return k, v, logits.clone() if want_logits else None
+
+
+def sequence_loss(
+    draft: LongSpecDraft,
+    engine: Engine,
+    tokens: list[int],
+    positions: list[int],
+    labels: str,
+    lag: int,
+) -> torch.Tensor:
+    """Mean next-token cross-entropy of the draft over rows lag..S-2 of one sequence, against the data
+    token, the target's argmax (`target`) or the target's distribution (`soft`)."""
+    dev = engine.device
+    tok = torch.tensor(tokens, dtype=torch.long, device=dev)
+    pos = torch.tensor(positions, dtype=torch.long, device=dev)
+    k, v, teacher = target_view(engine, tok, pos, draft.target_layer, labels != "data")
+    logits = draft.forward_train(tok, pos, k, v, lag)
+    if teacher is None:
+        return torch.nn.functional.cross_entropy(logits, tok[lag + 1 :])
+    teacher = teacher[lag : tok.numel() - 1]
+    if labels == "target":
+        return torch.nn.functional.cross_entropy(logits, teacher.argmax(-1))
+    return -(teacher.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+
+
+@torch.no_grad()
+def greedy_continuation(engine: Engine, prompt: list[int], n_new: int) -> list[int]:
+    """The target's greedy continuation of `prompt` (plain decoding: prefill, then one row per step)."""
+    engine.reset(len(prompt) + n_new)
+    nxt = int(engine.prefill(prompt).argmax())
+    out = [nxt]
+    view = CausalView(engine.scale)
+    while len(out) < n_new:
+        pos = torch.tensor([engine.length], device=engine.device)
+        logits = engine.step(torch.tensor([nxt], device=engine.device), pos, view)
+        engine.commit([0])
+        nxt = int(logits[0].argmax())
+        out.append(nxt)
+    return out
+
+
+def lr_at(step_in_stage: int, steps_in_stage: int, peak: float, warmup: int) -> float:
+    if step_in_stage < warmup:
+        return peak * (step_in_stage + 1) / warmup
+    span = max(1, steps_in_stage - warmup)
+    progress = min(1.0, (step_in_stage - warmup) / span)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(draft: LongSpecDraft, engine: Engine, validation: list[list[int]], cfg: TrainConfig) -> dict:
+    """Validation loss (data labels, lag 1, vanilla positions) and tau of `decoder=longspec` with the
+    small CPU tree (depth 4, widths [2, 2, 2, 2]) over greedy continuations of the validation prompts."""
+    losses = [
+        float(sequence_loss(draft, engine, seq, list(range(len(seq))), "data", 1)) for seq in validation
+    ]
+    decoder = LongSpec(engine, depth=4, widths=[2, 2, 2, 2], draft_module=draft)
+    counts = Counts(keep_steps=False)
+    for seq in validation:
+        prompt = seq[: cfg.gen_prompt]
+        engine.reset(len(prompt) + cfg.eval_new_tokens + 8)
+        decoder.generate(prompt, cfg.eval_new_tokens, set(), counts)
+    return {"val_loss": sum(losses) / len(losses), "tau": counts.committed / max(1, counts.forwards)}
+
+
+# --- the run ----------------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        loaded = load_model(cfg.model_source, cfg.model, cfg.dtype, "auto")
+        linear = cfg.linear
+        if linear == "auto":
+            from core.engine import onednn_applies
+
+            linear = "onednn" if onednn_applies(loaded.model) else "aten"
+        self.engine = Engine(loaded.model, linear=linear)
+        for p in loaded.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = loaded.tokenizer
+        max_pos = self.engine.max_positions
+        self.max_offset = cfg.max_offset if cfg.max_offset >= 0 else max(0, max_pos - cfg.seq_len)
+        if cfg.seq_len > max_pos:
+            raise HarnessError(
+                f"training.longspec: seq_len {cfg.seq_len} exceeds the target's context {max_pos}"
+            )
+        make = LongSpecDraft.init_from_layer if cfg.init == "layer" else LongSpecDraft.init_for
+        self.draft = make(self.engine, cfg.target_layer, cfg.window)
+        self.draft.requires_grad_(True)
+        self.draft.label = f"LongSpec draft trained by training.longspec ({cfg.out})"
+        self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.stages[0].lr, weight_decay=0.0)
+        self.step = 0  # optimizer steps done
+        self.log: list[dict] = []
+        self.evals: list[dict] = []
+
+    # --- data -----------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Tokenized sequences (and the target's continuations) once; later runs read them back."""
+        cfg = self.cfg
+        data_file, gen_file = self.out / "sequences.json", self.out / "generated.json"
+        if not data_file.exists():
+            seqs, recipe = build_sequences(
+                self.tokenizer, cfg.seq_len, cfg.sources, cfg.seed, cfg.max_chars_per_source
+            )
+            need = cfg.validation + sum(s.sequences - s.generated for s in cfg.stages)
+            need += sum(s.generated for s in cfg.stages)  # the generated ones take their prompts from here
+            if len(seqs) < need:
+                raise HarnessError(
+                    f"training.longspec: the sources give {len(seqs)} sequences, the stages need {need}"
+                )
+            (self.out / "data.json").write_text(recipe.to_json())
+            save_sequences(data_file, seqs[:need])
+        seqs = load_sequences(data_file)
+        self.validation = seqs[: cfg.validation]
+        rest = seqs[cfg.validation :]
+        n_gen = sum(s.generated for s in cfg.stages)
+        prompts, self.data = rest[:n_gen], rest[n_gen:]
+        generated = load_sequences(gen_file) if gen_file.exists() else []
+        if len(generated) < n_gen:
+            from tqdm import tqdm
+
+            for seq in tqdm(prompts[len(generated) :], desc="target continuations", file=sys.stderr):
+                prompt = seq[: cfg.gen_prompt]
+                generated.append(
+                    prompt + greedy_continuation(self.engine, prompt, cfg.seq_len - cfg.gen_prompt)
+                )
+                save_sequences(gen_file, generated)  # each one kept: an interrupted run loses at most one
+        self.generated = generated
+
+    def schedule(self) -> list[tuple[Stage, int, list[int]]]:
+        """(stage, index within the stage, tokens) for every training sequence, in order."""
+        out, data_i, gen_i = [], 0, 0
+        for st in self.cfg.stages:
+            for i in range(st.sequences):
+                if i < st.generated:
+                    out.append((st, i, self.generated[gen_i]))
+                    gen_i += 1
+                else:
+                    out.append((st, i, self.data[data_i]))
+                    data_i += 1
+        return out
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def _config_json(self) -> str:
+        return json.dumps(asdict(self.cfg), indent=2, sort_keys=True) + "\n"
+
+    def resume(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        conf = self.out / "config.json"
+        if conf.exists() and conf.read_text() != self._config_json():
+            raise HarnessError(
+                f"training.longspec: {self.out} holds a run with another config: pass a new out= or "
+                "repeat that run's overrides to resume it"
+            )
+        conf.write_text(self._config_json())
+        state_file = self.out / "state.pt"
+        if state_file.exists():
+            state = torch.load(state_file, map_location=self.engine.device, weights_only=False)
+            self.draft.load_state_dict(state["draft"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.step, self.log, self.evals = state["step"], state["log"], state["evals"]
+            print(f"resuming {self.out} at optimizer step {self.step}", file=sys.stderr)
+
+    def save_state(self) -> None:
+        state = {
+            "draft": self.draft.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "step": self.step,
+            "log": self.log,
+            "evals": self.evals,
+        }
+        tmp = self.out / "state.pt.tmp"
+        torch.save(state, tmp)
+        tmp.replace(self.out / "state.pt")
+        write_csv(self.out / "log.csv", self.log)
+        write_csv(self.out / "eval.csv", self.evals)
+
+    # --- loop -----------------------------------------------------------------------------------
+    def run(self) -> Path:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.resume()
+        self.prepare_data()
+        plan = self.schedule()
+        batches = [plan[i : i + cfg.batch] for i in range(0, len(plan), cfg.batch)]
+        stage_steps = {st.name: math.ceil(st.sequences / cfg.batch) for st in cfg.stages}
+        tokens_done = sum(r["tokens"] for r in self.log)
+        if not self.evals:
+            self._evaluate(tokens_done, "start")
+        bar = tqdm(total=len(batches), initial=self.step, desc="longspec draft", file=sys.stderr)
+        for b in range(self.step, len(batches)):
+            batch = batches[b]
+            st = batch[0][0]
+            step_in_stage = batch[0][1] // cfg.batch
+            lr = lr_at(step_in_stage, stage_steps[st.name], st.lr, cfg.warmup)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            t0, total, n_tok = time.perf_counter(), 0.0, 0
+            self.opt.zero_grad(set_to_none=True)
+            for stage, index, tokens in batch:
+                rng = random.Random(f"{cfg.seed}-{stage.name}-{index}")
+                kind = "vanilla" if index < stage.generated else stage.positions
+                pos = positions_for(kind, len(tokens), cfg.anchors, self.max_offset, rng)
+                lag = rng.randint(1, cfg.max_lag)
+                loss = sequence_loss(self.draft, self.engine, tokens, pos, stage.labels, lag)
+                (loss / len(batch)).backward()
+                total += loss.item() / len(batch)
+                n_tok += len(tokens) - 1 - lag
+            norm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.step = b + 1
+            secs = time.perf_counter() - t0
+            tokens_done += n_tok
+            self.log.append(
+                {"step": self.step, "stage": st.name, "loss": round(total, 5), "lr": lr,
+                 "grad_norm": round(float(norm), 4), "tokens": n_tok, "tokens_total": tokens_done,
+                 "tokens_per_s": round(n_tok / secs, 1)}
+            )  # fmt: skip
+            bar.set_postfix(stage=st.name, loss=f"{total:.3f}", tok_s=f"{n_tok / secs:.0f}")
+            bar.update(1)
+            stage_end = b + 1 == len(batches) or batches[b + 1][0][0].name != st.name
+            if self.step % cfg.eval_every == 0 or stage_end:
+                self._evaluate(tokens_done, st.name)
+            if self.step % cfg.checkpoint_every == 0 or stage_end:
+                self.save_state()
+        bar.close()
+        self.save_state()
+        return self.export()
+
+    def _evaluate(self, tokens_done: int, stage: str) -> None:
+        result = evaluate(self.draft, self.engine, self.validation, self.cfg)
+        self.evals.append({"step": self.step, "stage": stage, "tokens_total": tokens_done, **result})
+        print(
+            f"eval at step {self.step}: val_loss {result['val_loss']:.3f}, tau {result['tau']:.2f}",
+            file=sys.stderr,
+        )
+
+    def export(self) -> Path:
+        folder = self.out / "draft"
+        self.draft.config.target_model = Path(self.draft.config.target_model).name or self.cfg.model
+        self.draft.save(folder, dtype=torch.bfloat16)
+        data = json.loads((self.out / "data.json").read_text())
+        summary = {
+            "config": asdict(self.cfg),
+            "data": data,
+            "generated_sequences": len(self.generated),
+            "optimizer_steps": self.step,
+            "training_tokens": sum(r["tokens"] for r in self.log),
+            "final_loss": self.log[-1]["loss"] if self.log else None,
+            "evals": self.evals,
+            "weights_dtype": "bfloat16",
+        }
+        (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plot_loss(self.log, self.evals, folder / "loss.png")
+        return folder
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_loss(log: list[dict], evals: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name in dict.fromkeys(r["stage"] for r in log):
+        rows = [r for r in log if r["stage"] == name]
+        ax.plot([r["tokens_total"] for r in rows], [r["loss"] for r in rows], label=f"train ({name})")
+    ax.plot(
+        [e["tokens_total"] for e in evals], [e["val_loss"] for e in evals], "ko-", ms=3, label="validation"
+    )
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    ax2.plot([e["tokens_total"] for e in evals], [e["tau"] for e in evals], "o-")
+    ax2.set_xlabel("training tokens")
+    ax2.set_ylabel("tau (small tree, validation prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        folder = Trainer(parse(sys.argv[1:] if argv is None else argv)).run()
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"draft written to {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
