@@ -62,6 +62,15 @@ def _cell(summary: dict, method: str, metric: str) -> str:
     return "" if got is None else f"{got[0]:.2f} ({got[1]:.2f}-{got[2]:.2f})"
 
 
+def _drafts(df: pd.DataFrame) -> str:
+    """The LongSpec runs' draft labels (checkpoint@weights digest)."""
+    col = "decoder.draft" if "decoder.draft" in df.columns else "decoder.checkpoint"
+    if col not in df.columns:
+        return "?"
+    labels = df.loc[df["decoder"].astype(str).str.startswith("longspec"), col].dropna().astype(str)
+    return ", ".join(sorted(set(labels))) or "?"
+
+
 def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
     df = one_setup(ok)
@@ -97,7 +106,7 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
         f"LongSpec Table 1 (tau, speedup vs vanilla and vs MagicDec). Ours: {first.get('model', '?')} "
         f"({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
         f"{first.get('threads', '?')} threads, "
-        f"code {first.get('git_sha', '?')}, draft {first.get('decoder.checkpoint', '?')}, PG-19 stand-in "
+        f"code {first.get('git_sha', '?')}, draft {_drafts(df)}, PG-19 stand-in "
         "(Paul Graham essays held out from the draft's training text). Paper: mean (min-max) over 5 targets "
         "(Vicuna-7B/13B, LongChat-7B/13B, Llama-3-8B-262k) x 5 LongBench tasks, A100, fp16, speedup vs "
         "Vanilla FA. Same protocol, other scale: compare shapes and orderings, not absolute numbers."

@@ -191,8 +191,9 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
     ("TriForce", "Table 6", "LWM-Text 256K/512K: models far beyond the embedded model's 8k context"),
     ("SFI", "Tables 1-3, 5", "vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 models "
      "(Figure 4's trend is reproduced in shape above)"),
-    ("LongSpec", "Figure 4", "training loss with and without Anchor-Offset on long data at 7B scale; our "
-     "two drafts' curves are in checkpoints/longspec/*/loss.png (1k-token sequences, CPU budget)"),
+    ("LongSpec", "Figure 4", "training loss with and without Anchor-Offset on long data at 7B scale; the "
+     "training curves of our two drafts (with and without it; 1k-token sequences, CPU budget) are in "
+     "checkpoints/longspec/smollm2-135m/loss.png and checkpoints/longspec/ablations/*/loss.png"),
     ("LongSpec", "Tables 3-4, Figures 3, 5-7", "EAGLE baseline, latency breakdown, T=1 speedups, QwQ-32B on "
      "AIME24, batch sizes: GPU kernels, 7B-32B targets and their released drafts (decoder.checkpoint="
      "sail/longspec-* loads them for users with the hub)"),
