@@ -15,7 +15,8 @@ lost in the paper's text extraction).
 - `table11`  k sweep (guess length), FAFO-Stream, MT-Bench.
 - `table12`  n sweep (fumble streams), FAFO-Stream and FAFO-Quest.
 - `table13`  Init+Local budget sweep (kv.budget), FAFO-Stream.
-- `figure1`  FAFO vs Lookahead against the number of guesses (n resp. G); the paper gives a plot only.
+- `analysis.fafo_figure1.figure1`  FAFO vs Lookahead against the number of guesses (n resp. G); the
+  paper gives a plot only. `analysis.fafo_orderings.orderings` checks the paper's orderings.
 Speedup = sum of vanilla (kv=full) wall time / sum of the method's wall time over the same
 (sample, turn) pairs in the same environment (`analysis.metrics`: one pairing rule for every table);
 tau = committed / forwards. A table is made within one setup (model, dtype, device, threads, ...:
@@ -415,137 +416,6 @@ def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
     return out
 
 
-def _claim(claim: str, paper: bool | None, ours: bool | None, values: str, why: str = "") -> dict:
-    verdict = "no runs" if ours is None else ("same" if ours == paper else "DIFFERS")
-    return {
-        "claim": claim,
-        "paper": "-" if paper is None else ("holds" if paper else "does not hold"),
-        "ours": "-" if ours is None else ("holds" if ours else "does not hold"),
-        "verdict": verdict,
-        "values (ours / paper)": values,
-        "why it may differ": why if verdict == "DIFFERS" else "",
-    }
-
-
-def _argmax(t: pd.DataFrame, col: str, metric: str) -> str | None:
-    sub = t.dropna(subset=[metric])
-    return None if sub.empty else str(sub.loc[sub[metric].astype(float).idxmax(), col])
-
-
-def orderings(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
-    """The paper's orderings by tau (hardware-independent) and by speed, checked on our runs: FAFO-Stream
-    above Lookahead and FAFO-Stream at least FAFO-Quest per task (Table 2), where the k and n sweeps peak
-    (Tables 11-12). Each claim: holds / does not hold on each side, and why ours may differ."""
-    t2 = table2(samples, fixed=fixed)
-    rows = []
-    tau_why = "tau at this scale: 64-token answers of a 135M model, budgets of 10% of short contexts"
-    speed_why = (
-        "speed, not tau: a FAFO forward here runs hundreds of rows and on a CPU every row costs compute "
-        "(benchmarks.block_cost), so the ordering by tau does not carry over to wall-clock"
-    )
-    for task in sorted(set(t2["task"])):
-        cell = t2[t2["task"] == task].set_index("method")
-        for a, b, strict in (("FAFO-Stream", "Lookahead", True), ("FAFO-Stream", "FAFO-Quest", False)):
-            if a not in cell.index or b not in cell.index:
-                continue
-            for metric in ("tau", "speedup"):
-                pa, pb = cell.loc[a, f"paper_{metric}"], cell.loc[b, f"paper_{metric}"]
-                oa, ob = cell.loc[a, f"ours_{metric}"], cell.loc[b, f"ours_{metric}"]
-                if pd.isna(pa) or pd.isna(pb):
-                    continue
-                cmp = (lambda x, y: x > y) if strict else (lambda x, y: x >= y)
-                ours = None if pd.isna(oa) or pd.isna(ob) else bool(cmp(oa, ob))
-                rows.append(
-                    _claim(
-                        f"{task}: {a} {'>' if strict else '>='} {b} by {metric}",
-                        bool(cmp(pa, pb)),
-                        ours,
-                        f"{oa:.2f} vs {ob:.2f} / {pa:.2f} vs {pb:.2f}",
-                        speed_why if metric == "speedup" else tau_why,
-                    )
-                )
-    for name, fn, col in (("k", table11, "decoder.k"), ("n", table12, "decoder.n")):
-        t = fn(samples, fixed=fixed)
-        t = t[t["method"] == "FAFO-Stream"]
-        ours_best, paper_best = _argmax(t, col, "ours_tau"), _argmax(t, col, "paper_tau")
-        if paper_best is None:
-            continue
-        swept = sorted(t.dropna(subset=["ours_tau"])[col].astype(float))
-        ours = None if ours_best is None else ours_best == paper_best
-        rows.append(
-            _claim(
-                f"MT-Bench: the {name} sweep's tau peaks at {name}={paper_best}",
-                True,
-                ours,
-                f"peak at {ours_best} (swept {', '.join(_num(v) for v in swept)}) / {paper_best}",
-                "a sweep point the paper peaks at was not run here"
-                if ours_best is not None and float(paper_best) not in swept
-                else "tau at this scale (see above); few samples: differences of ~0.05 are noise",
-            )
-        )
-    out = pd.DataFrame(rows)
-    if out.empty or (out["verdict"] == "no runs").all():
-        out = out.iloc[0:0]  # nothing of ours to check
-    out.attrs["caption"] = _caption(
-        "orderings (the paper's claims, checked on ours)", samples, "Llama-2-7b-chat", fixed
-    )
-    return out
-
-
-def figure1(
-    samples: pd.DataFrame, path: Path | str | None = None, task: str = "mtbench", fixed: dict | None = None
-) -> pd.DataFrame:
-    """Figure 1: speedup and tau against the number of n-gram guesses, FAFO (n) vs Lookahead (G).
-    The paper gives a plot only (no numbers); `path` saves our version as a PNG."""
-    fixed = {
-        k: v
-        for k, v in (PAPER_SETTING if fixed is None else fixed).items()
-        if k not in ("decoder.n", "decoder.G")
-    }
-    df = hold(samples[samples["task"] == task], fixed)
-    parts = []
-    for decoder_prefix, col in (("fafo", "decoder.n"), ("lookahead", "decoder.G")):
-        sub = df[df["decoder"].astype(str).str.startswith(decoder_prefix) | (df["decoder"] == "vanilla")]
-        sub = sub[~sub["decoder"].astype(str).str.contains("2forward")]
-        if col not in sub.columns or sub[col].isna().all():
-            continue
-        agg = aggregate(sub.assign(guesses=sub[col].map(_num)), ["guesses"])
-        parts.append(agg.dropna(subset=["guesses"]))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["method", "guesses"])
-    if len(out):
-        out["guesses"] = out["guesses"].astype(float)
-        out = out.sort_values(["method", "guesses"], ignore_index=True)
-    out.attrs["caption"] = _caption(
-        f"Figure 1 ({TASKS.get(task, task)}; the paper plots it without numbers)",
-        samples,
-        "Llama-2-7b-chat",
-        fixed,
-    )
-    if path is not None and len(out):
-        _plot_figure1(out, Path(path))
-    return out
-
-
-def _plot_figure1(table: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for method, t in table.groupby("method"):
-        axes[0].plot(t["guesses"], t["speedup"], marker="o", label=method)
-        axes[1].plot(t["guesses"], t["tau"], marker="o", label=method)
-    axes[0].set(xlabel="number of n-gram guesses", ylabel="speedup vs vanilla")
-    axes[1].set(xlabel="number of n-gram guesses", ylabel="tau (tokens / forward)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(table.attrs.get("caption", ""), fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def render(table: pd.DataFrame) -> str:
     """Plain-text table with its caption."""
     with pd.option_context(
@@ -555,6 +425,7 @@ def render(table: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from analysis.fafo_figure1 import figure1  # it builds on this module's tables
     from analysis.load import experiments, from_experiments, load_samples
     from analysis.summary import default_root
 

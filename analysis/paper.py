@@ -24,6 +24,8 @@ from analysis import fafo_paper as fafo
 from analysis import longspec_paper as longspec
 from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
+from analysis.fafo_figure1 import figure1 as fafo_figure1
+from analysis.fafo_orderings import orderings as fafo_orderings
 from analysis.load import experiments, from_experiments
 from analysis.metrics import SETUP, AnalysisError, summarize, with_env
 
@@ -86,7 +88,7 @@ def _sfi_figure4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
 
 
 def _fafo_figure1(s: pd.DataFrame, out: Path) -> pd.DataFrame:
-    return fafo.figure1(from_experiments(s, experiments("fafo_")), out / "figures" / "fafo_figure1.png")
+    return fafo_figure1(from_experiments(s, experiments("fafo_")), out / "figures" / "fafo_figure1.png")
 
 
 # (paper, table, function, the command that makes its runs)
@@ -94,7 +96,7 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
     (
         "FAFO",
         "orderings",
-        _fafo(fafo.orderings),
+        _fafo(fafo_orderings),
         "python run.py -m experiment=fafo_table2 (+ fafo_table11, fafo_table12, fafo_baselines)",
     ),
     ("FAFO", "Table 1", _fafo(fafo.table1), "python run.py -m experiment=fafo_table1 (+ fafo_baselines)"),

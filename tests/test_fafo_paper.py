@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis import fafo_paper as fp
+from analysis.fafo_figure1 import figure1 as fafo_figure1
+from analysis.fafo_orderings import orderings as fafo_orderings
 
 ENV = {"model": "smollm2-135m", "dtype": "bfloat16", "device_name": "cpu: test x2"}
 
@@ -160,23 +162,23 @@ def test_table13_budget_fractions_stand_for_the_paper_budgets():
 
 
 def test_orderings_check_the_papers_claims(samples):
-    t = fp.orderings(samples).set_index("claim")
+    t = fafo_orderings(samples).set_index("claim")
     row = t.loc["MT-Bench: FAFO-Stream > Lookahead by tau"]
     assert (row["paper"], row["ours"], row["verdict"]) == ("holds", "holds", "same")
     assert row["values (ours / paper)"] == "2.50 vs 1.60 / 2.29 vs 1.66"
     assert t.loc["MT-Bench: FAFO-Stream >= FAFO-Quest by speedup", "verdict"] == "same"
     assert t.loc["MT-Bench: the k sweep's tau peaks at k=8", "ours"] == "holds"
     assert t.loc["MT-Bench: the n sweep's tau peaks at n=40", "verdict"] == "same"
-    assert fp.orderings(samples[samples["task"] == "pg19"]).empty  # nothing of ours: no claims shown
+    assert fafo_orderings(samples[samples["task"] == "pg19"]).empty  # nothing of ours: no claims shown
     slow = samples.copy()
     slow.loc[slow["decoder"] == "fafo", "wall_s"] *= 10  # FAFO slower than Lookahead in wall-clock
-    row = fp.orderings(slow).set_index("claim").loc["MT-Bench: FAFO-Stream > Lookahead by speedup"]
+    row = fafo_orderings(slow).set_index("claim").loc["MT-Bench: FAFO-Stream > Lookahead by speedup"]
     assert row["verdict"] == "DIFFERS" and "every row costs compute" in row["why it may differ"]
 
 
 def test_figure1(samples, tmp_path):
     png = tmp_path / "fig1.png"
-    t = fp.figure1(samples, png)
+    t = fafo_figure1(samples, png)
     assert png.exists() and png.stat().st_size > 1000
     assert cell(t, "speedup", method="Lookahead", guesses=10.0) == pytest.approx(4.0 / 4.6)
     assert cell(t, "tau", method="FAFO-Stream", guesses=20.0) == pytest.approx(1.5)
