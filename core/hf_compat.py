@@ -8,10 +8,13 @@ transformers model internals; `tests/test_hf_compat.py` pins this module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
 
@@ -25,6 +28,11 @@ class LayerWeights:
     wo: torch.Tensor
     wgu: torch.Tensor
     wdown: torch.Tensor
+    norm1: Callable[[torch.Tensor], torch.Tensor] = field(init=False)  # ln1's forward (fused_norm)
+    norm2: Callable[[torch.Tensor], torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.norm1, self.norm2 = fused_norm(self.ln1), fused_norm(self.ln2)
 
 
 @dataclass
@@ -42,6 +50,25 @@ class DecoderWeights:
     max_positions: int
     dtype: torch.dtype
     device: torch.device
+    final_norm: Callable[[torch.Tensor], torch.Tensor] = field(init=False)  # norm's forward (fused_norm)
+
+    def __post_init__(self) -> None:
+        self.final_norm = fused_norm(self.norm)
+
+
+def fused_norm(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An HF Llama/Qwen2 RMSNorm's forward as one `F.rms_norm` call where that is the same math: float32
+    weights (bit-identical there: the module's upcast and downcast are no-ops). In other dtypes the
+    module rounds the normalised input before the weight multiply, so the module itself is kept."""
+    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+    if (
+        not type(module).__name__.endswith("RMSNorm")
+        or weight is None
+        or weight.dtype != torch.float32
+        or not isinstance(eps, float)
+    ):
+        return module
+    return partial(F.rms_norm, normalized_shape=(weight.shape[0],), weight=weight, eps=eps)
 
 
 def extract_weights(model: torch.nn.Module) -> DecoderWeights:

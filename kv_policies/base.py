@@ -238,9 +238,10 @@ class KVPolicy:
 
     def gather_keys(self, layer: int, k_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Keys `[n_kv_heads, m, head_dim]` of logical `positions` from physical `k_cache`."""
-        hkv, _, d = k_cache.shape
+        hkv = k_cache.shape[0]
         slots = self.physical(layer, positions, hkv)
-        return k_cache.gather(1, slots.unsqueeze(-1).expand(-1, -1, d))
+        # one row copy per entry and head (a `gather` over an expanded [hkv, m, d] index is ~5x slower)
+        return torch.stack([k_cache[h].index_select(0, slots[h]) for h in range(hkv)])
 
     # --- views ---------------------------------------------------------------------------------
     def restricted_view(

@@ -131,12 +131,17 @@ class SFI(KVPolicy):
         if j.numel() == 0:
             self._sel[layer] = j.new_empty(eng.cache.n_kv_heads, 0)
             return
-        keys = self.gather_keys(layer, eng.cache.k[layer, :, :length], j).float()  # [hkv, M, d]
+        # logits and key norms over the cache as it lies (slot order), then read in candidate order:
+        # cheaper than gathering the candidates' keys first, and the same numbers
+        keys = eng.cache.k[layer, :, :length].float()  # [hkv, length, d], physical slots
         hkv, _, d = keys.shape
         h, n, _ = q.shape
         rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
-        logits = rows @ keys.transpose(1, 2) * eng.scale
-        result = sfi_select(logits, keys.norm(dim=-1), j, self.k, self.selector)
+        slots = self.physical(layer, j, hkv)  # [hkv, M]
+        logits = (keys @ rows.transpose(1, 2)).transpose(1, 2)  # [hkv, R, length]; keys as the tall side
+        logits = logits.gather(2, slots[:, None, :].expand(-1, rows.shape[1], -1))
+        key_norm = keys.norm(dim=-1).gather(1, slots)
+        result = sfi_select(logits * eng.scale, key_norm, j, self.k, self.selector)
         self._sel[layer] = j[result.selected]
         self.selector_calls += 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks.bench_fafo import Tally, custom_fafo, spread
 from core.cost_curve import step_seconds
@@ -84,6 +85,43 @@ def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkey
     assert not block_cost.curve_for(args, "cpu: Test CPU")[2]
     args.refresh, args.rows = False, [1, 2, 4]  # another grid is measured, not read from the cache
     assert not block_cost.curve_for(args, "cpu: Test CPU")[2]
+
+
+def test_bandwidth_share_pairs_each_bandwidth_read_with_its_own_step(tiny_lm, monkeypatch):
+    """The share of the bandwidth limit is the median of per-repeat ratios (bandwidth and vanilla step
+    measured back to back), for vanilla's own 1-row step over a cache of each size; the cache is
+    left at that size."""
+    from analysis.cost_model import ModelShape
+    from benchmarks import block_cost
+    from core.engine import Engine
+
+    reads = iter([10e9, 20e9, 40e9, 10e9, 20e9, 40e9])
+    monkeypatch.setattr(block_cost, "read_bandwidth", lambda **k: next(reads))
+    steps = iter([0.5, 0.5, 0.5, 0.25, 0.25, 0.25])
+    fake_step = lambda eng, reps: next(steps) if reps == 15 else 1  # noqa: E731 (warm-up: reps 5)
+    monkeypatch.setattr(block_cost, "vanilla_step_seconds", fake_step)
+    eng = Engine(tiny_lm.model)
+    shape = ModelShape.from_hf_config(tiny_lm.model.config)
+    rows = block_cost.bandwidth_share(eng, shape, [8, 16], 4, repeats=3)
+    assert [r["cache"] for r in rows] == [8, 16] and eng.length == 16
+    for r, step in zip(rows, (0.5, 0.25)):
+        need = shape.weight_bytes(4) + r["cache"] * shape.kv_bytes_per_entry(4)
+        assert r["share"] == pytest.approx(need / 20e9 / step)
+        assert r["share_min"] == pytest.approx(need / 40e9 / step)
+        assert r["share_max"] == pytest.approx(need / 10e9 / step)
+        assert r["gb_s"] == pytest.approx(20.0) and r["step_ms"] == pytest.approx(step * 1e3)
+
+
+def test_vanilla_step_seconds_leaves_the_cache_as_it_was(tiny_lm):
+    from benchmarks.block_cost import vanilla_step_seconds
+    from core.engine import Engine
+
+    eng = Engine(tiny_lm.model)
+    eng.reset(40)
+    eng.prefill(list(range(5, 25)))
+    k = eng.cache.k[:, :, :20].clone()
+    assert vanilla_step_seconds(eng, 3) > 0
+    assert eng.length == 20 and torch.equal(eng.cache.k[:, :, :20], k)
 
 
 def test_bench_block_auto_prices_the_blocks_a_method_ran():
