@@ -84,9 +84,11 @@ def prompts_of(task_name: str, n: int, tokenizer) -> list[tuple[str, list[int]]]
     return [(s.category or task_name, task.prompt_ids(s, 0, [], tokenizer)) for s in task.load()]
 
 
-def curve_here(eng: Engine, dev: str, threads: int, max_rows: int) -> tuple[CostCurve, str]:
+def curve_here(
+    eng: Engine, dev: str, threads: int, max_rows: int, refresh: bool = False
+) -> tuple[CostCurve, str]:
     key = {"device": dev, "model": "smollm2-135m", "dtype": "float32", "linear": eng.linear}
-    curve, measured = cached_or_measured(eng, {**key, "threads": threads}, max_rows)
+    curve, measured = cached_or_measured(eng, {**key, "threads": threads}, max_rows, refresh=refresh)
     return curve, "measured now" if measured else "cached"
 
 
@@ -197,6 +199,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--fresh-curve",
+        action="store_true",
+        help="measure the cost curve now (and cache it) instead of reading a cached one: pred/meas then "
+        "compares forwards priced at this session's speed, not the speed the box had when it was cached",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
@@ -204,7 +212,9 @@ def main() -> None:
     dev = device_name(lm.device)
     stop = stop_ids_for(lm.tokenizer, lm.model)
     decoders = [(name, make(eng)) for name, make in methods()]
-    curve, source = curve_here(eng, dev, args.threads, max(d.max_block() for _, d in decoders))
+    curve, source = curve_here(
+        eng, dev, args.threads, max(d.max_block() for _, d in decoders), refresh=args.fresh_curve
+    )
     for _, dec in decoders:
         dec.use_cost(curve)
     print(

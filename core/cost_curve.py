@@ -155,12 +155,17 @@ def runtime_grid(max_rows: int, max_positions: int) -> tuple[list[int], list[int
 
 
 def cached_or_measured(
-    eng, key: dict[str, object], max_rows: int, reps: int = 5, on_measure: Callable[[str], None] | None = None
+    eng,
+    key: dict[str, object],
+    max_rows: int,
+    reps: int = 5,
+    on_measure: Callable[[str], None] | None = None,
+    refresh: bool = False,
 ) -> tuple[CostCurve, bool]:
-    """The environment `key`'s curve from the cache when it reaches `max_rows` rows; otherwise measured
-    now on `runtime_grid` (reported first through `on_measure`) and cached. Returns (curve, measured
-    now). Measuring leaves the engine's cache in an arbitrary state."""
-    curve = cached_curve(key)
+    """The environment `key`'s curve from the cache when it reaches `max_rows` rows (and not `refresh`);
+    otherwise measured now on `runtime_grid` (reported first through `on_measure`) and cached. Returns
+    (curve, measured now). Measuring leaves the engine's cache in an arbitrary state."""
+    curve = None if refresh else cached_curve(key)
     if curve is not None and curve.rows[-1] >= max_rows:
         return curve, False
     rows, contexts = runtime_grid(max_rows, eng.max_positions)

@@ -4,13 +4,16 @@ by how much the last query attends to each chunk's mean key.
 Build (after prefill, and again on `rebuild`): the committed keys `[0, L)` are split into chunks of
 `chunk` consecutive positions; chunk c scores `q . mean(k_c)` per KV head, where q is the query of
 the last prompt token (or, on a rebuild, of the last row the policy observed). GQA (the reference
-has none): a KV head's score is the mean over its query heads of their dot products with the mean
-key, i.e. the group's mean query against the mean key. The first chunk is always kept (attention
-sink), so is the last, partial chunk when L is not a multiple of `chunk`; the top-scoring other
-chunks fill the budget (`budget // chunk` chunks in all). Entries committed after the build (the
-generated tokens) are always visible: TriForce writes them over the least important slots of a fixed
-cache; here they are kept on top of the budget until the next rebuild (the decoder's stride,
-`decoder.rebuild_every`), a stated simplification.
+has none; `gqa_score`): `logit` (default) scores a KV head's chunk by the mean over its query heads
+of their dot products with the mean key (the group's mean query against the mean key); `prob` by the
+mean over its query heads of each head's softmax over the chunks, i.e. the share of the group's
+attention a chunk would get, so one head that singles a chunk out keeps it even when the other heads
+of its group look elsewhere. With one query head per KV head both are the paper's ranking. The first
+chunk is always kept (attention sink), so is the last, partial chunk when L is not a multiple of
+`chunk`; the top-scoring other chunks fill the budget (`budget // chunk` chunks in all). Entries
+committed after the build (the generated tokens) are always visible: TriForce writes them over the
+least important slots of a fixed cache; here they are kept on top of the budget until the next
+rebuild (the decoder's stride, `decoder.rebuild_every`), a stated simplification.
 """
 
 from __future__ import annotations
@@ -22,15 +25,21 @@ import torch
 from core.types import HarnessError
 from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
+GQA_SCORES = ("logit", "prob")
 
-def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int) -> torch.Tensor:
+
+def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, gqa: str = "logit") -> torch.Tensor:
     """Scores `[n_kv_heads, L // chunk]` of the full chunks of keys `k [n_kv_heads, L, d]` against the
-    query `q [n_heads, d]` (mean over each KV head's query heads of q . mean key)."""
+    query `q [n_heads, d]`: per query head q . mean key, then over each KV head's query heads the mean
+    of those logits (`gqa="logit"`) or of their softmaxes over the chunks (`gqa="prob"`)."""
     hkv, length, d = k.shape
     n = length // chunk
     kbar = k[:, : n * chunk].float().reshape(hkv, n, chunk, d).mean(2)
     qg = q.float().reshape(hkv, q.shape[0] // hkv, d)
-    return (qg @ kbar.transpose(1, 2)).mean(1)
+    logits = qg @ kbar.transpose(1, 2)  # [hkv, group, n]
+    if gqa == "prob":
+        return logits.softmax(-1).mean(1)
+    return logits.mean(1)
 
 
 class Retrieval(KVPolicy):
@@ -43,7 +52,13 @@ class Retrieval(KVPolicy):
         backend: str = "dense",
         budget_frac: float | None = None,
         dense_layers: int = 0,
+        gqa_score: str = "logit",
     ) -> None:
+        if gqa_score not in GQA_SCORES:
+            raise HarnessError(
+                f"kv=retrieval: gqa_score must be one of {', '.join(GQA_SCORES)}, got {gqa_score!r}"
+            )
+        self.gqa_score = gqa_score
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
             raise HarnessError(f"kv=retrieval: chunk must be a positive integer, got {chunk!r}")
         self.chunk = chunk
@@ -69,6 +84,7 @@ class Retrieval(KVPolicy):
             "chunk": self.chunk,
             "backend": self.backend,
             "dense_layers": self.dense_layers,
+            "gqa_score": self.gqa_score,
         }
 
     def can_restrict(self, prompt_len: int, context: int) -> bool:
@@ -121,7 +137,7 @@ class Retrieval(KVPolicy):
         keep_chunks[:, 0] = True
         room = self.n_chunks - 1 - (1 if partial else 0)
         if room > 0 and n > 1:
-            scores = chunk_scores(q, k, c)[:, 1:]
+            scores = chunk_scores(q, k, c, self.gqa_score)[:, 1:]
             keep_chunks.scatter_(1, 1 + scores.topk(min(room, n - 1), dim=1).indices, True)
         keep = torch.ones(hkv, length, dtype=torch.bool, device=k.device)
         keep[:, : n * c] = keep_chunks.repeat_interleave(c, dim=1)

@@ -112,3 +112,24 @@ def test_predicted_speedup_unknown_for_a_separate_draft_model():
     steps = _steps([("a", 0, 0, 1, 0, 5, False, True), ("a", 0, 1, 3, 2, 10, False, False)])
     assert math.isnan(predicted_speedup(steps, samples, lambda b, c: 1.0, n_layers=1))
     assert math.isnan(predicted_speedup(_steps([]), samples, lambda b, c: 1.0, n_layers=1))
+
+
+def test_cached_or_measured_reads_the_cache_unless_refreshed(tmp_path, monkeypatch):
+    from core import cost_curve
+
+    monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_grid(eng, rows, contexts, reps):
+        calls.append((rows, contexts))
+        return [[float(len(calls)) * r for r in rows] for _ in contexts]
+
+    monkeypatch.setattr(cost_curve, "measure_grid", fake_grid)
+    eng = type("E", (), {"max_positions": 8192})()
+    first, measured = cost_curve.cached_or_measured(eng, KEY, 4)
+    assert measured and calls == [([1, 2, 4], [256, 1024, 4096])]
+    again, measured = cost_curve.cached_or_measured(eng, KEY, 4)
+    assert not measured and again == first and len(calls) == 1
+    fresh, measured = cost_curve.cached_or_measured(eng, KEY, 4, refresh=True)
+    assert measured and len(calls) == 2 and fresh.seconds != first.seconds
+    assert cost_curve.cached_or_measured(eng, KEY, 4)[0] == fresh  # the fresh curve replaced the cached one

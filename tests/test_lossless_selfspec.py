@@ -133,6 +133,25 @@ def test_retrieval_chooses_sink_tail_and_top_chunks_by_mean_key():
         assert keep[j, 44] and int(keep[j].sum()) == 4 * 4 + 1
 
 
+def test_retrieval_gqa_prob_ranks_chunks_by_the_groups_mean_attention_share():
+    torch.manual_seed(1)
+    hkv, h, length, d, chunk = 2, 6, 40, 8, 4
+    k, q = torch.randn(hkv, length, d), torch.randn(h, d) * 3
+    scores = chunk_scores(q, k, chunk, "prob")
+    g = h // hkv
+    for j in range(hkv):
+        kbar = torch.stack([k[j, c * 4 : c * 4 + 4].mean(0) for c in range(10)])
+        shares = [torch.softmax(q[j * g + i] @ kbar.T, 0) for i in range(g)]
+        torch.testing.assert_close(scores[j], torch.stack(shares).mean(0), atol=1e-6, rtol=1e-5)
+    one = chunk_scores(q[:hkv], k, chunk, "prob").argsort(1)  # one query head per KV head: same ranking
+    assert torch.equal(one, chunk_scores(q[:hkv], k, chunk, "logit").argsort(1))
+    keep = Retrieval(budget=12, chunk=chunk, gqa_score="prob").choose(q, k)
+    for j in range(hkv):
+        assert {c for c in range(10) if keep[j, c * 4]} == {0, *scores[j, 1:].topk(2).indices.add(1).tolist()}
+    with pytest.raises(HarnessError, match="gqa_score must be one of logit, prob"):
+        Retrieval(gqa_score="max")
+
+
 def test_topk_keeps_the_most_attended_entries(refs):
     eng, cases = refs
     pol = build_policy("topk", budget=8)
