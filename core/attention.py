@@ -31,6 +31,45 @@ def sdpa(
     )
 
 
+# one query row over this many keys or more takes the split path on CPU (`decode_attention`)
+SPLIT_MIN_KEYS = 2048
+SPLIT_CHUNK = 1024
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row per head over every key (`q [1, H, 1, d]`, k/v `[1, H_kv, L, d]`), for float32 on
+    CPU: the group's query heads share one pass over their KV head, and the softmax-weighted sum of the
+    values is split into chunks of `SPLIT_CHUNK` keys computed as one batched GEMM and summed. SDPA's
+    CPU kernel runs that sum as a GEMM with a long reduction and few output rows, which keeps a core
+    idle; split, both cores stream the values. Equal to SDPA to float32 rounding (not bit-identical)."""
+    hkv, length, d = k.shape[1], k.shape[2], k.shape[3]
+    h = q.shape[1]
+    qg = q.view(hkv, h // hkv, d)
+    k0, v0 = k[0], v[0]
+    p = torch.softmax(torch.matmul(k0, qg.transpose(1, 2)).transpose(1, 2) * scale, dim=-1)  # [hkv, g, L]
+    n = length // SPLIT_CHUNK
+    main = n * SPLIT_CHUNK
+    g = h // hkv
+    pc = p[:, :, :main].unflatten(2, (n, SPLIT_CHUNK)).transpose(1, 2).reshape(hkv * n, g, SPLIT_CHUNK)
+    vc = v0[:, :main].reshape(hkv * n, SPLIT_CHUNK, d)
+    out = torch.bmm(pc, vc).view(hkv, n, g, d).sum(1)
+    if main < length:
+        out = out + torch.matmul(p[:, :, main:], v0[:, main:])
+    return out.reshape(1, h, 1, d)
+
+
+def split_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """`decode_attention` serves this attention: one row, float32, CPU, a cache long enough to gain."""
+    return (
+        q.shape[2] == 1
+        and q.shape[0] == 1
+        and q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k.shape[2] >= SPLIT_MIN_KEYS
+        and q.shape[1] % k.shape[1] == 0
+    )
+
+
 class CausalView:
     """Whole cache visible; causal inside the block."""
 
@@ -41,6 +80,8 @@ class CausalView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n, total = q.shape[2], k.shape[2]
         if n == 1:
+            if split_applies(q, k):
+                return decode_attention(q, k, v, self.scale)
             return sdpa(q, k, v, None, self.scale)
         if total == n:  # empty cache: plain causal
             return sdpa(q, k, v, None, self.scale, is_causal=True)

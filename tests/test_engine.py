@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.attention import CausalView, MaskView
@@ -88,3 +89,28 @@ def test_crop_and_overflow(tiny_lm):
         assert "overflow" in str(exc)
     else:
         raise AssertionError("overflow not detected")
+
+
+@pytest.mark.parametrize("length", [2048, 2500, 4096])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (9, 3)])
+def test_split_decode_attention_equals_sdpa(length, heads):
+    """The CPU float32 one-row path (query heads of a group in one pass, the value sum split into
+    chunks, a remainder chunk when the length is not a multiple) equals SDPA to float32 rounding."""
+    from core.attention import decode_attention, sdpa, split_applies
+
+    torch.manual_seed(length)
+    h, hkv = heads
+    q, k, v = torch.randn(1, h, 1, 64), torch.randn(1, hkv, length, 64), torch.randn(1, hkv, length, 64)
+    assert split_applies(q, k)
+    out, ref = decode_attention(q, k, v, 0.125), sdpa(q, k, v, None, 0.125)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_split_decode_attention_applies_only_where_it_gains():
+    from core.attention import SPLIT_MIN_KEYS, split_applies
+
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, SPLIT_MIN_KEYS, 8)
+    assert split_applies(q, k)
+    assert not split_applies(q, k[:, :, :-1])  # a short cache: SDPA
+    assert not split_applies(torch.randn(1, 4, 2, 8), k)  # a block of rows
+    assert not split_applies(q.bfloat16(), k.bfloat16())  # bf16 keeps SDPA's float32 accumulation
