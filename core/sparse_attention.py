@@ -32,6 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from core.attention import decode_attention, split_applies
+
 log = logging.getLogger(__name__)
 
 KV_BLOCK = 128
@@ -231,6 +233,10 @@ def sliced_attend(
     h, r, hkv, big_r, n = q.shape[1], q.shape[2], k_region.shape[1], k_region.shape[2], k_block.shape[2]
     k = torch.cat([k_region, k_block], dim=2)
     v = torch.cat([v_region, v_block], dim=2)
+    if r == 1 and bool((region_len == big_r).all()) and bool(block_vis.all()):  # a decode step, no mask
+        if split_applies(q, k):
+            return decode_attention(q, k, v, scale)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=h != hkv)
     mask = torch.empty(hkv, r, big_r + n, dtype=torch.bool, device=q.device)
     mask[:, :, :big_r] = (torch.arange(big_r, device=q.device)[None, :] < region_len[:, None])[:, None, :]
     mask[:, :, big_r:] = block_vis

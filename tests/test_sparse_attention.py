@@ -248,3 +248,20 @@ def test_flash_backend_needs_cuda_and_flash_attn(tiny_lm):
     if eng.device.type != "cuda":
         with pytest.raises(HarnessError, match="flash-attn"):
             CompressedRegion(pol, eng, backend="flash")
+
+
+@pytest.mark.parametrize("region", [40, 2100])
+def test_sliced_decode_row_over_a_full_region_takes_the_unmasked_path(region):
+    """One decode row whose region is full in every head (SFI's fast steps): no mask, SDPA or the
+    split decode attention, equal to the dense reference over [region | block]."""
+    from core.attention import sdpa
+
+    torch.manual_seed(region)
+    h, hkv, d = 6, 2, 16
+    q = torch.randn(1, h, 1, d)
+    k, v = torch.randn(1, hkv, region + 1, d), torch.randn(1, hkv, region + 1, d)
+    rl = torch.full((hkv,), region)
+    vis = torch.ones(1, 1, dtype=torch.bool)
+    kr, vr, kb, vb = k[:, :, :region], v[:, :, :region], k[:, :, region:], v[:, :, region:]
+    out = sliced_attend(q, kr, vr, rl, kb, vb, vis, 0.25)
+    torch.testing.assert_close(out, sdpa(q, k, v, None, 0.25), atol=1e-6, rtol=1e-5)
