@@ -72,11 +72,14 @@ class _Tee(io.TextIOBase):
 
 @contextlib.contextmanager
 def recorded(name: str) -> Iterator[None]:
-    """Run a benchmark's main() inside: its stdout is also written as `<name>.md` + `<name>.json`."""
+    """Run a benchmark's main() inside: its stdout is also written as `<name>.md` + `<name>.json`. The
+    environment (code version included) is taken before the benchmark runs: the code that ran, even
+    when files change while it does."""
+    env = environment()
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         yield
-    write(name, tee.buffer_text.getvalue(), environment())
+    write(name, tee.buffer_text.getvalue(), env)
 
 
 def write(name: str, text: str, env: dict[str, object]) -> Path | None:

@@ -62,6 +62,22 @@ def test_benchmark_output_is_written_with_its_environment(tmp_path, monkeypatch,
     assert not list(tmp_path.glob("*/bench_y.md"))
 
 
+def test_benchmark_records_the_code_version_it_started_with(tmp_path, monkeypatch):
+    """Files edited while a benchmark runs do not change the version its output names."""
+    import json
+
+    from benchmarks import output
+    from runners import provenance
+
+    monkeypatch.setenv("HARNESS_BENCH_OUT", str(tmp_path))
+    monkeypatch.setattr(provenance, "git_sha", lambda repo: "v-start")
+    with output.recorded("bench_z"):
+        monkeypatch.setattr(provenance, "git_sha", lambda repo: "v-later")
+        print("x")
+    blob = json.loads(next(tmp_path.glob("*/bench_z.json")).read_text())
+    assert blob["environment"]["code_version"] == "v-start"
+
+
 def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkeypatch):
     import argparse
 
@@ -135,3 +151,16 @@ def test_bench_block_auto_prices_the_blocks_a_method_ran():
     num, den = priced(steps, 10, lambda rows, ctx: rows * (1 + ctx / 100))
     assert num == pytest.approx(1.10 + 1.11 + 1.12 + 1.13)  # 1-row steps at contexts 10..13
     assert den == pytest.approx(4 * 1.10 + 1.13)
+
+
+def test_needle_probe_top_keys_and_share():
+    """The probe's exact top-B (the group's mean softmax) and its per-(layer, head) hit count."""
+    from benchmarks.probe_retrieval_needle import share, top_keys
+
+    k = torch.zeros(2, 6, 2)
+    k[0, 4], k[1, 1] = torch.tensor([5.0, 0.0]), torch.tensor([0.0, 5.0])
+    q = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # 2 query heads per KV head
+    keep = top_keys(q, k, 1, 1.0)
+    assert keep[0].nonzero().flatten().tolist() == [4] and keep[1].nonzero().flatten().tolist() == [1]
+    assert share({0: keep, 1: keep}, [4]) == (2, 4)  # KV head 0 of both layers holds position 4
+    assert share({0: keep}, [2, 3]) == (0, 2)
