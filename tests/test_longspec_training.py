@@ -120,6 +120,13 @@ def test_overrides():
     assert [(s.name, s.sequences, s.labels) for s in cfg.stages] == [("a", 8, "soft")]
 
 
+def test_an_out_of_range_list_index_is_one_clear_line(tmp_path, capsys):
+    assert train.main([f"out={tmp_path / 'a'}", "stages.5.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stages.5.lr: stages has 2 items, indices 0..1" in err
+    assert not (tmp_path / "a").exists()
+
+
 def test_bad_input(tmp_path, capsys):
     assert train.main([f"out={tmp_path / 'a'}", "no_such_field=1"]) == 2
     assert capsys.readouterr().err.startswith("error: training.longspec: bad override")

@@ -38,6 +38,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -108,6 +109,7 @@ def parse(argv: list[str]) -> TrainConfig:
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise ValueError(f"expected key=value, got {item!r}")
+            _check_list_indices(cfg, key)
             OmegaConf.update(cfg, key, OmegaConf.from_dotlist([f"v={value}"])["v"], merge=True)
         out: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except Exception as exc:  # omegaconf's validation errors: one line
@@ -115,6 +117,26 @@ def parse(argv: list[str]) -> TrainConfig:
             f"training.longspec: bad override ({exc.__class__.__name__}: {exc})".split("\n")[0]
         ) from None
     return check(out)
+
+
+def _check_list_indices(cfg: Any, key: str) -> None:
+    """Refuse a list index outside the list in a dotted override key (`stages.5.lr` with 2 stages)."""
+    from omegaconf import ListConfig
+
+    node, path = cfg, []
+    for part in key.split("."):
+        if isinstance(node, ListConfig):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ValueError(
+                    f"{key}: {'.'.join(path)} has {len(node)} items, indices 0..{len(node) - 1}; "
+                    f"replace the whole list to change its length ({'.'.join(path)}=[...])"
+                )
+            node = node[int(part)]
+        elif part in getattr(node, "keys", lambda: ())():
+            node = node[part]
+        else:
+            return  # omegaconf reports unknown keys itself
+        path.append(part)
 
 
 def check(cfg: TrainConfig) -> TrainConfig:
