@@ -1,0 +1,95 @@
+"""Does the cost curve price each forward a decoder runs at what it costs? The predictor's inputs.
+
+    flock /tmp/harness-bench.lock python -m benchmarks.forward_prices [--mtbench 6] [--new 128]
+
+`bench_block_auto` predicts a decoder's speedup from the cost curve: Σ price of vanilla's 1-row
+steps / Σ price of the decoder's forwards. This times every `Engine.step` of each decoder on
+MT-Bench prompts and prints, per decoder, Σ measured forward time against Σ curve price of the same
+(rows, cache length) pairs, and the share of decode time spent outside forwards (drafting, pools,
+verification, Python). Both near 1 and near 0 mean the prediction's inputs are right; a gap in the
+benchmark's pred/meas then lies in how it was measured, not in the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.bench_block_auto import methods, prompts_of
+from core.cost_curve import cached_or_measured
+from core.engine import Engine
+from core.models import load_model
+from core.types import Counts
+
+
+class StepClock:
+    """Wraps `engine.step`: records (rows, cache length, seconds, start time) of every forward."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.eng, self.inner, self.calls = eng, eng.step, []
+        eng.step = self  # type: ignore[method-assign]
+
+    def __call__(self, tokens, position_ids, view, *args, **kwargs):
+        length = self.eng.length
+        t0 = time.perf_counter()
+        out = self.inner(tokens, position_ids, view, *args, **kwargs)
+        self.calls.append((tokens.numel(), length, time.perf_counter() - t0, t0))
+        return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from runners.provenance import device_name
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mtbench", type=int, default=6)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.mtbench <= 0 or args.new <= 1:
+        raise SystemExit("error: --mtbench must be positive and --new above 1")
+    torch.set_num_threads(args.threads)
+    lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
+    eng = Engine(lm.model, linear="onednn")
+    dev = device_name(lm.device)
+    decoders = [(name, make(eng)) for name, make in methods()]
+    key = {"device": dev, "model": "smollm2-135m", "dtype": "float32", "linear": eng.linear}
+    key["threads"] = args.threads
+    curve, measured = cached_or_measured(eng, key, max(d.max_block() for _, d in decoders))
+    for _, dec in decoders:
+        dec.use_cost(curve)
+    prompts = [p for _, p in prompts_of("mtbench", args.mtbench, lm.tokenizer)]
+    print(
+        f"# forward_prices: SmolLM2-135M-Instruct fp32 (linear={eng.linear}), {dev}, "
+        f"threads={args.threads}; cost curve {'measured now' if measured else 'cached'}; "
+        f"{len(prompts)} MT-Bench prompts x {args.new} new tokens\n"
+    )
+    print("| method | forwards | Σ forward s | Σ curve price s | measured / price | outside forwards |")
+    print("|---|---:|---:|---:|---:|---:|")
+    clock = StepClock(eng)
+    with torch.inference_mode():
+        for name, dec in decoders:
+            dec.generate(prompts[0], 16, set(), Counts(keep_steps=False))  # warm-up
+            decode, steps = 0.0, []
+            for p in prompts:
+                clock.calls.clear()
+                marks: list[float] = []
+                mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
+                counts = Counts(keep_steps=False, on_prefill_done=mark)
+                dec.generate(p, args.new, set(), counts)
+                decode += time.perf_counter() - marks[-1]
+                steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
+            spent = sum(c[2] for c in steps)
+            price = sum(curve(rows, ctx) for rows, ctx, _, _ in steps)
+            print(
+                f"| {name} | {len(steps)} | {spent:.2f} | {price:.2f} | {spent / price:.3f} | "
+                f"{max(decode - spent, 0.0) / decode:.1%} |"
+            )
+
+
+if __name__ == "__main__":
+    from benchmarks.output import recorded
+
+    with recorded("forward_prices"):
+        main()
