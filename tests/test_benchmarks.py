@@ -164,3 +164,16 @@ def test_needle_probe_top_keys_and_share():
     assert keep[0].nonzero().flatten().tolist() == [4] and keep[1].nonzero().flatten().tolist() == [1]
     assert share({0: keep, 1: keep}, [4]) == (2, 4)  # KV head 0 of both layers holds position 4
     assert share({0: keep}, [2, 3]) == (0, 2)
+
+
+def test_step_clock_records_every_forward_and_returns_its_logits(tiny_lm):
+    from benchmarks.forward_prices import StepClock
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    ref = Vanilla(Engine(tiny_lm.model)).generate([5, 6, 7], 6, set(), Counts())
+    clock = StepClock(eng)
+    assert Vanilla(eng).generate([5, 6, 7], 6, set(), Counts()) == ref
+    assert [(rows, length) for rows, length, _, _ in clock.calls] == [(3, 0)] + [(1, 3 + i) for i in range(5)]
+    assert all(s > 0 for _, _, s, _ in clock.calls)
