@@ -70,6 +70,13 @@ def split_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
     )
 
 
+def one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A block of one query row that sees every key: `decode_attention` where it applies, SDPA otherwise."""
+    if split_applies(q, k):
+        return decode_attention(q, k, v, scale)
+    return sdpa(q, k, v, None, scale)
+
+
 class CausalView:
     """Whole cache visible; causal inside the block."""
 
@@ -80,9 +87,7 @@ class CausalView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n, total = q.shape[2], k.shape[2]
         if n == 1:
-            if split_applies(q, k):
-                return decode_attention(q, k, v, self.scale)
-            return sdpa(q, k, v, None, self.scale)
+            return one_row_attention(q, k, v, self.scale)
         if total == n:  # empty cache: plain causal
             return sdpa(q, k, v, None, self.scale, is_causal=True)
         if self._mask is None or self._mask.shape != (n, total):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from core.attention import decode_attention, sdpa, split_applies
+from core.attention import one_row_attention, sdpa
 from core.sparse_attention import (
     KV_BLOCK,
     RegionBlockMask,
@@ -276,9 +276,7 @@ class RegionView:
     def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int) -> torch.Tensor:
         n = q.shape[2]
         if n == 1:
-            if split_applies(q, k):
-                return decode_attention(q, k, v, self.scale)
-            return sdpa(q, k, v, None, self.scale)
+            return one_row_attention(q, k, v, self.scale)
         mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=q.device)
         mask[:, cache_len:] = self.block_vis
         return sdpa(q, k, v, mask, self.scale)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from core.attention import decode_attention, split_applies
+from core.attention import one_row_attention
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +234,7 @@ def sliced_attend(
     k = torch.cat([k_region, k_block], dim=2)
     v = torch.cat([v_region, v_block], dim=2)
     if r == 1 and bool((region_len == big_r).all()) and bool(block_vis.all()):  # a decode step, no mask
-        if split_applies(q, k):
-            return decode_attention(q, k, v, scale)
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=h != hkv)
+        return one_row_attention(q, k, v, scale)
     mask = torch.empty(hkv, r, big_r + n, dtype=torch.bool, device=q.device)
     mask[:, :, :big_r] = (torch.arange(big_r, device=q.device)[None, :] < region_len[:, None])[:, None, :]
     mask[:, :, big_r:] = block_vis
