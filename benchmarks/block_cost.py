@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from analysis.cost_model import GPUS, SHAPES, ModelShape, check_pairs, shape_of
-from core.cost_curve import CostCurve, cache_dir, cache_name, measure_grid, store_curve
+from core.cost_curve import CostCurve, cache_dir, cache_name, measure_grid, step_seconds, store_curve
 from core.engine import Engine
 from core.models import load_model
 
@@ -44,25 +44,6 @@ def read_bandwidth(mb: int = 1024, reps: int = 5) -> float:
     return x.numel() * 4 / best
 
 
-def vanilla_step_seconds(eng: Engine, reps: int) -> float:
-    """Median seconds of vanilla's decode step (one row, whole cache visible, no mask) over the
-    engine's cache; the cache is left as it was."""
-    import statistics
-    import time
-
-    from core.attention import CausalView
-
-    view, length = CausalView(eng.scale), eng.length
-    tok, pos = torch.tensor([3]), torch.tensor([length])
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        eng.step(tok, pos, view)
-        times.append(time.perf_counter() - t0)
-        eng.crop(length)
-    return statistics.median(times)
-
-
 def bandwidth_share(
     eng: Engine, shape: ModelShape, contexts: list[int], nbytes: int, repeats: int = 5
 ) -> list[dict]:
@@ -76,9 +57,9 @@ def bandwidth_share(
     for ctx in contexts:
         eng.reset(ctx + 2)
         eng.prefill([(100 + i % 1000) % eng.w.vocab_size for i in range(ctx)])
-        vanilla_step_seconds(eng, 5)  # warm-up
+        step_seconds(eng, ctx, 1, 5)  # warm-up; a 1-row step is vanilla's own (no mask)
         reads = shape.weight_bytes(nbytes) + ctx * shape.kv_bytes_per_entry(nbytes)
-        pairs = [(read_bandwidth(reps=3), vanilla_step_seconds(eng, 15)) for _ in range(repeats)]
+        pairs = [(read_bandwidth(reps=3), step_seconds(eng, ctx, 1, 15)) for _ in range(repeats)]
         shares = [reads / bw / step for bw, step in pairs]
         out.append(
             {

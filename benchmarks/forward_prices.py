@@ -17,8 +17,7 @@ import time
 
 import torch
 
-from benchmarks.bench_block_auto import methods, prompts_of
-from core.cost_curve import cached_or_measured
+from benchmarks.bench_block_auto import curve_here, methods, prompts_of
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -54,15 +53,13 @@ def main(argv: list[str] | None = None) -> None:
     eng = Engine(lm.model, linear="onednn")
     dev = device_name(lm.device)
     decoders = [(name, make(eng)) for name, make in methods()]
-    key = {"device": dev, "model": "smollm2-135m", "dtype": "float32", "linear": eng.linear}
-    key["threads"] = args.threads
-    curve, measured = cached_or_measured(eng, key, max(d.max_block() for _, d in decoders))
+    curve, source = curve_here(eng, dev, args.threads, max(d.max_block() for _, d in decoders))
     for _, dec in decoders:
         dec.use_cost(curve)
     prompts = [p for _, p in prompts_of("mtbench", args.mtbench, lm.tokenizer)]
     print(
         f"# forward_prices: SmolLM2-135M-Instruct fp32 (linear={eng.linear}), {dev}, "
-        f"threads={args.threads}; cost curve {'measured now' if measured else 'cached'}; "
+        f"threads={args.threads}; cost curve {source}; "
         f"{len(prompts)} MT-Bench prompts x {args.new} new tokens\n"
     )
     print("| method | forwards | Σ forward s | Σ curve price s | measured / price | outside forwards |")

@@ -114,8 +114,8 @@ def test_bandwidth_share_pairs_each_bandwidth_read_with_its_own_step(tiny_lm, mo
     reads = iter([10e9, 20e9, 40e9, 10e9, 20e9, 40e9])
     monkeypatch.setattr(block_cost, "read_bandwidth", lambda **k: next(reads))
     steps = iter([0.5, 0.5, 0.5, 0.25, 0.25, 0.25])
-    fake_step = lambda eng, reps: next(steps) if reps == 15 else 1  # noqa: E731 (warm-up: reps 5)
-    monkeypatch.setattr(block_cost, "vanilla_step_seconds", fake_step)
+    fake_step = lambda eng, ctx, rows, reps: next(steps) if reps == 15 else 1  # noqa: E731 (warm-up: reps 5)
+    monkeypatch.setattr(block_cost, "step_seconds", fake_step)
     eng = Engine(tiny_lm.model)
     shape = ModelShape.from_hf_config(tiny_lm.model.config)
     rows = block_cost.bandwidth_share(eng, shape, [8, 16], 4, repeats=3)
@@ -128,15 +128,14 @@ def test_bandwidth_share_pairs_each_bandwidth_read_with_its_own_step(tiny_lm, mo
         assert r["gb_s"] == pytest.approx(20.0) and r["step_ms"] == pytest.approx(step * 1e3)
 
 
-def test_vanilla_step_seconds_leaves_the_cache_as_it_was(tiny_lm):
-    from benchmarks.block_cost import vanilla_step_seconds
+def test_one_row_step_seconds_leaves_the_cache_as_it_was(tiny_lm):
     from core.engine import Engine
 
     eng = Engine(tiny_lm.model)
     eng.reset(40)
     eng.prefill(list(range(5, 25)))
     k = eng.cache.k[:, :, :20].clone()
-    assert vanilla_step_seconds(eng, 3) > 0
+    assert step_seconds(eng, 20, 1, 3) > 0
     assert eng.length == 20 and torch.equal(eng.cache.k[:, :, :20], k)
 
 
