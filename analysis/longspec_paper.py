@@ -22,7 +22,15 @@ import pandas as pd
 
 from analysis.fafo_paper import one_setup, render
 from analysis.load import from_experiments
-from analysis.metrics import ENV, AnalysisError, baseline_of, check_one_run, paired_speedup, with_env
+from analysis.metrics import (
+    ENV,
+    AnalysisError,
+    baseline_of,
+    check_one_run,
+    ours_setup,
+    paired_speedup,
+    with_env,
+)
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_longspec.csv"
 EXPERIMENTS = ("longspec_table1_cpu", "longspec_table1_magicdec_cpu")
@@ -101,12 +109,9 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                 }
             )
     out = pd.DataFrame(rows)
-    first = df.iloc[0] if len(df) else {}
     out.attrs["caption"] = (
-        f"LongSpec Table 1 (tau, speedup vs vanilla and vs MagicDec). Ours: {first.get('model', '?')} "
-        f"({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
-        f"{first.get('threads', '?')} threads, "
-        f"code {first.get('git_sha', '?')}, draft {_drafts(df)}, PG-19 stand-in "
+        f"LongSpec Table 1 (tau, speedup vs vanilla and vs MagicDec). Ours: {ours_setup(df, threads=True)}, "
+        f"draft {_drafts(df)}, PG-19 stand-in "
         "(Paul Graham essays held out from the draft's training text). Paper: mean (min-max) over 5 targets "
         "(Vicuna-7B/13B, LongChat-7B/13B, Llama-3-8B-262k) x 5 LongBench tasks, A100, fp16, speedup vs "
         "Vanilla FA. Same protocol, other scale: compare shapes and orderings, not absolute numbers."
@@ -147,10 +152,8 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                 }
             )
     out = pd.DataFrame(rows)
-    first = df.iloc[0] if len(df) else {}
     out.attrs["caption"] = (
-        f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {first.get('model', '?')} "
-        f"({first.get('dtype', '?')}) on {first.get('device_name', '?')}, code {first.get('git_sha', '?')}; "
+        f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {ours_setup(df)}; "
         "two drafts trained by "
         "training.longspec on the same data and schedule, one with plain position ids; 4096-token PG-19 "
         "stand-in prompts. Paper: LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the two). Same protocol, "

@@ -137,6 +137,16 @@ def kv_activity(run: pd.DataFrame) -> str:
     return f"restricted {frac:.0%} of forwards"
 
 
+def ours_setup(df: pd.DataFrame, threads: bool = False) -> str:
+    """A caption's "ours" setup from the frame's first row: model (dtype) on device[, threads], code."""
+    first = df.iloc[0] if len(df) else {}
+    threads_text = f"{first.get('threads', '?')} threads, " if threads else ""
+    return (
+        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
+        f"{threads_text}code {first.get('git_sha', '?')}"
+    )
+
+
 def check_one_run(cell: pd.DataFrame, label: str) -> None:
     """Refuse a table cell that holds more than one run (it would pool configurations)."""
     if "run_id" not in cell.columns or cell["run_id"].nunique() <= 1:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.fafo_paper import one_setup, render
 from analysis.load import experiments, from_experiments
-from analysis.metrics import AnalysisError, check_one_run
+from analysis.metrics import AnalysisError, check_one_run, ours_setup
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_sfi.csv"
 PRESS = {
@@ -81,11 +81,9 @@ def table4(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = 
             }
         )
     out = pd.DataFrame(rows)
-    first = df.iloc[0] if len(df) else {}
     out.attrs["caption"] = (
         "SFI Table 4 (quality vs dense and the kvpress baselines at ratio 0.5). Ours: "
-        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
-        f"code {first.get('git_sha', '?')}, the offline RULER-style long-context stand-ins; match_dense = "
+        f"{ours_setup(df)}, the offline RULER-style long-context stand-ins; match_dense = "
         "outputs identical to dense greedy, visible = visible share of the cache on restricted steps, "
         "slow_share = SFI's dense steps. Paper: "
         "Qwen3-4B-Instruct-2507, LongBench-V2 average accuracy (paper_lbv2_avg). Same protocol, other scale: "
@@ -131,11 +129,9 @@ def _ablation(
             }
         )
     out = pd.DataFrame(rows)
-    first = sfi.iloc[0] if len(sfi) else {}
     out.attrs["caption"] = (
         f"SFI {table} in shape ({' / '.join(params)} ablation). Ours: "
-        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
-        f"code {first.get('git_sha', '?')}, kv=sfi_ctx20 on the offline RULER-style stand-ins (4 samples); "
+        f"{ours_setup(sfi)}, kv=sfi_ctx20 on the offline RULER-style stand-ins (4 samples); "
         "paper: Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg). Scores near the floor at "
         "this scale: read match_dense and first_divergence. Same protocol, other scale."
     )
@@ -193,11 +189,9 @@ def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.Data
     said = "; ".join(
         f"{str(s).split('context=')[-1]}: {v:.2f}x" for s, v in zip(paper["setting"], paper["value"])
     )
-    first = df.iloc[0] if len(df) else {}
     out.attrs["caption"] = (
         "SFI Figure 4 in shape (decode throughput vs context). Ours: "
-        f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
-        f"code {first.get('git_sha', '?')}, kv=sfi_ctx20 on the sliced backend, offline essays (pg19), batch "
+        f"{ours_setup(df)}, kv=sfi_ctx20 on the sliced backend, offline essays (pg19), batch "
         "1; decode_speedup = dense decode time / SFI's on the same samples. Paper (Qwen3-4B-Instruct-2507, "
         f"vLLM on a B200, batch 16, SFI vs full KV): {said}. Same protocol, other scale: compare the "
         "trend with context, not absolute numbers."

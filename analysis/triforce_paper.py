@@ -33,6 +33,7 @@ from analysis.metrics import (
     check_one_run,
     kv_activity,
     kv_bound_speedup,
+    ours_setup,
     paired_speedup,
 )
 
@@ -69,10 +70,8 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
             }
         )
     out = pd.DataFrame(rows)
-    first = df.iloc[0] if len(df) else {}
     out.attrs["caption"] = (
-        f"TriForce Table 1 (acceptance rate per draft-cache policy). Ours: {first.get('model', '?')} "
-        f"({first.get('dtype', '?')}) on {first.get('device_name', '?')}, code {first.get('git_sha', '?')}; "
+        f"TriForce Table 1 (acceptance rate per draft-cache policy). Ours: {ours_setup(df)}; "
         "paper: Llama2-7B-128K, 120k context, budget 4096, first two layers full. Same protocol, other "
         "scale: compare orderings, not absolute numbers."
     )
@@ -80,11 +79,8 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
 
 
 def _caption(title: str, df: pd.DataFrame, ours: str, paper: str) -> str:
-    first = df.iloc[0] if len(df) else {}
     return (
-        f"TriForce {title}. Ours: {first.get('model', '?')} ({first.get('dtype', '?')}) on "
-        f"{first.get('device_name', '?')}, {first.get('threads', '?')} threads, "
-        f"code {first.get('git_sha', '?')}; "
+        f"TriForce {title}. Ours: {ours_setup(df, threads=True)}; "
         f"{ours}. Paper: {paper}. Same protocol, other scale: compare shapes and orderings, not absolute "
         "numbers."
     )
