@@ -119,3 +119,15 @@ def test_scale_cpu_slices_any_experiment_and_says_so():
     explicit = _compose("experiment=triforce_table8a_cpu", "scale=cpu")
     assert OmegaConf.to_container(explicit.kv, resolve=True)["budget_frac"] == 0.034
     assert _compose("scale=cpu", "run.limit=2").run.limit == 2  # the command line wins
+
+
+def test_experiments_with_their_own_cpu_setting_are_not_labelled_paper():
+    """Every conf/experiment/*_cpu.yaml fixes its own CPU-sized protocol: its records say
+    scale=cpu_experiment; the other experiments and the default say paper; scale=cpu still wins."""
+    names = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    assert any(n.endswith("_cpu") for n in names)
+    for name in names:
+        want = "cpu_experiment" if name.endswith("_cpu") else "paper"
+        assert _compose(f"experiment={name}").scale.name == want, name
+    assert _compose().scale.name == "paper"
+    assert _compose("experiment=longspec_table1_cpu", "scale=cpu").scale.name == "cpu"
