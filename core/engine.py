@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -156,6 +156,16 @@ class Engine:
         if self._packed:
             return self._lin(h, self.w.lm_head.weight).float()
         return self.w.lm_head(h).float()
+
+    def linear_for(self, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`x -> x @ weight.T` run like the model's own GEMMs: prepacked for oneDNN (the packed copy
+        owned by the returned function) when this engine packs them, `F.linear` otherwise. For weights
+        derived from the model's, e.g. a draft's rows of the LM head."""
+        if not self._packed:
+            return lambda x: torch.nn.functional.linear(x, weight)
+        with torch.inference_mode():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
 
     def commit(self, keep: Sequence[int] | torch.Tensor) -> None:
         self.cache.commit(keep)

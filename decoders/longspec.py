@@ -135,6 +135,7 @@ class LongSpec(BaseDecoder):
         checkpoint: str | None = None,
         seed: int = 0,
         tree_attention: str = "masked",
+        draft_vocab: int | None = None,
         draft_module: Any = None,
     ) -> None:
         """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
@@ -143,7 +144,9 @@ class LongSpec(BaseDecoder):
         `window` / `target_layer`: None = the checkpoint's (random: 512 / the last layer); a loaded
         draft's target layer cannot change. `draft_module`: a ready draft object (tests), instead of
         a checkpoint. `tree_attention`: "hybrid" (the paper's cache/tree split merged through LSEs) or
-        "masked" (the same attention as one masked SDPA; faster on CPU): `core.tree_attention`."""
+        "masked" (the same attention as one masked SDPA; faster on CPU): `core.tree_attention`.
+        `draft_vocab`: None = the draft proposes from the whole vocabulary (the paper); N = only from
+        the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless)."""
         if tree_attention not in BACKENDS:
             raise HarnessError(
                 f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
@@ -166,6 +169,9 @@ class LongSpec(BaseDecoder):
         self.draft = (
             draft_module if draft_module is not None else self._load(checkpoint, window, target_layer, seed)
         )
+        self.draft_vocab = draft_vocab
+        if draft_vocab is not None:
+            self.draft.restrict_vocab(draft_vocab)
 
     def _load(
         self, checkpoint: str | None, window: int | None, layer: int | None, seed: int
@@ -210,6 +216,7 @@ class LongSpec(BaseDecoder):
             "target_layer": self.draft.target_layer,
             "checkpoint": self.draft.label,
             "tree_attention": self.tree_attention,
+            "draft_vocab": self.draft_vocab,
         }
 
     def identity_extra(self) -> dict:
@@ -244,13 +251,14 @@ class LongSpec(BaseDecoder):
             logp = torch.log_softmax(draft.step(tokens, positions, visible, length), dim=-1).cpu()
             counts.draft_model_step(len(beam), window)
             width = self.widths[d - 1]
-            top = logp.topk(min(width, logp.shape[-1]), dim=-1)
-            total = top.values + torch.tensor([tree.score[r] for r in beam]).unsqueeze(1)
+            top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
+            if draft.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
+                top_ids = draft.vocab_ids.cpu()[top_ids]
+            total = top_logp + torch.tensor([tree.score[r] for r in beam]).unsqueeze(1)
             best = total.flatten().topk(min(width, total.numel())).indices.tolist()
-            k = top.values.shape[1]
+            k = top_logp.shape[1]
             beam = [
-                tree.add(int(top.indices[i // k, i % k]), beam[i // k], float(total.flatten()[i]))
-                for i in best
+                tree.add(int(top_ids[i // k, i % k]), beam[i // k], float(total.flatten()[i])) for i in best
             ]
         draft.begin_block()  # the staged block is not needed once the tree is drafted
         return tree

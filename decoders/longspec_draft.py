@@ -25,7 +25,13 @@ visible, target_len)` any number of times: each call's rows are appended to the 
 attend with `visible` `[n, cached + staged + n]` over [window cache | block so far]. The staged block is
 forgotten at the next `begin_block()`; the window only changes on `start` / `commit`.
 
-Checkpoints: a folder with `model.safetensors` (the block's weights) and `config.json` (`DraftConfig`).
+Restricted draft vocabulary (`restrict_vocab`, our CPU option, not the paper's; the idea of FR-Spec,
+Zhao et al. 2025): the draft's logits cover only the `size` tokens most frequent in its training data
+(`token_counts.safetensors`, written by `training.longspec`), so its LM-head GEMM, softmax and top-k
+shrink by vocab/size. It only narrows what the draft can propose: the target still verifies every token.
+
+Checkpoints: a folder with `model.safetensors` (the block's weights) and `config.json` (`DraftConfig`),
+optionally `token_counts.safetensors` (`counts`: how often each token id occurs in the training data).
 Two config options (their defaults give the block above) serve the LongSpec authors' released drafts
 (`decoders.longspec_sail`): `qkv_bias=True` (biases on q/k/v and the cross-attention's q projection)
 and `final_norm=False` (logits = LMHead(h3), no norm in between).
@@ -34,7 +40,7 @@ and `final_norm=False` (logits = LMHead(h3), no norm in between).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,7 +51,7 @@ from core.engine import Engine, _rotate_half
 from core.hf_compat import rope_cos_sin
 from core.types import HarnessError
 
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
+WEIGHTS, CONFIG, COUNTS = "model.safetensors", "config.json", "token_counts.safetensors"
 DEFAULT_WINDOW = 512  # the paper's sliding window
 
 
@@ -164,6 +170,9 @@ class LongSpecDraft(torch.nn.Module):
         self.win_k = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
         self.win_v = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
         self.cached = 0  # committed tokens in the window cache (<= window)
+        self.token_counts: torch.Tensor | None = None  # `[vocab]` training-data counts, if saved
+        self.vocab_ids: torch.Tensor | None = None  # the restricted vocabulary (None: the whole one)
+        self._head: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.begin_block()
 
     # --- construction ---------------------------------------------------------------------------
@@ -245,10 +254,41 @@ class LongSpecDraft(torch.nn.Module):
         if bad:
             raise HarnessError(f"LongSpec draft {folder}: its weights do not fit its config ({bad[0]})")
         draft.load_state_dict({k: v.to(engine.dtype) for k, v in state.items()})
+        if (folder / COUNTS).is_file():
+            draft.token_counts = load_file(str(folder / COUNTS))["counts"]
+            if draft.token_counts.shape != (config.vocab_size,):
+                raise HarnessError(f"LongSpec draft {folder}: {COUNTS} does not fit its vocabulary")
         return draft
 
     def params(self) -> dict:
         return {"label": self.label, "target_layer": self.target_layer, "window": self.window}
+
+    def restrict_vocab(self, size: int | None) -> None:
+        """Draft over the `size` most frequent tokens of `token_counts` (ties: the lower id first), or
+        the whole vocabulary (None); `step` then returns logits over `vocab_ids`, in that order."""
+        if size is None:
+            self.vocab_ids, self._head = None, None
+            return
+        vocab = self.config.vocab_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= vocab:
+            raise HarnessError(f"draft_vocab must be an integer in [1, {vocab}] or null, got {size!r}")
+        if self.token_counts is None:
+            raise HarnessError(
+                f"draft_vocab={size} needs the draft's token counts ({COUNTS}, written by "
+                f"training.longspec); the draft {self.label} has none: set draft_vocab=null"
+            )
+        order = torch.sort(-self.token_counts, stable=True).indices  # most frequent first, ties by id
+        ids = order[:size].sort().values.to(self.engine.device)
+        head = self.engine.w.lm_head.weight.index_select(0, ids).contiguous()
+        self.vocab_ids, self._head = ids, self.engine.linear_for(head)
+
+    def save_counts(self, folder: str | Path, counts: torch.Tensor) -> None:
+        """Write `[vocab]` token counts next to the weights (what `restrict_vocab` ranks by)."""
+        from safetensors.torch import save_file
+
+        if counts.shape != (self.config.vocab_size,):
+            raise ValueError(f"counts must be [{self.config.vocab_size}], got {tuple(counts.shape)}")
+        save_file({"counts": counts.to(torch.int64).contiguous().cpu()}, str(Path(folder) / COUNTS))
 
     # --- window cache ---------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,7 +340,8 @@ class LongSpecDraft(torch.nn.Module):
     def step(
         self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, target_len: int
     ) -> torch.Tensor:
-        """Float logits `[n, vocab]` of query `tokens` at absolute `positions`; `visible` `[n, cached +
+        """Float logits `[n, vocab]` (`[n, len(vocab_ids)]` when restricted) of query `tokens` at
+        absolute `positions`; `visible` `[n, cached +
         staged + n]` (True = may attend) over [window cache | block]; the cross-attention reads the
         target cache's first `target_len` entries of layer `target_layer` (its committed entries)."""
         eng = self.engine
@@ -322,6 +363,8 @@ class LongSpecDraft(torch.nn.Module):
                 eng.cache.v[self.target_layer, :, :target_len],
             )
         h3 = self._hidden(h0, cos, sin, keys, values, visible.to(eng.device), cross, None)
+        if self._head is not None:  # logits over vocab_ids only
+            return self._head(self.final_norm(h3)).float()
         return eng.lm_logits(self.final_norm(h3))  # the target's head, prepacked like the target's
 
     def _hidden(

@@ -176,3 +176,22 @@ def test_step_clock_records_every_forward_and_returns_its_logits(tiny_lm):
     assert Vanilla(eng).generate([5, 6, 7], 6, set(), Counts()) == ref
     assert [(rows, length) for rows, length, _, _ in clock.calls] == [(3, 0)] + [(1, 3 + i) for i in range(5)]
     assert all(s > 0 for _, _, s, _ in clock.calls)
+
+
+def test_longspec_forward_clock_times_decode_forwards_and_restores_the_engine(tiny_lm):
+    """bench_longspec: only forwards after the prefill count, the draft's apart from the target's; the
+    output is unchanged and the engine's own `step` is back afterwards."""
+    from benchmarks.bench_longspec import measure
+    from core.types import Counts
+    from decoders.longspec import LongSpec
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    prompt = list(range(10, 30))
+    ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 12, set(), Counts())
+    dec = LongSpec(eng, depth=2, widths=[1, 1], checkpoint="random", window=8)
+    out, counts, secs, clock = measure(eng, dec, prompt, 12)
+    assert out == ref and secs > 0
+    assert clock.target_n == counts.forwards and clock.draft_n == counts.draft_model_forwards > 0
+    assert clock.target_s > 0 and clock.draft_s > 0
+    assert "step" not in vars(eng)  # the wrapper is gone: Engine.step again

@@ -6,6 +6,7 @@ text stays out of the LongSpec experiments' evaluation windows."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -102,15 +103,42 @@ def test_train_resume_and_decode(tmp_path, monkeypatch):
     for key in a["draft"]:
         torch.testing.assert_close(a["draft"][key], b["draft"][key], rtol=0, atol=0)
     assert [r["loss"] for r in a["log"]] == [r["loss"] for r in b["log"]]
-    for name in ("model.safetensors", "config.json", "training.json", "loss.png"):
+    for name in ("model.safetensors", "config.json", "training.json", "loss.png", "token_counts.safetensors"):
         assert (whole / "draft" / name).is_file()
 
     trainer = train.Trainer(train.parse(tiny_args(whole)))  # the same target model
     eng = trainer.engine
+    saved = LongSpecDraft.load(whole / "draft", eng)  # token counts: this run's training sequences
+    trainer.prepare_data()
+    assert int(saved.token_counts.sum()) == sum(len(t) for _, _, t in trainer.schedule())
     prompt = list(range(40, 70))
     vanilla = Vanilla(eng).generate(prompt, 24, set(), Counts())
     dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint=str(whole / "draft"))
     assert dec.generate(prompt, 24, set(), Counts()) == vanilla
+
+
+def test_continue_from_a_saved_draft(tmp_path, capsys):
+    """init=<draft folder> starts from that draft's weights, counts its training tokens before this
+    run's, and records where it started; a draft for another window is refused in one line."""
+    first = tmp_path / "first"
+    assert train.main(tiny_args(first)) == 0
+    saved = json.loads((first / "draft" / "training.json").read_text())
+    trainer = train.Trainer(train.parse(tiny_args(tmp_path / "next", f"init={first / 'draft'}")))
+    start = LongSpecDraft.load(first / "draft", trainer.engine)
+    for key, value in start.state_dict().items():
+        torch.testing.assert_close(trainer.draft.state_dict()[key], value, rtol=0, atol=0)
+    folder = trainer.run()
+    summary = json.loads((folder / "training.json").read_text())
+    assert summary["continued_from"]["training_tokens"] == saved["training_tokens"] > 0
+    own = sum(r["tokens"] for r in trainer.log)
+    assert summary["training_tokens"] == saved["training_tokens"] + own
+    assert trainer.evals[0]["tokens_total"] == saved["training_tokens"]
+    assert summary["evals"] == saved["evals"] + trainer.evals  # one validation curve over both runs
+    capsys.readouterr()
+    assert train.main(tiny_args(tmp_path / "other", f"init={first / 'draft'}", "window=3")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set them to the draft's" in err
+    assert not (tmp_path / "other").exists()
 
 
 def test_overrides():
@@ -131,7 +159,7 @@ def test_bad_input(tmp_path, capsys):
     assert train.main([f"out={tmp_path / 'a'}", "no_such_field=1"]) == 2
     assert capsys.readouterr().err.startswith("error: training.longspec: bad override")
     assert train.main([f"out={tmp_path / 'a'}", "init=zeros"]) == 2
-    assert "init must be layer or random" in capsys.readouterr().err
+    assert "init must be layer, random or a draft folder" in capsys.readouterr().err
     for bad in (["batch=abc"], ["stages.0.positions"], ["stages.0.labels=guess"]):
         assert train.main([f"out={tmp_path / 'a'}", *bad]) == 2
         err = capsys.readouterr().err

@@ -37,6 +37,8 @@ class TargetDraft:
     so long paths are accepted. Same protocol as `LongSpecDraft` (start / begin_block / step / commit);
     it checks that the decoder gives it only committed target entries and contiguous commits."""
 
+    vocab_ids = None  # drafts over the whole vocabulary
+
     def __init__(self, lm, window: int = 8) -> None:
         self.eng = Engine(lm.model)
         self.window, self.target_layer, self.label = window, 0, "the target as its own draft (tests)"
@@ -209,6 +211,7 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         "target_layer": 0,
         "checkpoint": f"{tmp_path / 'd'}@{digest}",  # the weights' digest: which draft, in the run id
         "tree_attention": "masked",
+        "draft_vocab": None,
     }
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
@@ -218,6 +221,54 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         assert "\n" not in str(exc.value)
     with pytest.raises(HarnessError, match="reads target layer 0"):
         LongSpec(eng, checkpoint=str(tmp_path / "d"), target_layer=1)
+
+
+@pytest.mark.parametrize("linear", ["aten", "onednn"])
+def test_restricted_draft_vocabulary(refs, tiny_lm, tmp_path, linear):
+    """decoder.draft_vocab=N: the draft ranks tokens by its saved training counts (ties: lower id),
+    proposes only the N most frequent, and the output stays token-identical to vanilla."""
+    from core.engine import onednn_applies
+
+    if linear == "onednn" and not onednn_applies(tiny_lm.model):
+        pytest.skip("no oneDNN prepacking on this machine")
+    eng0, cases = refs
+    eng = Engine(tiny_lm.model, linear=linear)
+    vocab = tiny_lm.model.config.vocab_size
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
+    draft.save(tmp_path / "d")
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    counts[torch.arange(vocab) % 3 == 0] = 5  # every third id is frequent; the rest tie at 1
+    counts[torch.arange(vocab) % 3 != 0] = 1
+    draft.save_counts(tmp_path / "d", counts)
+    n = len(range(0, vocab, 3)) + 4
+    dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint=str(tmp_path / "d"), draft_vocab=n)
+    allowed = set(range(0, vocab, 3)) | set([i for i in range(vocab) if i % 3 != 0][:4])
+    assert set(dec.draft.vocab_ids.tolist()) == allowed and dec.params()["draft_vocab"] == n
+    h = torch.randn(3, tiny_lm.model.config.hidden_size)
+    full = eng.lm_logits(h)
+    torch.testing.assert_close(dec.draft._head(h).float(), full[:, dec.draft.vocab_ids])
+    drafted: set[int] = set()
+    real_add = Tree.add
+
+    def spy(tree, token, parent, score):
+        drafted.add(token)
+        return real_add(tree, token, parent, score)
+
+    Tree.add = spy
+    try:
+        for prompt, ref in cases:
+            got = dec.generate(prompt, N_NEW, set(), Counts())
+            check_lossless(eng0, prompt, ref, got)
+    finally:
+        Tree.add = real_add
+    assert drafted and drafted <= allowed
+    for bad, message in ((0, "draft_vocab must be an integer"), (vocab + 1, "draft_vocab must be"),
+                         (True, "draft_vocab must be")):  # fmt: skip
+        with pytest.raises(HarnessError, match=message):
+            LongSpec(eng, checkpoint=str(tmp_path / "d"), draft_vocab=bad)
+    with pytest.raises(HarnessError, match="has none: set draft_vocab=null") as exc:
+        LongSpec(eng, checkpoint="random", draft_vocab=8)
+    assert "\n" not in str(exc.value)
 
 
 def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
@@ -251,6 +302,7 @@ def test_params_and_block_size(tiny_lm):
         "target_layer": 1,
         "checkpoint": "untrained random draft: lossless, tau near 1",
         "tree_attention": "masked",
+        "draft_vocab": None,
     }
 
 

@@ -47,7 +47,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.types import Counts, HarnessError
 from decoders.longspec import LongSpec
-from decoders.longspec_draft import LongSpecDraft
+from decoders.longspec_draft import WEIGHTS, LongSpecDraft, resolve_layer, weights_digest
 from training.longspec_data import SOURCES, build_sequences, load_sequences, save_sequences
 
 
@@ -72,9 +72,9 @@ class TrainConfig:
     threads: int = 0  # torch threads (0: leave torch's default)
     target_layer: int = -1  # the target layer whose K/V the draft reads (the reference: the last)
     window: int = 512  # the draft's self-attention window (paper)
-    init: str = (
-        "random"  # random: normal(0, 0.02) | layer: the block starts as a copy of the target's last layer
-    )
+    # random: normal(0, 0.02) | layer: the block starts as a copy of the target's last layer | a draft
+    # folder (`LongSpecDraft.save`, e.g. checkpoints/longspec/smollm2-135m): continue training that draft
+    init: str = "random"
     seq_len: int = 1024
     anchors: int = 4  # anchored positions at the start of each sequence (paper: 4)
     max_offset: int = -1  # anchor offset o in [0, max_offset]; -1: the target's context - seq_len
@@ -140,8 +140,11 @@ def _check_list_indices(cfg: Any, key: str) -> None:
 
 
 def check(cfg: TrainConfig) -> TrainConfig:
-    if cfg.init not in ("layer", "random"):
-        raise HarnessError(f"training.longspec: init must be layer or random, got {cfg.init!r}")
+    if cfg.init not in ("layer", "random") and not (Path(cfg.init).expanduser() / "config.json").is_file():
+        raise HarnessError(
+            f"training.longspec: init must be layer, random or a draft folder (with config.json), "
+            f"got {cfg.init!r}"
+        )
     if cfg.seq_len < cfg.anchors + cfg.max_lag + 2 or cfg.batch < 1 or cfg.max_lag < 1:
         raise HarnessError(
             "training.longspec: need batch >= 1, max_lag >= 1, seq_len >= anchors + max_lag + 2"
@@ -275,14 +278,43 @@ class Trainer:
             raise HarnessError(
                 f"training.longspec: seq_len {cfg.seq_len} exceeds the target's context {max_pos}"
             )
-        make = LongSpecDraft.init_from_layer if cfg.init == "layer" else LongSpecDraft.init_for
-        self.draft = make(self.engine, cfg.target_layer, cfg.window)
+        self.init_from: dict = {}  # the draft a continued run starts from (init=<folder>)
+        self.tokens_before = 0  # training tokens that draft had seen
+        self.evals_before: list[dict] = []  # its evaluations (eval.csv and the plot continue them)
+        if cfg.init in ("layer", "random"):
+            make = LongSpecDraft.init_from_layer if cfg.init == "layer" else LongSpecDraft.init_for
+            self.draft = make(self.engine, cfg.target_layer, cfg.window)
+        else:
+            self.draft = self._continued_draft(Path(cfg.init).expanduser())
         self.draft.requires_grad_(True)
         self.draft.label = f"LongSpec draft trained by training.longspec ({cfg.out})"
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.stages[0].lr, weight_decay=0.0)
         self.step = 0  # optimizer steps done
         self.log: list[dict] = []
         self.evals: list[dict] = []
+
+    def _continued_draft(self, folder: Path) -> LongSpecDraft:
+        """The draft saved in `folder` (its weights in the target's dtype), checked against this run's
+        target layer and window."""
+        cfg = self.cfg
+        draft = LongSpecDraft.load(folder, self.engine)
+        layer = resolve_layer(cfg.target_layer, self.engine.w.n_layers)
+        if draft.target_layer != layer or draft.window != cfg.window:
+            raise HarnessError(
+                f"training.longspec: the draft at {folder} reads target layer {draft.target_layer} with "
+                f"window {draft.window}; this run has target_layer={cfg.target_layer} ({layer}), "
+                f"window={cfg.window}: set them to the draft's"
+            )
+        summary = folder / "training.json"
+        saved = json.loads(summary.read_text()) if summary.is_file() else {}
+        self.tokens_before = int(saved.get("training_tokens") or 0)
+        self.evals_before = list(saved.get("evals") or [])
+        self.init_from = {
+            "folder": folder.as_posix(),
+            "weights_digest": weights_digest(folder / WEIGHTS),
+            "training_tokens": self.tokens_before,
+        }
+        return draft
 
     # --- data -----------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -364,7 +396,7 @@ class Trainer:
         torch.save(state, tmp)
         tmp.replace(self.out / "state.pt")
         write_csv(self.out / "log.csv", self.log)
-        write_csv(self.out / "eval.csv", self.evals)
+        write_csv(self.out / "eval.csv", self.evals_before + self.evals)
 
     # --- loop -----------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -376,7 +408,7 @@ class Trainer:
         plan = self.schedule()
         batches = [plan[i : i + cfg.batch] for i in range(0, len(plan), cfg.batch)]
         stage_steps = {st.name: math.ceil(st.sequences / cfg.batch) for st in cfg.stages}
-        tokens_done = sum(r["tokens"] for r in self.log)
+        tokens_done = self.tokens_before + sum(r["tokens"] for r in self.log)
         if not self.evals:
             self._evaluate(tokens_done, "start")
         bar = tqdm(total=len(batches), initial=self.step, desc="longspec draft", file=sys.stderr)
@@ -431,19 +463,24 @@ class Trainer:
         folder = self.out / "draft"
         self.draft.config.target_model = Path(self.draft.config.target_model).name or self.cfg.model
         self.draft.save(folder, dtype=torch.bfloat16)
+        counts = torch.zeros(self.draft.config.vocab_size, dtype=torch.int64)
+        for _, _, tokens in self.schedule():  # this run's training sequences: what draft_vocab ranks by
+            counts += torch.bincount(torch.tensor(tokens), minlength=counts.numel())
+        self.draft.save_counts(folder, counts)
         data = json.loads((self.out / "data.json").read_text())
         summary = {
             "config": asdict(self.cfg),
             "data": data,
             "generated_sequences": len(self.generated),
             "optimizer_steps": self.step,
-            "training_tokens": sum(r["tokens"] for r in self.log),
+            "training_tokens": self.tokens_before + sum(r["tokens"] for r in self.log),
+            "continued_from": self.init_from or None,  # init=<folder>: the draft this run started from
             "final_loss": self.log[-1]["loss"] if self.log else None,
-            "evals": self.evals,
+            "evals": self.evals_before + self.evals,
             "weights_dtype": "bfloat16",
         }
         (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plot_loss(self.log, self.evals, folder / "loss.png")
+        plot_loss(self.log, self.evals_before + self.evals, folder / "loss.png")
         return folder
 
 
