@@ -25,16 +25,21 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 	  tests/test_lossless_triforce.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_block_auto; do \
+	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_longspec bench_block_auto; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about an hour; rerun resumes) and ship it
+# Run 1: the default stages (pretrain + distill, ~1M tokens); run 2 continues that draft for one more pass
+# of soft-label distillation over the data (~1M tokens; rows of the target's distribution, anchor-offset).
+LONGSPEC_MORE := "stages=[{name: distill_long, sequences: 1000, labels: soft, positions: anchor_offset, lr: 3e-4, generated: 24}]"
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 2 hours in two runs; rerun resumes) and ship it
 	scripts/install.sh
-	$(PY) -m training.longspec out=outputs/longspec_train
-	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train/draft $(LONGSPEC_DRAFT)
-	cp outputs/longspec_train/log.csv outputs/longspec_train/eval.csv $(LONGSPEC_DRAFT)/
+	$(PY) -m training.longspec out=outputs/longspec_train threads=2
+	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
+	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train_more/draft $(LONGSPEC_DRAFT)
+	cp outputs/longspec_train_more/log.csv outputs/longspec_train_more/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
+	cp outputs/longspec_train_more/config.json $(LONGSPEC_DRAFT)/train_config_continued.json
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper

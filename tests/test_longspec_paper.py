@@ -86,3 +86,22 @@ def test_table2_anchor_offset_ablation():
     assert t.loc["LongSpec w/ Anchor-Offset", "paper_tau"] == pytest.approx((3.36 + 3.39) / 2)
     assert t.loc["LongSpec w/o Anchor-Offset", "paper_tau"] == pytest.approx((3.2 + 3.26) / 2)
     assert lp.load_table2(df[df["run_id"] != "n"]).empty  # no ablation run: the report names the command
+
+
+def test_table2_takes_its_own_runs_and_table1s_vanilla():
+    """The shipped draft's Table 1 run is not one of the ablation's pair: Table 2 holds the runs of
+    experiment=longspec_table2_cpu, against the vanilla run Table 1's experiment recorded."""
+
+    def run(run_id: str, experiment: str, checkpoint: str, wall: float, forwards: int) -> list[dict]:
+        extra = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.checkpoint": checkpoint}
+        return rows(run_id, "longspec", "full", wall, 60, forwards, experiment=experiment, **extra)
+
+    df = pd.DataFrame(
+        rows("v", "vanilla", "full", 6.0, 60, 60, experiment="longspec_table1_cpu")
+        + run("s", "longspec_table1_cpu", "auto: s@0", 2.0, 15)
+        + run("a", lp.TABLE2, "x/anchor@1", 3.0, 20)
+        + run("n", lp.TABLE2, "y/no-anchor@2", 4.0, 24)
+    )
+    t = lp.load_table2(df).set_index("checkpoint")
+    assert sorted(t.index) == ["x/anchor@1", "y/no-anchor@2"]
+    assert t.loc["x/anchor@1", "speedup"] == pytest.approx(2.0)
