@@ -45,9 +45,12 @@ def method_of(row: pd.Series) -> str:
         return "Vanilla"
     if decoder.startswith("longspec"):  # longspec and its presets longspec_small / longspec_chain
         widths = str(row.get("decoder.widths", ""))
-        return {"[4, 16, 16, 16, 16]": "LongSpec", "[1, 1, 1, 1]": "LongSpec chain (CPU preset)"}.get(
-            widths, f"LongSpec tree {widths} (CPU preset)"
-        )
+        vocab = row.get("decoder.draft_vocab")
+        restricted = vocab is not None and str(vocab) not in ("", "nan", "None", "null")
+        if widths == "[4, 16, 16, 16, 16]" and not restricted:
+            return "LongSpec"
+        shape = "chain" if widths == "[1, 1, 1, 1]" else f"tree {widths}"
+        return f"LongSpec {shape} (CPU preset{f', draft vocab {int(float(vocab))}' if restricted else ''})"
     return f"{decoder} kv={row['kv']}"
 
 

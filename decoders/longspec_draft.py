@@ -265,13 +265,14 @@ class LongSpecDraft(torch.nn.Module):
 
     def restrict_vocab(self, size: int | None) -> None:
         """Draft over the `size` most frequent tokens of `token_counts` (ties: the lower id first), or
-        the whole vocabulary (None); `step` then returns logits over `vocab_ids`, in that order."""
-        if size is None:
+        the whole vocabulary (None, or a size that covers it); `step` then returns logits over
+        `vocab_ids`, in that order."""
+        if isinstance(size, bool) or not (size is None or isinstance(size, int) and size > 0):
+            raise HarnessError(f"draft_vocab must be a positive integer or null, got {size!r}")
+        vocab = self.config.vocab_size
+        if size is None or size >= vocab:
             self.vocab_ids, self._head = None, None
             return
-        vocab = self.config.vocab_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= vocab:
-            raise HarnessError(f"draft_vocab must be an integer in [1, {vocab}] or null, got {size!r}")
         if self.token_counts is None:
             raise HarnessError(
                 f"draft_vocab={size} needs the draft's token counts ({COUNTS}, written by "

@@ -63,6 +63,20 @@ def test_table1_speedups_and_paper_columns():
     assert "smollm2-135m" in t.attrs["caption"] and "Vanilla FA" in t.attrs["caption"]
 
 
+def test_method_names_say_what_is_not_the_papers():
+    def name(widths: str, vocab: object) -> str:
+        return lp.method_of(pd.Series({"decoder": "longspec", "kv": "full", "decoder.widths": widths,
+                                       "decoder.draft_vocab": vocab}))  # fmt: skip
+
+    assert name("[4, 16, 16, 16, 16]", None) == name("[4, 16, 16, 16, 16]", float("nan")) == "LongSpec"
+    assert (
+        name("[4, 16, 16, 16, 16]", 8192)
+        == "LongSpec tree [4, 16, 16, 16, 16] (CPU preset, draft vocab 8192)"
+    )
+    assert name("[1, 1, 1, 1]", 8192.0) == "LongSpec chain (CPU preset, draft vocab 8192)"
+    assert name("[2, 2, 2, 2]", None) == "LongSpec tree [2, 2, 2, 2] (CPU preset)"
+
+
 def test_table1_refuses_two_setups_and_pooled_cells():
     df = frame()
     other = df[df["run_id"] == "t"].assign(run_id="t2", device_name="other-cpu")

@@ -262,13 +262,14 @@ def test_restricted_draft_vocabulary(refs, tiny_lm, tmp_path, linear):
     finally:
         Tree.add = real_add
     assert drafted and drafted <= allowed
-    for bad, message in ((0, "draft_vocab must be an integer"), (vocab + 1, "draft_vocab must be"),
-                         (True, "draft_vocab must be")):  # fmt: skip
-        with pytest.raises(HarnessError, match=message):
+    for bad in (0, -3, True, 2.5, "8192"):
+        with pytest.raises(HarnessError, match="draft_vocab must be a positive integer or null"):
             LongSpec(eng, checkpoint=str(tmp_path / "d"), draft_vocab=bad)
     with pytest.raises(HarnessError, match="has none: set draft_vocab=null") as exc:
         LongSpec(eng, checkpoint="random", draft_vocab=8)
     assert "\n" not in str(exc.value)
+    whole = LongSpec(eng, checkpoint="random", draft_vocab=vocab)  # a size that covers the vocabulary
+    assert whole.draft.vocab_ids is None
 
 
 def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
@@ -418,3 +419,5 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
             instantiate(cfg)(engine=eng)
         dec = instantiate(_compose(f"decoder={option}", "decoder.checkpoint=random").decoder)(engine=eng)
         assert dec.params()["widths"] == widths and dec.draft.window == 512
+        # the CPU presets draft from the 8192 most frequent tokens (all of the tiny model's vocabulary)
+        assert cfg.draft_vocab == (None if option == "longspec" else 8192)
