@@ -77,6 +77,32 @@ def one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return sdpa(q, k, v, None, scale)
 
 
+def one_row_two_slices(
+    q: torch.Tensor,
+    k1: torch.Tensor,
+    v1: torch.Tensor,
+    len1: torch.Tensor,
+    k2: torch.Tensor,
+    v2: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query row per head (`q [1, H, 1, d]`) over two key/value slices read where they lie, with
+    one softmax over both: `k1/v1 [1, H_kv, M, d]` of which the first `len1[h]` keys of KV head h are
+    valid, and `k2/v2 [1, H_kv, T, d]` all valid. The group's query heads share one pass over their KV
+    head. Equal to SDPA over the concatenated valid keys to float32 rounding, without copying them."""
+    hkv, m, d = k1.shape[1], k1.shape[2], k1.shape[3]
+    h = q.shape[1]
+    qg = q.reshape(hkv, h // hkv, d).transpose(1, 2)  # [hkv, d, g]
+    s1 = torch.matmul(k1[0], qg).transpose(1, 2)  # [hkv, g, M]: keys as the tall side
+    if bool((len1 < m).any()):
+        pad = torch.arange(m, device=q.device)[None, None, :] >= len1.to(q.device)[:, None, None]
+        s1 = s1.masked_fill(pad, float("-inf"))
+    s2 = torch.matmul(k2[0], qg).transpose(1, 2)  # [hkv, g, T]
+    p = torch.softmax(torch.cat([s1, s2], dim=-1) * scale, dim=-1)
+    out = torch.matmul(p[:, :, :m], v1[0]) + torch.matmul(p[:, :, m:], v2[0])
+    return out.reshape(1, h, 1, d)
+
+
 class CausalView:
     """Whole cache visible; causal inside the block."""
 

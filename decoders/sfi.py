@@ -101,7 +101,7 @@ class SlowFast(BaseDecoder):
                 kv.begin_slow()
                 view: Any = ObservedCausalView(eng.scale, kv)
             else:
-                view = kv.decode_view(eng, 1)
+                view = kv.fast_view(eng)
             try:
                 logits = eng.step(tok, pos, view)
             finally:

@@ -81,6 +81,8 @@ class SFI(KVPolicy):
         self.slow = False
         self._sel: dict[int, torch.Tensor] = {}
         self._q: dict[int, list[torch.Tensor]] = {}
+        self._chosen: dict[int, int] = {}  # layer -> how many times its set was chosen
+        self._packed: dict[int, int] = {}  # layer -> that count when its long-range set was packed
         self.prompt_len = 0
         self.selector_calls = 0
 
@@ -108,7 +110,7 @@ class SFI(KVPolicy):
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
-        self._sel, self._q = {}, {}
+        self._sel, self._q, self._chosen, self._packed = {}, {}, {}, {}
         super().reset(prompt_len, context_len)
 
     # --- slow steps: the Selector ------------------------------------------------------------------
@@ -130,6 +132,7 @@ class SFI(KVPolicy):
         j = self.candidates(length).to(eng.device)
         if j.numel() == 0:
             self._sel[layer] = j.new_empty(eng.cache.n_kv_heads, 0)
+            self._chosen[layer] = self._chosen.get(layer, 0) + 1
             return
         # logits and key norms over the cache as it lies (slot order), then read in candidate order:
         # cheaper than gathering the candidates' keys first, and the same numbers
@@ -143,6 +146,7 @@ class SFI(KVPolicy):
         key_norm = keys.norm(dim=-1).gather(1, slots)
         result = sfi_select(logits * eng.scale, key_norm, j, self.k, self.selector)
         self._sel[layer] = j[result.selected]
+        self._chosen[layer] = self._chosen.get(layer, 0) + 1
         self.selector_calls += 1
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
@@ -163,6 +167,29 @@ class SFI(KVPolicy):
     # --- fast steps ----------------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         return cache_len <= self.budget
+
+    def fast_view(self, engine: Any) -> Any:
+        """The view of a fast step (one query row): with `backend=sliced` the packed long-range set
+        plus the recent window read in place (`kv_policies.sfi_view`), otherwise `decode_view`."""
+        if self.backend == "sliced" and not self.keeps_all(0, engine.length):
+            from kv_policies.sfi_view import SFIFastView
+
+            return SFIFastView(self, self.region_for(engine, "sliced"))
+        return self.decode_view(engine, 1)
+
+    @torch.inference_mode()
+    def pack_long_range(self, layer: int, cache_len: int) -> None:
+        """Pack layer `layer`'s sinks + chosen entries into the region's first slots, once per choice."""
+        if self._packed.get(layer, -1) == self._chosen.get(layer, 0):
+            return
+        hkv = self.engine.cache.n_kv_heads
+        sel = torch.zeros(hkv, cache_len, dtype=torch.bool, device=self.engine.device)
+        sel[:, : self.sinks] = True
+        chosen = self._sel.get(layer)
+        if chosen is not None and chosen.numel():
+            sel.scatter_(1, chosen.to(sel.device), True)
+        self.region.place(layer, sel)
+        self._packed[layer] = self._chosen.get(layer, 0)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

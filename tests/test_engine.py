@@ -106,6 +106,28 @@ def test_split_decode_attention_equals_sdpa(length, heads):
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3)])
+def test_one_row_over_two_slices_equals_sdpa_over_their_valid_keys(heads):
+    """`one_row_two_slices`: a ragged first slice (valid length per KV head) and a second slice, one
+    softmax over both, equals SDPA over each head's valid keys concatenated."""
+    from core.attention import one_row_two_slices, sdpa
+
+    torch.manual_seed(heads[0])
+    h, hkv = heads
+    q = torch.randn(1, h, 1, 16)
+    k1, v1 = torch.randn(1, hkv, 40, 16), torch.randn(1, hkv, 40, 16)
+    k2, v2 = torch.randn(1, hkv, 7, 16), torch.randn(1, hkv, 7, 16)
+    for lens in ([40] * hkv, [40, 33, 5, 1][:hkv] if hkv > 3 else [40, 33, 5]):
+        len1 = torch.tensor(lens)
+        out = one_row_two_slices(q, k1, v1, len1, k2, v2, 0.25)
+        g = h // hkv
+        for kh in range(hkv):
+            keys = torch.cat([k1[:, kh : kh + 1, : lens[kh]], k2[:, kh : kh + 1]], dim=2)
+            vals = torch.cat([v1[:, kh : kh + 1, : lens[kh]], v2[:, kh : kh + 1]], dim=2)
+            ref = sdpa(q[:, kh * g : (kh + 1) * g], keys, vals, None, 0.25)
+            torch.testing.assert_close(out[:, kh * g : (kh + 1) * g], ref, atol=1e-6, rtol=1e-5)
+
+
 def test_split_decode_attention_applies_only_where_it_gains():
     from core.attention import SPLIT_MIN_KEYS, split_applies
 

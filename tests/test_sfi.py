@@ -116,6 +116,40 @@ def test_sliced_backend_equals_the_dense_reference(setup):
         assert c1.kv_activity.restricted_frac > 0 and c1.slow_steps == c2.slow_steps
 
 
+def test_sliced_fast_steps_move_nothing_and_read_the_recent_window_in_place(setup):
+    """Fast steps on the sliced backend: the long-range set is packed once per slow step (no entry
+    moves between slow steps), the recent window and new token stay at slot == position, and each fast
+    step reads sinks + chosen + recent entries per KV head."""
+    from kv_policies.sfi_view import SFIFastView
+
+    eng, cases = setup
+    prompt = cases[0][0]
+    kv = SFI(k=6, sinks=2, recent=6, backend="sliced")
+    dec = SlowFast(eng, kv=kv, t_max=4, trigger_token_ids=frozenset({10**6}))  # slow every 5th step
+    fast, real_step = [], eng.step
+
+    def spy(tokens, positions, view, *args, **kwargs):
+        before = kv.region.swaps if kv.region is not None else 0
+        out = real_step(tokens, positions, view, *args, **kwargs)
+        if isinstance(view, SFIFastView):
+            length, reg = eng.length, kv.region
+            reg.sync(length + 1)
+            tail = torch.arange(length - kv.recent, length + 1)
+            assert torch.equal(reg.pos[:, :, tail], tail.expand_as(reg.pos[:, :, tail]))
+            assert view.kv_read(length) == kv.sinks + kv.k + kv.recent
+            fast.append(reg.swaps - before)
+        return out
+
+    eng.step = spy
+    try:
+        dec.generate(prompt, N_NEW, set(), Counts())
+    finally:
+        del eng.step
+    assert len(fast) > N_NEW // 2
+    moved = [m for m in fast if m]  # entries move only on the first fast step after a choice
+    assert len(moved) <= N_NEW // 5 + 1 and sum(fast) > 0
+
+
 def test_boundary_tokens_from_a_tokenizer():
     assert trigger_ids(ByteTokenizer()) == BYTE_TRIGGERS
 
