@@ -184,10 +184,13 @@ class CompressedRegion:
             )
 
     def _swap_heads(self, layer: int, heads: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        cap = self.cache.k.shape[2]
+        fa, fb = heads * cap + a, heads * cap + b  # rows of the layer's [n_kv_heads * capacity, d] view
         for t in (self.cache.k[layer], self.cache.v[layer]):
-            ta = t[heads, a].clone()
-            t[heads, a] = t[heads, b]
-            t[heads, b] = ta
+            rows = t.view(-1, t.shape[-1])  # one indexed copy per side: cheaper than [heads, slots] indexing
+            ta, tb = rows.index_select(0, fa), rows.index_select(0, fb)
+            rows.index_copy_(0, fa, tb)
+            rows.index_copy_(0, fb, ta)
         pos, where = self.pos[layer], self.where[layer]
         pa, pb = pos[heads, a].clone(), pos[heads, b].clone()
         pos[heads, a], pos[heads, b] = pb, pa
