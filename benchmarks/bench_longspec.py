@@ -31,13 +31,13 @@ the last column gives each method's speedup per repeat as median [min-max].
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.bench_selfspec import spread
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -128,11 +128,6 @@ def measure(
     finally:
         clock.close()
     return out, counts, time.perf_counter() - stamp[0], clock
-
-
-def spread(base: list[float], method: list[float]) -> str:
-    ratios = sorted(b / m for b, m in zip(base, method))
-    return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ its config and `training.json`), which `decoder=longspec decoder.checkpoint=<out
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
@@ -49,6 +48,7 @@ from core.types import Counts, HarnessError
 from decoders.longspec import LongSpec
 from decoders.longspec_draft import WEIGHTS, LongSpecDraft, resolve_layer, weights_digest
 from training.longspec_data import SOURCES, build_sequences, load_sequences, save_sequences
+from training.longspec_outputs import plot_loss, write_csv
 
 
 @dataclass
@@ -482,39 +482,6 @@ class Trainer:
         (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_loss(self.log, self.evals_before + self.evals, folder / "loss.png")
         return folder
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def plot_loss(log: list[dict], evals: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name in dict.fromkeys(r["stage"] for r in log):
-        rows = [r for r in log if r["stage"] == name]
-        ax.plot([r["tokens_total"] for r in rows], [r["loss"] for r in rows], label=f"train ({name})")
-    ax.plot(
-        [e["tokens_total"] for e in evals], [e["val_loss"] for e in evals], "ko-", ms=3, label="validation"
-    )
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("cross-entropy")
-    ax.legend()
-    ax2.plot([e["tokens_total"] for e in evals], [e["tau"] for e in evals], "o-")
-    ax2.set_xlabel("training tokens")
-    ax2.set_ylabel("tau (small tree, validation prompts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
