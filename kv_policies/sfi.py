@@ -182,21 +182,20 @@ class SFI(KVPolicy):
         """Pack layer `layer`'s sinks + chosen entries into the region's first slots, once per choice."""
         if self._packed.get(layer, -1) == self._chosen.get(layer, 0):
             return
-        hkv = self.engine.cache.n_kv_heads
-        sel = torch.zeros(hkv, cache_len, dtype=torch.bool, device=self.engine.device)
-        sel[:, : self.sinks] = True
-        chosen = self._sel.get(layer)
-        if chosen is not None and chosen.numel():
-            sel.scatter_(1, chosen.to(sel.device), True)
+        sel = self._long_range(layer, self.engine.cache.n_kv_heads, cache_len, self.engine.device)
         self.region.place(layer, sel)
         self._packed[layer] = self._chosen.get(layer, 0)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
-        hkv = k_cache.shape[0]
-        sel = torch.zeros(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
-        sel[:, : self.sinks] = True
+        sel = self._long_range(layer, k_cache.shape[0], cache_len, k_cache.device)
         sel[:, max(cache_len - self.recent, 0) :] = True
+        return sel
+
+    def _long_range(self, layer: int, hkv: int, cache_len: int, device: torch.device) -> torch.Tensor:
+        """bool `[hkv, cache_len]`: the sinks and the entries chosen at the last slow step."""
+        sel = torch.zeros(hkv, cache_len, dtype=torch.bool, device=device)
+        sel[:, : self.sinks] = True
         chosen = self._sel.get(layer)
         if chosen is not None and chosen.numel():
             sel.scatter_(1, chosen.clamp(max=cache_len - 1).to(sel.device), True)
