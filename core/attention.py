@@ -42,14 +42,24 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     values is split into chunks of `SPLIT_CHUNK` keys computed as one batched GEMM and summed. SDPA's
     CPU kernel runs that sum as a GEMM with a long reduction and few output rows, which keeps a core
     idle; split, both cores stream the values. Equal to SDPA to float32 rounding (not bit-identical)."""
-    hkv, length, d = k.shape[1], k.shape[2], k.shape[3]
-    h = q.shape[1]
-    qg = q.view(hkv, h // hkv, d)
-    k0, v0 = k[0], v[0]
-    p = torch.softmax(torch.matmul(k0, qg.transpose(1, 2)).transpose(1, 2) * scale, dim=-1)  # [hkv, g, L]
+    return decode_weighted_values(torch.softmax(decode_logits(q, k, scale), dim=-1), v, q.shape[1])
+
+
+def decode_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """The first half of `decode_attention`: the scaled logits `[H_kv, G, L]` of one query row per head
+    (`q [1, H, 1, d]`, G = H / H_kv query heads per KV head) over every key of `k [1, H_kv, L, d]`."""
+    hkv, d = k.shape[1], k.shape[3]
+    qg = q.view(hkv, q.shape[1] // hkv, d)
+    return torch.matmul(k[0], qg.transpose(1, 2)).transpose(1, 2) * scale
+
+
+def decode_weighted_values(p: torch.Tensor, v: torch.Tensor, h: int) -> torch.Tensor:
+    """The second half of `decode_attention`: the attention weights `p [H_kv, G, L]` times the values
+    `v [1, H_kv, L, d]`, as `[1, H, 1, d]` (the sum split into chunks of `SPLIT_CHUNK` keys)."""
+    hkv, length, d = v.shape[1], v.shape[2], v.shape[3]
+    v0, g = v[0], h // hkv
     n = length // SPLIT_CHUNK
     main = n * SPLIT_CHUNK
-    g = h // hkv
     pc = p[:, :, :main].unflatten(2, (n, SPLIT_CHUNK)).transpose(1, 2).reshape(hkv * n, g, SPLIT_CHUNK)
     vc = v0[:, :main].reshape(hkv * n, SPLIT_CHUNK, d)
     out = torch.bmm(pc, vc).view(hkv, n, g, d).sum(1)

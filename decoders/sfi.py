@@ -25,7 +25,6 @@ import torch
 from core.attention import CausalView
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from kv_policies.view import ObservedCausalView
 
 TRIGGERS = (".", "?", "!", ";", "\n")
 
@@ -99,7 +98,7 @@ class SlowFast(BaseDecoder):
             tok[0], pos[0] = out[-1], position
             if slow:
                 kv.begin_slow()
-                view: Any = ObservedCausalView(eng.scale, kv)
+                view: Any = kv.slow_view(eng)
             else:
                 view = kv.fast_view(eng)
             try:

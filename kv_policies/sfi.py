@@ -83,8 +83,12 @@ class SFI(KVPolicy):
         self._q: dict[int, list[torch.Tensor]] = {}
         self._chosen: dict[int, int] = {}  # layer -> how many times its set was chosen
         self._packed: dict[int, int] = {}  # layer -> that count when its long-range set was packed
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}  # layer -> Selector inputs
+        self._pending_j = torch.empty(0, dtype=torch.long)
+        self._norms: torch.Tensor | None = None  # [layers, hkv, capacity] key norms by logical position
+        self._normed: dict[int, int] = {}  # layer -> positions whose norm is in _norms
         self.prompt_len = 0
-        self.selector_calls = 0
+        self.selector_calls = 0  # Selector passes (one per slow step and one after the prefill)
 
     # --- budget ----------------------------------------------------------------------------------
     def set_budget(self, budget: int) -> None:
@@ -111,6 +115,7 @@ class SFI(KVPolicy):
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
         self._sel, self._q, self._chosen, self._packed = {}, {}, {}, {}
+        self._pending, self._norms, self._normed = {}, None, {}
         super().reset(prompt_len, context_len)
 
     # --- slow steps: the Selector ------------------------------------------------------------------
@@ -119,39 +124,80 @@ class SFI(KVPolicy):
         self.slow = True
 
     def end_slow(self) -> None:
+        """The slow step is over: select for every layer it showed (one batched Selector pass)."""
         self.slow = False
+        self._select_pending()
 
     def candidates(self, length: int) -> torch.Tensor:
         """Logical positions J the Selector chooses from in a cache of `length` committed entries."""
         return torch.arange(self.sinks, max(length - self.recent, self.sinks))
 
     @torch.inference_mode()
-    def choose(self, layer: int, q: torch.Tensor, length: int) -> None:
-        """Select `k` of the candidates per KV head from the exact logits of query rows `q [H, n, d]`."""
+    def gather_evidence(
+        self, layer: int, q: torch.Tensor, length: int, logits: torch.Tensor | None = None
+    ) -> None:
+        """Keep the Selector's inputs for layer `layer`: the exact logits of query rows `q [H, n, d]` over
+        the candidates of a cache of `length` entries, and the candidates' key norms. `logits`, when the
+        caller has them (`SFISlowView`: the slow step's own attention logits), are the scaled logits
+        `[hkv, R, >= length]` of those rows over the cache slots. The selection is made for all layers at
+        once by `_select_pending`."""
         eng = self.engine
         j = self.candidates(length).to(eng.device)
+        self._pending_j = j
         if j.numel() == 0:
-            self._sel[layer] = j.new_empty(eng.cache.n_kv_heads, 0)
-            self._chosen[layer] = self._chosen.get(layer, 0) + 1
+            self._pending[layer] = None
             return
-        # logits and key norms over the cache as it lies (slot order), then read in candidate order:
-        # cheaper than gathering the candidates' keys first, and the same numbers
-        keys = eng.cache.k[layer, :, :length].float()  # [hkv, length, d], physical slots
-        hkv, _, d = keys.shape
-        h, n, _ = q.shape
-        rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
+        hkv = eng.cache.n_kv_heads
+        if logits is None:
+            # logits over the cache as it lies (slot order), then read in candidate order: cheaper than
+            # gathering the candidates' keys first, and the same numbers
+            keys = eng.cache.k[layer, :, :length].float()  # [hkv, length, d], physical slots
+            h, n, d = q.shape
+            rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
+            logits = (keys @ rows.transpose(1, 2)).transpose(1, 2) * eng.scale  # [hkv, R, length]
         slots = self.physical(layer, j, hkv)  # [hkv, M]
-        logits = (keys @ rows.transpose(1, 2)).transpose(1, 2)  # [hkv, R, length]; keys as the tall side
-        logits = logits.gather(2, slots[:, None, :].expand(-1, rows.shape[1], -1))
-        key_norm = keys.norm(dim=-1).gather(1, slots)
-        result = sfi_select(logits * eng.scale, key_norm, j, self.k, self.selector)
-        self._sel[layer] = j[result.selected]
-        self._chosen[layer] = self._chosen.get(layer, 0) + 1
-        self.selector_calls += 1
+        picked = logits.float().gather(2, slots[:, None, :].expand(-1, logits.shape[1], -1))
+        self._pending[layer] = (picked, self._key_norms(layer, hkv, length)[:, j])
+
+    def _key_norms(self, layer: int, hkv: int, length: int) -> torch.Tensor:
+        """`[hkv, >= length]` the key norm of every committed logical position of layer `layer`; each
+        entry's norm is computed once per generation (a committed key never changes)."""
+        cache = self.engine.cache
+        if self._norms is None or self._norms.shape[2] < length:
+            grown = torch.zeros(cache.n_layers, hkv, max(length, cache.k.shape[2]), device=cache.k.device)
+            if self._norms is not None:
+                grown[:, :, : self._norms.shape[2]] = self._norms
+            self._norms = grown
+        done = self._normed.get(layer, 0)
+        if done < length:
+            fresh = torch.arange(done, length, device=cache.k.device)
+            keys = self.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
+            self._norms[layer, :, done:length] = keys.float().norm(dim=-1)
+            self._normed[layer] = length
+        return self._norms[layer]
+
+    @torch.inference_mode()
+    def _select_pending(self) -> None:
+        """One Selector pass over every layer gathered since the last pass (all share the candidates)."""
+        if not self._pending:
+            return
+        layers, j = sorted(self._pending), self._pending_j
+        if j.numel() == 0:
+            chosen = {layer: j.new_empty(self.engine.cache.n_kv_heads, 0) for layer in layers}
+        else:
+            logits = torch.stack([self._pending[layer][0] for layer in layers])
+            norms = torch.stack([self._pending[layer][1] for layer in layers])
+            picked = j[sfi_select(logits, norms, j, self.k, self.selector).selected]  # [layers, hkv, k]
+            chosen = dict(zip(layers, picked.unbind(0)))
+            self.selector_calls += 1
+        for layer, sel in chosen.items():
+            self._sel[layer] = sel
+            self._chosen[layer] = self._chosen.get(layer, 0) + 1
+        self._pending = {}
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         if self.slow:
-            self.choose(layer, q, self.engine.cache.length)
+            self.gather_evidence(layer, q, self.engine.cache.length)
 
     def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
         first = self.prompt_len - self.window  # the first window query's position
@@ -161,12 +207,20 @@ class SFI(KVPolicy):
 
     def after_prefill(self, engine: Any) -> None:
         for layer, parts in self._q.items():
-            self.choose(layer, torch.cat(parts, dim=1), engine.length)
+            self.gather_evidence(layer, torch.cat(parts, dim=1), engine.length)
         self._q = {}
+        self._select_pending()
 
     # --- fast steps ----------------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         return cache_len <= self.budget
+
+    def slow_view(self, engine: Any) -> Any:
+        """The view of a slow step: dense attention whose query rows (and, where the split decode
+        attention computes them anyway, its logits) reach the Selector (`kv_policies.sfi_view`)."""
+        from kv_policies.sfi_view import SFISlowView
+
+        return SFISlowView(engine.scale, self)
 
     def fast_view(self, engine: Any) -> Any:
         """The view of a fast step (one query row): with `backend=sliced` the packed long-range set

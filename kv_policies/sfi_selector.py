@@ -24,6 +24,8 @@ Per KV head h:
    `torch.topk`, which is deterministic for a given device and input.
 
 Everything is computed in float32 whatever the input dtype, and vectorised over heads and candidates.
+Leading batch dimensions (e.g. the layers of one step, `[n_layers, H_kv, ...]`) select for each batch
+entry independently, exactly as separate calls would; one batched call saves the per-call overhead.
 """
 
 from __future__ import annotations
@@ -102,9 +104,10 @@ REPO = SelectorConfig(lambda_clip=0.25, alpha_soft=1.0, alpha_cross=0.85, eps=1e
 class SelectorResult:
     """What `sfi_select` chose for one layer.
 
-    selected: long `[H_kv, min(k, M)]`, indices into the candidate list, ascending per head.
-    lambda_star: float32 `[H_kv]`, the prior's weight λ* in the fusion of each head.
-    scores: float32 `[H_kv, M]`, the final scores `z_adj` the top-k was taken over.
+    selected: long `[..., H_kv, min(k, M)]`, indices into the candidate list, ascending per head.
+    lambda_star: float32 `[..., H_kv]`, the prior's weight λ* in the fusion of each head.
+    scores: float32 `[..., H_kv, M]`, the final scores `z_adj` the top-k was taken over.
+    (`...`: the batch dimensions of the input, none for one layer.)
     """
 
     selected: torch.Tensor
@@ -113,17 +116,19 @@ class SelectorResult:
 
 
 def evidence(logits: torch.Tensor, power_alpha: float) -> torch.Tensor:
-    """Evidence `f [H_kv, M]`: the power mean (exponent `power_alpha`) over the R rows of the softmaxes of
-    `logits [H_kv, R, M]` over the candidates, renormalised to sum to 1 per head."""
+    """Evidence `f [..., H_kv, M]`: the power mean (exponent `power_alpha`) over the R rows of the
+    softmaxes of `logits [..., H_kv, R, M]` over the candidates, renormalised to sum to 1 per head."""
     probs = logits.float().softmax(-1)
-    mu = probs.pow(power_alpha).mean(1)
-    pooled = mu.pow(1.0 / power_alpha)
+    if logits.shape[-2] == 1:  # one row: the power mean is the row itself
+        pooled = probs[..., 0, :]
+    else:
+        pooled = probs.pow(power_alpha).mean(-2).pow(1.0 / power_alpha)
     return pooled / pooled.sum(-1, keepdim=True)
 
 
 def prior(key_norm: torch.Tensor, positions: torch.Tensor, cfg: SelectorConfig) -> torch.Tensor:
-    """Prior `r [H_kv, M]` (sums to 1 per head) from the key norms `[H_kv, M]` and the candidates'
-    absolute positions `[M]`: small keys and early positions weigh more (module docstring, step 2)."""
+    """Prior `r [..., H_kv, M]` (sums to 1 per head) from the key norms `[..., H_kv, M]` and the
+    candidates' absolute positions `[M]`: small keys and early positions weigh more (module docstring, step 2)."""
     log_kn = -cfg.gamma * torch.log(key_norm.float() + cfg.eps)
     log_kn = log_kn - log_kn.logsumexp(-1, keepdim=True)
     # The position prior is one [M] vector shared by the heads; it is computed in float64 because
@@ -137,7 +142,7 @@ def prior(key_norm: torch.Tensor, positions: torch.Tensor, cfg: SelectorConfig) 
 
 
 def fuse(f: torch.Tensor, r: torch.Tensor, lambda_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused distribution `s [H_kv, M]` and weight `λ* [H_kv]`: λ* minimises `‖(1 - λ) f + λ r‖²` over
+    """Fused distribution `s [..., H_kv, M]` and weight `λ* [..., H_kv]`: λ* minimises `‖(1 - λ) f + λ r‖²` over
     λ in [0, lambda_clip] (closed form, clipped); 0 where `f == r`."""
     f, r = f.float(), r.float()
     num = (f * f).sum(-1) - (f * r).sum(-1)
@@ -145,23 +150,24 @@ def fuse(f: torch.Tensor, r: torch.Tensor, lambda_clip: float) -> tuple[torch.Te
     flat = den <= _FLAT_DENOMINATOR
     lam = torch.where(flat, torch.zeros_like(num), num / torch.where(flat, torch.ones_like(den), den))
     lam = lam.clamp(0.0, lambda_clip)
-    return (1.0 - lam)[:, None] * f + lam[:, None] * r, lam
+    return (1.0 - lam)[..., None] * f + lam[..., None] * r, lam
 
 
 def soft_nms(z: torch.Tensor, nms_window: int, alpha_soft: float) -> torch.Tensor:
-    """Soft-NMS of the scores `z [H_kv, M]` along the candidate list: `z - alpha_soft (m - z)` where `m(j)`
-    is the largest z within `nms_window // 2` list entries of j (the window is clipped at the ends)."""
+    """Soft-NMS of the scores `z [..., H_kv, M]` along the candidate list: `z - alpha_soft (m - z)` where
+    `m(j)` is the largest z within `nms_window // 2` list entries of j (the window is clipped at the
+    ends)."""
     m_len = z.shape[-1]
     half = min(nms_window // 2, max(m_len - 1, 0))  # a wider window sees nothing more
-    padded = F.pad(z[:, None, :], (half, half), value=float("-inf"))
-    local_max = F.max_pool1d(padded, kernel_size=2 * half + 1, stride=1)[:, 0, :]
+    padded = F.pad(z.reshape(-1, 1, m_len), (half, half), value=float("-inf"))
+    local_max = F.max_pool1d(padded, kernel_size=2 * half + 1, stride=1).view(z.shape)
     return z - alpha_soft * (local_max - z).clamp_min(0.0)
 
 
 def cross_head(z_nms: torch.Tensor, alpha_cross: float, cross_temp: float, eps: float) -> torch.Tensor:
     """Cross-head exclusivity: `z_nms + alpha_cross log(max(r_h, eps))` where `r_h(j)` is the softmax over
-    the KV heads (dim 0 of `z_nms [H_kv, M]`) of `z_nms(j) / cross_temp`."""
-    log_share = torch.log_softmax(z_nms / cross_temp, dim=0).clamp_min(math.log(eps))
+    the KV heads (dim -2 of `z_nms [..., H_kv, M]`) of `z_nms(j) / cross_temp`."""
+    log_share = torch.log_softmax(z_nms / cross_temp, dim=-2).clamp_min(math.log(eps))
     return z_nms + alpha_cross * log_share
 
 
@@ -172,11 +178,13 @@ def sfi_select(
     k: int,
     cfg: SelectorConfig = PAPER,
 ) -> SelectorResult:
-    """Choose `min(k, M)` candidates per KV head for one layer (SFI Alg. 2; module docstring).
+    """Choose `min(k, M)` candidates per KV head for one layer (SFI Alg. 2; module docstring), or for
+    each entry of leading batch dimensions `...` (e.g. every layer of a step) in one call.
 
-    logits: `[H_kv, R, M]` attention logits `q·k_j / sqrt(d)` of the R window rows over the M candidates.
-    key_norm: `[H_kv, M]` the candidates' key norms `‖k_j‖₂`.
-    positions: long `[M]` the candidates' absolute positions, ascending.
+    logits: `[..., H_kv, R, M]` attention logits `q·k_j / sqrt(d)` of the R window rows over the M
+      candidates.
+    key_norm: `[..., H_kv, M]` the candidates' key norms `‖k_j‖₂`.
+    positions: long `[M]` the candidates' absolute positions, ascending (shared by the batch).
     k: how many candidates each head keeps (every candidate when k >= M).
     """
     try:
@@ -186,21 +194,21 @@ def sfi_select(
     if isinstance(k, bool) or k_int is None or k_int <= 0:
         raise HarnessError(f"sfi selector: k must be an integer >= 1, got {k!r}")
     k = k_int
-    if logits.dim() != 3 or key_norm.dim() != 2 or positions.dim() != 1:
+    if logits.dim() < 3 or key_norm.dim() != logits.dim() - 1 or positions.dim() != 1:
         raise HarnessError(
-            "sfi selector: expected logits [H_kv, R, M], key_norm [H_kv, M], positions [M], got "
-            f"{tuple(logits.shape)}, {tuple(key_norm.shape)}, {tuple(positions.shape)}"
+            "sfi selector: expected logits [..., H_kv, R, M], key_norm [..., H_kv, M], positions [M], "
+            f"got {tuple(logits.shape)}, {tuple(key_norm.shape)}, {tuple(positions.shape)}"
         )
-    hkv, _, m_len = logits.shape
-    if tuple(key_norm.shape) != (hkv, m_len) or positions.shape[0] != m_len:
+    heads, m_len = logits.shape[:-2], logits.shape[-1]
+    if key_norm.shape != (*heads, m_len) or positions.shape[0] != m_len:
         raise HarnessError(
             "sfi selector: shapes disagree: logits "
             f"{tuple(logits.shape)}, key_norm {tuple(key_norm.shape)}, positions {tuple(positions.shape)}"
         )
     device = logits.device
     if m_len == 0:
-        empty = torch.zeros(hkv, 0, device=device)
-        return SelectorResult(empty.long(), torch.zeros(hkv, device=device), empty)
+        empty = torch.zeros(*heads, 0, device=device)
+        return SelectorResult(empty.long(), torch.zeros(heads, device=device), empty)
 
     f = evidence(logits, cfg.power_alpha)
     r = prior(key_norm.to(device), positions, cfg)
@@ -209,12 +217,12 @@ def sfi_select(
     z_nms = soft_nms(z, cfg.nms_window, cfg.alpha_soft)
     scores = cross_head(z_nms, cfg.alpha_cross, cfg.cross_temp, cfg.eps)
     if k >= m_len:
-        selected = torch.arange(m_len, device=device).expand(hkv, m_len).clone()
+        selected = torch.arange(m_len, device=device).expand(*heads, m_len).clone()
     else:
         # the top k as a mask, read back in ascending order (same set as a sorted topk, ~7x faster)
         top = scores.topk(k, dim=-1, sorted=False).indices
-        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, top, True)
-        selected = chosen.nonzero()[:, 1].view(hkv, k)
+        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
+        selected = chosen.nonzero()[:, -1].view(*heads, k)
     return SelectorResult(selected, lam, scores)
 
 

@@ -17,7 +17,29 @@ from typing import Any
 
 import torch
 
-from core.attention import one_row_attention, one_row_two_slices
+from core.attention import (
+    decode_logits,
+    decode_weighted_values,
+    one_row_attention,
+    one_row_two_slices,
+    split_applies,
+)
+from kv_policies.view import ObservedCausalView
+
+
+class SFISlowView(ObservedCausalView):
+    """Attention view of a slow step of `decoder=sfi`: dense attention over the whole cache whose query
+    rows reach the Selector (`SFI.observe`). Where the split decode attention serves the step (one row,
+    float32, CPU, a long cache) it computes the logits of every cached key anyway; the Selector gets
+    those instead of computing them a second time (same numbers: the same product, in slot order)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pol = self.policy
+        if not (pol.slow and split_applies(q, k)):
+            return super().attend(layer, q, k, v)
+        logits = decode_logits(q, k, self.scale)  # [hkv, G, cache_len + 1]: the new token last
+        pol.gather_evidence(layer, q[0], pol.engine.cache.length, logits)
+        return decode_weighted_values(torch.softmax(logits, dim=-1), v, q.shape[1])
 
 
 class SFIFastView:

@@ -193,3 +193,49 @@ def test_bad_decoder_input_is_one_clear_error(setup):
         SlowFast(eng, kv=SFI(), t_max=0, tokenizer=ByteTokenizer())
     with pytest.raises(HarnessError, match="decoder=sfi needs kv=sfi"):
         SlowFast(eng, tokenizer=ByteTokenizer())
+
+
+def test_slow_view_reuses_its_attention_logits_and_selects_as_the_generic_path(tiny_lm):
+    """On a cache long enough for the split decode attention, `SFISlowView` hands the attention's own
+    logits to the Selector: same attention output and same selection as computing them again."""
+    from core.attention import CausalView
+    from kv_policies.sfi_view import SFISlowView
+    from kv_policies.view import ObservedCausalView
+
+    eng = Engine(tiny_lm.model)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 250, (2300,), generator=gen).tolist()
+    kv = SFI(k=300, sinks=4, recent=64)
+    kv.attach(eng)
+    kv.reset(len(prompt), len(prompt) + 2)
+    eng.reset(len(prompt) + 2)
+    eng.prefill(prompt, hooks=kv.prefill_hooks())
+    kv.after_prefill(eng)
+    tok, pos = torch.tensor([prompt[-1]]), torch.tensor([len(prompt)])
+    chosen = []  # nothing is committed: each step overwrites the same uncommitted slot
+    for view in (kv.slow_view(eng), ObservedCausalView(eng.scale, kv)):
+        kv.begin_slow()
+        logits = eng.step(tok, pos, view)
+        kv.end_slow()
+        chosen.append(({layer: sel.clone() for layer, sel in kv._sel.items()}, logits))
+    assert isinstance(kv.slow_view(eng), SFISlowView)
+    torch.testing.assert_close(chosen[0][1], chosen[1][1])
+    torch.testing.assert_close(chosen[0][1], eng.step(tok, pos, CausalView(eng.scale)))
+    assert chosen[0][0].keys() == chosen[1][0].keys() == set(range(eng.cache.n_layers))
+    for layer, sel in chosen[0][0].items():
+        assert torch.equal(sel, chosen[1][0][layer])
+
+
+def test_key_norms_follow_logical_positions_when_the_region_moves_entries(setup):
+    """The per-generation key-norm cache (by logical position) equals the norms of the keys found
+    through the region, after slow steps have packed (moved) entries on the sliced backend."""
+    eng, cases = setup
+    kv = SFI(k=6, sinks=2, recent=6, backend="sliced")
+    dec = SlowFast(eng, kv=kv, t_max=3, trigger_token_ids=frozenset({10**6}))
+    dec.generate(cases[0][0], N_NEW, set(), Counts())
+    assert kv.region.swaps > 0
+    n, hkv = eng.cache.length, eng.cache.n_kv_heads
+    for layer in range(eng.cache.n_layers):
+        keys = kv.gather_keys(layer, eng.cache.k[layer, :, :n], torch.arange(n))
+        done = kv._normed[layer]
+        torch.testing.assert_close(kv._key_norms(layer, hkv, done)[:, :done], keys[:, :done].norm(dim=-1))

@@ -437,3 +437,23 @@ def test_mismatched_shapes_raise() -> None:
         sfi_select(logits, key_norm[:, :5], positions, 3)
     with pytest.raises(HarnessError, match="expected logits"):
         sfi_select(logits[0], key_norm, positions, 3)
+
+
+@pytest.mark.parametrize("k", [1, 7, 40, 64])
+def test_a_batched_call_selects_as_one_call_per_layer(k):
+    """Leading batch dimensions (the layers of one step) select exactly as separate calls would."""
+    gen = torch.Generator().manual_seed(k)
+    layers, hkv, rows, m = 4, 3, 5, 50
+    logits = torch.randn(layers, hkv, rows, m, generator=gen) * 3
+    logits[1, :, :, 10:14] = 2.0  # ties inside one layer
+    norms = torch.rand(layers, hkv, m, generator=gen) + 0.5
+    positions = torch.arange(m) * 2 + 4
+    batched = sfi_select(logits, norms, positions, k, REPO)
+    assert batched.selected.shape == (layers, hkv, min(k, m))
+    for layer in range(layers):
+        one = sfi_select(logits[layer], norms[layer], positions, k, REPO)
+        assert torch.equal(batched.selected[layer], one.selected)
+        torch.testing.assert_close(batched.scores[layer], one.scores, rtol=0, atol=1e-6)
+        torch.testing.assert_close(batched.lambda_star[layer], one.lambda_star, rtol=0, atol=1e-7)
+    empty = sfi_select(logits[..., :0], norms[..., :0], positions[:0], k)
+    assert empty.selected.shape == (layers, hkv, 0) and empty.lambda_star.shape == (layers, hkv)
