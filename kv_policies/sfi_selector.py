@@ -128,7 +128,8 @@ def evidence(logits: torch.Tensor, power_alpha: float) -> torch.Tensor:
 
 def prior(key_norm: torch.Tensor, positions: torch.Tensor, cfg: SelectorConfig) -> torch.Tensor:
     """Prior `r [..., H_kv, M]` (sums to 1 per head) from the key norms `[..., H_kv, M]` and the
-    candidates' absolute positions `[M]`: small keys and early positions weigh more (module docstring, step 2)."""
+    candidates' absolute positions `[M]`: small keys and early positions weigh more (module docstring,
+    step 2)."""
     log_kn = -cfg.gamma * torch.log(key_norm.float() + cfg.eps)
     log_kn = log_kn - log_kn.logsumexp(-1, keepdim=True)
     # The position prior is one [M] vector shared by the heads; it is computed in float64 because
@@ -142,8 +143,8 @@ def prior(key_norm: torch.Tensor, positions: torch.Tensor, cfg: SelectorConfig) 
 
 
 def fuse(f: torch.Tensor, r: torch.Tensor, lambda_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused distribution `s [..., H_kv, M]` and weight `λ* [..., H_kv]`: λ* minimises `‖(1 - λ) f + λ r‖²` over
-    λ in [0, lambda_clip] (closed form, clipped); 0 where `f == r`."""
+    """Fused distribution `s [..., H_kv, M]` and weight `λ* [..., H_kv]`: λ* minimises
+    `‖(1 - λ) f + λ r‖²` over λ in [0, lambda_clip] (closed form, clipped); 0 where `f == r`."""
     f, r = f.float(), r.float()
     num = (f * f).sum(-1) - (f * r).sum(-1)
     den = (f - r).pow(2).sum(-1)
