@@ -25,7 +25,7 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 	  tests/test_lossless_triforce.py
 
 bench:           ## the speed claims, one script each (run one at a time)
-	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_longspec bench_block_auto; do \
+	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_longspec bench_sfi bench_block_auto; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
 
 LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m

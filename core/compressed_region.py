@@ -149,15 +149,28 @@ class CompressedRegion:
             self._place_shared(sel[0])
             self._shared_at = length
             return
-        m = sel.sum(1)
+        layers = torch.full((1,), layer, dtype=torch.long, device=sel.device)
+        self._place_per_head(layers, sel[None])
+
+    @torch.inference_mode()
+    def place_layers(self, sel: torch.Tensor) -> None:
+        """`place` for every layer at once (a per-layer / per-head policy): `sel [n_layers, n_kv_heads,
+        L]`. One set of indexed copies for the whole cache instead of one per layer."""
+        self.sync(sel.shape[-1])
+        self._place_per_head(torch.arange(sel.shape[0], device=sel.device), sel)
+
+    def _place_per_head(self, layers: torch.Tensor, sel: torch.Tensor) -> None:
+        """Place `sel [len(layers), n_kv_heads, L]` for the layers listed in `layers` (per-head moves)."""
+        length = sel.shape[-1]
+        m = sel.sum(-1)  # [layers, heads]
         self._check(m)
-        at_slot = sel.gather(1, self.pos[layer, :, :length])
-        inside = torch.arange(length, device=sel.device)[None, :] < m[:, None]
-        heads, holes = (inside & ~at_slot).nonzero(as_tuple=True)
-        _, movers = (at_slot & ~inside).nonzero(as_tuple=True)
+        at_slot = sel.gather(2, self.pos[layers, :, :length])
+        inside = torch.arange(length, device=sel.device) < m[..., None]
+        li, heads, holes = (inside & ~at_slot).nonzero(as_tuple=True)
+        movers = (at_slot & ~inside).nonzero(as_tuple=True)[2]  # same (layer, head) order, same counts
         if holes.numel():
-            self._swap_heads(layer, heads, holes, movers)
-        self.region_len[layer] = m
+            self._swap_heads(layers[li], heads, holes, movers)
+        self.region_len[layers] = m
 
     def _place_shared(self, sel: torch.Tensor) -> None:
         length = sel.shape[0]
@@ -183,18 +196,21 @@ class CompressedRegion:
                 f"compressed region ({self.size} slots); max_selected() is wrong"
             )
 
-    def _swap_heads(self, layer: int, heads: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-        cap = self.cache.k.shape[2]
-        fa, fb = heads * cap + a, heads * cap + b  # rows of the layer's [n_kv_heads * capacity, d] view
-        for t in (self.cache.k[layer], self.cache.v[layer]):
-            rows = t.view(-1, t.shape[-1])  # one indexed copy per side: cheaper than [heads, slots] indexing
+    def _swap_heads(
+        self, layers: torch.Tensor, heads: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+    ) -> None:
+        """Swap slots `a` and `b` of (layers, heads), element-wise, in the cache and the tables."""
+        _, hkv, cap, _ = self.cache.k.shape
+        base = (layers * hkv + heads) * cap
+        fa, fb = base + a, base + b  # rows of the cache's [layers * heads * capacity, d] view
+        for t in (self.cache.k, self.cache.v):
+            rows = t.view(-1, t.shape[-1])  # one indexed copy per side: cheaper than 3-d advanced indexing
             ta, tb = rows.index_select(0, fa), rows.index_select(0, fb)
             rows.index_copy_(0, fa, tb)
             rows.index_copy_(0, fb, ta)
-        pos, where = self.pos[layer], self.where[layer]
-        pa, pb = pos[heads, a].clone(), pos[heads, b].clone()
-        pos[heads, a], pos[heads, b] = pb, pa
-        where[heads, pb], where[heads, pa] = a, b
+        pa, pb = self.pos[layers, heads, a], self.pos[layers, heads, b]
+        self.pos[layers, heads, a], self.pos[layers, heads, b] = pb, pa
+        self.where[layers, heads, pb], self.where[layers, heads, pa] = a, b
         self.swaps += a.numel()
 
     @torch.inference_mode()

@@ -194,6 +194,18 @@ class SFI(KVPolicy):
             self._sel[layer] = sel
             self._chosen[layer] = self._chosen.get(layer, 0) + 1
         self._pending = {}
+        self._pack_all_layers(len(layers))
+
+    def _pack_all_layers(self, chosen_layers: int) -> None:
+        """On the sliced backend, once the region exists and every layer has chosen: pack every layer's
+        sinks + chosen entries in one placement (otherwise each layer packs on its next fast step)."""
+        eng = self.engine
+        if self.region is None or chosen_layers != eng.cache.n_layers or self.keeps_all(0, eng.length):
+            return
+        sel = torch.stack([self._long_range(layer, eng.cache.n_kv_heads, eng.length, eng.device)
+                           for layer in range(chosen_layers)])  # fmt: skip
+        self.region.place_layers(sel)
+        self._packed = dict(self._chosen)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         if self.slow:

@@ -125,3 +125,26 @@ def test_table7_rows_per_alpha_pair_beside_the_paper():
     t = sp.table7(samples, scores)
     assert list(zip(t["alpha_cross"], t["alpha_soft"])) == [(0.35, 0.0), (0.35, 1.0)]
     assert t["paper_lbv1_avg"].notna().all() and "alpha_cross / alpha_soft" in t.attrs["caption"]
+
+
+def test_table4_names_a_second_sfi_budget_and_compares_with_dense_and_the_best_press():
+    samples = pd.DataFrame(
+        rows("d", "vanilla", "full", None, [True, True])
+        + rows("s", "sfi", "sfi_ctx20", None, [True, False])
+        + rows("k", "sfi", "sfi_keep50", None, [True, True])
+        + rows("t", "vanilla", "kvpress", "TOVAPress", [False, False])
+        + rows("n", "vanilla", "kvpress", "SnapKVPress", [True, False])
+    )
+    scores = pd.DataFrame(
+        [
+            {"run_id": r, "sample_id": f"s{i}", "metric": "f1", "value": v}
+            for r, v in (("d", 0.8), ("s", 0.5), ("k", 0.75), ("t", 0.25), ("n", 0.625))
+            for i in range(2)
+        ]
+    )
+    t = sp.table4(samples, scores).set_index("method")
+    assert t.loc["SFI (kv=sfi_keep50)", "paper_lbv2_avg"] == t.loc["SFI", "paper_lbv2_avg"] > 0
+    assert t.loc["SFI", "minus_dense"] == pytest.approx(-0.3)
+    assert t.loc["SFI (kv=sfi_keep50)", "minus_best_press"] == pytest.approx(0.125)
+    assert t.loc["TOVA", "minus_best_press"] == pytest.approx(-0.375)
+    assert str(sp.DENSE_MARGIN) in sp.table4(samples, scores).attrs["caption"]
