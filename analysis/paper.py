@@ -41,7 +41,7 @@ def _fafo(fn: Callable[..., pd.DataFrame]) -> TableFn:
 
 
 def _triforce_table1(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
-    t1 = from_experiments(s, ("triforce_table1_cpu",))
+    t1 = from_experiments(s, ("triforce_table1_cpu", "triforce_table1_qwen_cpu"))
     return tri.table1(t1[t1["decoder"] == "selfspec"])
 
 
@@ -126,7 +126,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         _fafo_figure1,
         "python run.py -m experiment=fafo_figure1 (+ fafo_figure1_lookahead)",
     ),
-    ("TriForce", "Table 1", _triforce_table1, "python run.py -m experiment=triforce_table1_cpu"),
+    (
+        "TriForce",
+        "Table 1",
+        _triforce_table1,
+        "python run.py -m experiment=triforce_table1_cpu (model=qwen25-coder-0.5b: triforce_table1_qwen_cpu)",
+    ),
     (
         "TriForce",
         "Table 8",
