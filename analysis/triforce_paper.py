@@ -47,20 +47,31 @@ def policy_of(kv: str) -> str:
     return POLICY.get(base, str(kv))
 
 
+def _variant(row: pd.Series) -> str:
+    """What sets a retrieval run apart from the default one: its GQA chunk scoring when not `logit`."""
+    score = row.get("kv.gqa_score")
+    return (
+        f" gqa_score={score}"
+        if row["kv"] == "retrieval" and isinstance(score, str) and score != "logit"
+        else ""
+    )
+
+
 def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
     df = one_setup(samples[(samples["decoder"] == "selfspec") & samples["error"].isna()])
     paper = pd.read_csv(paper_csv)
     paper = paper[(paper["table"] == "Table 1") & (paper["metric"] == "acceptance_rate")]
+    df = df.assign(variant=df.apply(_variant, axis=1))
     rows = []
-    for (task, kv), run in df.groupby(["task", "kv"], sort=True):
-        check_one_run(run, f"{kv} on {task}")
+    for (task, kv, variant), run in df.groupby(["task", "kv", "variant"], sort=True):
+        check_one_run(run, f"{kv}{variant} on {task}")
         drafted = run["drafted"].sum()
         p = paper[(paper["task"] == TASK.get(task, task)) & (paper["method"] == policy_of(kv))]
         rows.append(
             {
                 "task": TASK.get(task, task),
                 "policy": policy_of(kv),
-                "kv": kv,
+                "kv": f"{kv}{variant}",
                 "ours_acceptance": run["accepted"].sum() / drafted if drafted else float("nan"),
                 "ours_tau": run["committed"].sum() / run["forwards"].sum(),
                 "ours_visible": float((run["visible_frac"] * run["forwards"]).sum() / run["forwards"].sum()),

@@ -134,3 +134,13 @@ def test_tables_read_the_runs_of_their_experiment():
     assert list(tp.from_experiments(df, ("nothing_recorded",))["run_id"]) == ["v"]
     old = df.assign(experiment="")  # records made before runs named their experiment
     assert len(tp.from_experiments(old, ("triforce_table1_cpu",))) == 3
+
+
+def test_table1_keeps_a_retrieval_run_with_another_gqa_scoring_apart():
+    niah = "longbench_ruler_niah"
+    logit = [dict(r, **{"kv.gqa_score": "logit"}) for r in rows("b", "retrieval", niah, 10, 5)]
+    prob = [dict(r, **{"kv.gqa_score": "prob"}) for r in rows("p", "retrieval", niah, 10, 8)]
+    t = tp.table1(pd.DataFrame(logit + prob)).set_index("kv")
+    assert t.loc["retrieval", "ours_acceptance"] == pytest.approx(0.5)
+    assert t.loc["retrieval gqa_score=prob", "ours_acceptance"] == pytest.approx(0.8)
+    assert set(t["policy"]) == {"Retrieval"} and t["paper_acceptance"].notna().all()
