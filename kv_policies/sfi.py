@@ -4,13 +4,14 @@ the last slow step.
 
 - Slow steps (chosen by `decoder=sfi`: the first decode step, after a boundary token, after `t_max`
   fast steps) attend densely; the decoder calls `begin_slow()` first, and every layer's query rows
-  then reach `observe`, which computes their exact attention logits over the candidates
-  J = [sinks, L - recent) and runs the Selector (`kv_policies.sfi_selector.sfi_select`; GQA: the
-  group's query heads are its rows) to choose `k` of them per KV head.
+  then reach `observe`, which keeps their exact attention logits over the candidates
+  J = [sinks, L - recent) (`SFISlowView` hands over the attention's own logits) and the candidates'
+  key norms; `end_slow()` runs the Selector (`kv_policies.sfi_selector.sfi_select`; GQA: the group's
+  query heads are its rows) once over all layers to choose `k` of them per layer and KV head.
 - The prefill ends with a Selector pass over the last `window` (16) prompt queries.
 - Fast steps are ordinary restricted rows (`visible` = sinks, recent window, selected set); with
-  `backend=sliced` the selection is packed into the compressed region (SFI's "Reorg") and the
-  attention really reads only it.
+  `backend=sliced` the selection is packed into the compressed region (SFI's "Reorg"; all layers in
+  one placement at the end of a slow step) and the attention really reads only it.
 
 The Selector's hyper-parameters come from a preset (`preset=paper`: the paper's λ_clip 0.02, α_soft
 0.5, α_cross 0.35 and the repository's values for what the paper leaves out; `preset=repo`: the
