@@ -82,7 +82,7 @@ def test_report_from_records(tmp_path):
     text = (out / "REPORT.md").read_text()
     assert "### TriForce Table 8" in text and "| PG-19 | retrieval | self_layers | 1 | 6 |" in text
     assert "0.5 |" in text and "2 |" in text  # the two speedups vs the vanilla run
-    assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu`" in text
+    assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu (model=qwen25-coder-0.5b" in text
     assert "No runs yet: `python run.py -m experiment=fafo_table11`" in text
     assert "| LongSpec | Figure 4 |" in text and "Same protocol, other scale" in text
     assert "No runs yet: `python run.py -m experiment=longspec_table1_cpu" in text
