@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs train-longspec
+.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs paper-runs-qwen train-longspec
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -61,6 +61,17 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	  sfi_figure4_dense_cpu sfi_figure4_cpu sfi_table6_cpu sfi_table7a_cpu sfi_table7b_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	for e in longspec_table1_cpu longspec_table1_magicdec_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
+	$(PY) -m analysis.paper
+
+QWEN_NIAH := model=qwen25-coder-0.5b task=longbench_ruler_niah $(RECORDS)
+paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/install.sh --qwen): TriForce Table 1, SFI Tables 4 and 7a on the needle task
+	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(RECORDS)
+	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(RECORDS)
+	$(PY) run.py -m experiment=sfi_table4_dense_cpu $(QWEN_NIAH)
+	$(PY) run.py -m experiment=sfi_table4_sfi_cpu $(QWEN_NIAH)
+	$(PY) run.py -m experiment=sfi_table4_chunkkv_cpu $(QWEN_NIAH)
+	$(PY) run.py -m experiment=sfi_table4_kvpress_cpu kv.press=SnapKVPress,StreamingLLMPress,TOVAPress $(QWEN_NIAH)
+	$(PY) run.py -m experiment=sfi_table7a_cpu kv=sfi_keep50 kv.alpha_cross=0.0,0.35 run.limit=12 $(QWEN_NIAH)
 	$(PY) -m analysis.paper
 
 lint:

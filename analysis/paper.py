@@ -14,6 +14,8 @@ them. Tables the harness cannot reproduce are listed with the reason, never skip
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,7 @@ from analysis.metrics import SETUP, AnalysisError, summarize, with_env
 REPO = Path(__file__).resolve().parents[1]
 SCALE_NOTE = "Same protocol, other scale: compare shapes and orderings, not absolute numbers."
 
+# a table from one setup's records; the Path is the folder where it may write its figures
 TableFn = Callable[[pd.DataFrame, Path], pd.DataFrame]
 
 
@@ -45,10 +48,10 @@ def _triforce_table1(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
     return tri.table1(t1[t1["decoder"] == "selfspec"])
 
 
-def _triforce_figure6(s: pd.DataFrame, out: Path) -> pd.DataFrame:
+def _triforce_figure6(s: pd.DataFrame, figures: Path) -> pd.DataFrame:
     f6 = from_experiments(s, ("triforce_figure6a_cpu", "triforce_figure6b_cpu"))
     f6 = f6[(f6["task"] == "pg19") & (f6["kv"] == "retrieval") & (f6["decoder"] == "selfspec")]
-    return tri.figure6(f6, out / "figures" / "triforce_figure6.png") if len(f6) else pd.DataFrame()
+    return tri.figure6(f6, figures / "triforce_figure6.png") if len(f6) else pd.DataFrame()
 
 
 def _triforce_table8(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
@@ -87,8 +90,8 @@ def _sfi_figure4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
     return sfi.figure4(f4) if ((f4["decoder"] == "sfi") & (f4["task"] == "pg19")).any() else pd.DataFrame()
 
 
-def _fafo_figure1(s: pd.DataFrame, out: Path) -> pd.DataFrame:
-    return fafo_figure1(from_experiments(s, experiments("fafo_")), out / "figures" / "fafo_figure1.png")
+def _fafo_figure1(s: pd.DataFrame, figures: Path) -> pd.DataFrame:
+    return fafo_figure1(from_experiments(s, experiments("fafo_")), figures / "fafo_figure1.png")
 
 
 # (paper, table, function, the command that makes its runs)
@@ -317,9 +320,19 @@ def block_auto_section(samples: pd.DataFrame) -> list[str]:
     return parts
 
 
+def figure_folder(out: Path, setup_label: str) -> Path:
+    """Where the figures of one setup go: `out/figures/<setup label as a file name>` (named by what
+    sets the setup apart, so a new setup in the records does not rename the others' folders)."""
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", setup_label).strip("-") or "all"
+    return out / "figures" / name
+
+
 def build_report(root: Path, out: Path) -> str:
-    """The report's markdown (figures are written under `out/figures`)."""
+    """The report's markdown. Figures are written under `out/figures/<setup>/`; that folder is the
+    report's own and is emptied first, so no figure of an earlier build is left behind."""
     from analysis.load import load_samples
+
+    shutil.rmtree(out / "figures", ignore_errors=True)
 
     samples = load_samples(root)
     parts = [
@@ -341,10 +354,10 @@ def build_report(root: Path, out: Path) -> str:
             paper = name
         parts += [f"### {name} {title}", ""]
         made, refused = False, []
-        for i, (label, sub) in enumerate(setups):
-            sub_out = out if i == 0 else out / f"setup{i + 1}"  # figures of a second setup apart
+        for label, sub in setups:
+            figures = figure_folder(out, label)
             try:
-                table = fn(sub, sub_out)
+                table = fn(sub, figures)
             except AnalysisError as exc:
                 refused.append(f"{label}: {exc}" if len(setups) > 1 else str(exc))
                 continue
@@ -357,9 +370,9 @@ def build_report(root: Path, out: Path) -> str:
             for png in ("triforce_figure6.png", "fafo_figure1.png"):
                 if (
                     title.replace(" ", "").lower() in png.replace("_", "").lower()
-                    and (sub_out / "figures" / png).exists()
+                    and (figures / png).exists()
                 ):
-                    rel = (sub_out / "figures" / png).relative_to(out)
+                    rel = (figures / png).relative_to(out)
                     parts += [f"![{name} {title}]({rel.as_posix()})", ""]
         for why in refused:  # a setup whose runs this table refuses to combine
             parts += [f"Not made from these records: {why}", ""]

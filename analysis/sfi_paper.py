@@ -154,11 +154,19 @@ def _ablation(
     out = pd.DataFrame(rows)
     out.attrs["caption"] = (
         f"SFI {table} in shape ({' / '.join(params)} ablation). Ours: "
-        f"{ours_setup(sfi)}, kv=sfi_ctx20 on the offline RULER-style stand-ins (4 samples); "
-        "paper: Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg). Scores near the floor at "
-        "this scale: read match_dense and first_divergence. Same protocol, other scale."
+        f"{ours_setup(sfi)}, kv={'/'.join(sorted(sfi['kv'].astype(str).unique()))} on the offline "
+        f"RULER-style stand-ins ({_samples_per_cell(sfi)} samples per cell); "
+        "paper: Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg). Where scores sit near "
+        "the floor (SmolLM2-135M), read match_dense and first_divergence. Same protocol, other scale."
     )
     return out
+
+
+def _samples_per_cell(runs: pd.DataFrame) -> str:
+    """The number of samples of each run, as one number or a range."""
+    counts = runs.groupby("run_id")["sample_id"].nunique() if len(runs) else pd.Series([0])
+    lo, hi = int(counts.min()), int(counts.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def table6(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:

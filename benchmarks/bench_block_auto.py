@@ -5,8 +5,12 @@ every category) and GSM8K with SmolLM2 fp32; and the blocks the same configs cho
         [--mtbench 16] [--gsm8k 8] [--new 128] [--repeats 3] [--threads 2]
 
 Protocol: one process, one engine (prepacked oneDNN GEMMs), this environment's cost curve (the
-cached one, or measured now on the runtime grid: `core.cost_curve`). Per repeat, per prompt, every
-method runs in turn (background noise hits all alike); decode time starts when the prefill is done.
+cached one, or measured now on the runtime grid: `core.cost_curve`). Per repeat, each method runs
+every prompt of the task in turn, as the runner does, and the repeats rotate which method goes first
+(drift of the box then hits each method in a different slot). Running every method per prompt in
+turn instead shifted the measured ratios against the multi-row methods by up to a third on the
+2-core EPYC (`benchmarks.forward_prices --order interleaved` shows it). Decode time starts when the
+prefill is done.
 `plan`: the (window width / streams, run every n-th step) a block=auto config chose from the curve.
 Speedup = Σ vanilla decode time / Σ method decode time over a task's prompts, per repeat; the table
 gives the median over repeats and the range. `pred` = the speedup the cost curve predicts from the
@@ -104,30 +108,40 @@ def priced(steps, prompt_len: int, cost: CostFn) -> tuple[float, float]:
 
 
 def run_repeat(
-    eng: Engine, decoders: list[tuple[str, BaseDecoder]], prompts, new: int, stop: set[int], cost: CostFn
+    eng: Engine,
+    decoders: list[tuple[str, BaseDecoder]],
+    prompts,
+    new: int,
+    stop: set[int],
+    cost: CostFn,
+    rotation: int = 0,
 ) -> dict[str, Cell]:
+    """One repeat: each method generates every prompt in turn (the runner's order: one decoder over a
+    task), starting with method `rotation` of the list, so repeats rotate which method runs first."""
     cells = {name: Cell() for name, _ in decoders}
+    outputs: dict[str, list[list[int]]] = {name: [] for name, _ in decoders}
     marks: list[float] = []
-    for category, prompt in prompts:
-        ref = None
-        for name, dec in decoders:
+    start = rotation % len(decoders)
+    for name, dec in decoders[start:] + decoders[:start]:
+        c = cells[name]
+        for category, prompt in prompts:
             counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
-            out = dec.generate(prompt, new, stop, counts)
+            outputs[name].append(dec.generate(prompt, new, stop, counts))
             t1 = time.perf_counter()
-            c = cells[name]
             c.decode += t1 - marks[-1]
             c.per_category[category] += t1 - marks[-1]
             c.committed += counts.committed
             c.forwards += counts.forwards
             c.rows += sum(s.block_tokens for s in counts.steps)
             c.max_rows = max([c.max_rows, *(s.block_tokens for s in counts.steps)])
-            ref = out if ref is None else ref
-            c.exact += out == ref
             c.runs += 1
             c.plan = getattr(dec, "plan", None)
             num, den = priced(counts.steps, len(prompt), cost)
             c.pred_num += num
             c.pred_den += den
+    reference = outputs[decoders[0][0]]  # vanilla's
+    for name, outs in outputs.items():
+        cells[name].exact = sum(o == r for o, r in zip(outs, reference, strict=True))
     return cells
 
 
@@ -231,7 +245,7 @@ def main() -> None:
         for _, dec in decoders:  # warm-up: layouts, allocator, kernels
             dec.generate(next(iter(prompts.values()))[0][1], 16, set(), Counts(keep_steps=False))
         results = {
-            t: [run_repeat(eng, decoders, ps, args.new, stop, curve) for _ in range(args.repeats)]
+            t: [run_repeat(eng, decoders, ps, args.new, stop, curve, rotation=r) for r in range(args.repeats)]
             for t, ps in prompts.items()
         }
         for t, reps in results.items():

@@ -6,14 +6,17 @@
 steps / Σ price of the decoder's forwards. This times every `Engine.step` of each decoder on
 MT-Bench prompts and prints, per decoder, Σ measured forward time against Σ curve price of the same
 (rows, cache length) pairs, and the share of decode time spent outside forwards (drafting, pools,
-verification, Python). Both near 1 and near 0 mean the prediction's inputs are right; a gap in the
-benchmark's pred/meas then lies in how it was measured, not in the harness.
+verification, Python). Both near 1 and near 0 mean the prediction's inputs are right. Last, the
+decode speedup over vanilla (the first method) measured here beside the one the curve predicts
+(Σ vanilla's forward prices / Σ the method's: every method generates the same `--new` tokens, no
+stop token), and their ratio, which those two columns explain.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +24,7 @@ from benchmarks.bench_block_auto import curve_here, methods, prompts_of
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
+from runners.runner import stop_ids_for
 
 
 class StepClock:
@@ -45,6 +49,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mtbench", type=int, default=6)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--order",
+        choices=("grouped", "interleaved"),
+        default="grouped",
+        help="grouped: each method runs all prompts in turn; interleaved: per prompt, every method in turn "
+        "(bench_block_auto's order)",
+    )
+    ap.add_argument("--stop", action="store_true", help="stop at the stop tokens (default: --new tokens)")
     args = ap.parse_args(argv)
     if args.mtbench <= 0 or args.new <= 1:
         raise SystemExit("error: --mtbench must be positive and --new above 1")
@@ -60,29 +72,51 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# forward_prices: SmolLM2-135M-Instruct fp32 (linear={eng.linear}), {dev}, "
         f"threads={args.threads}; cost curve {source}; "
-        f"{len(prompts)} MT-Bench prompts x {args.new} new tokens\n"
+        f"{len(prompts)} MT-Bench prompts x {args.new} new tokens{' (to EOS)' if args.stop else ''}, "
+        f"{args.order}\n"
     )
-    print("| method | forwards | Σ forward s | Σ curve price s | measured / price | outside forwards |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| method | forwards | Σ forward s | Σ curve price s | measured / price | outside forwards "
+        "| decode speedup | predicted | pred / meas |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     clock = StepClock(eng)
+    stop = stop_ids_for(lm.tokenizer, lm.model) if args.stop else set()
+    tally = {name: Tally() for name, _ in decoders}
     with torch.inference_mode():
-        for name, dec in decoders:
+        for _, dec in decoders:
             dec.generate(prompts[0], 16, set(), Counts(keep_steps=False))  # warm-up
-            decode, steps = 0.0, []
-            for p in prompts:
-                clock.calls.clear()
-                marks: list[float] = []
-                mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
-                counts = Counts(keep_steps=False, on_prefill_done=mark)
-                dec.generate(p, args.new, set(), counts)
-                decode += time.perf_counter() - marks[-1]
-                steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
-            spent = sum(c[2] for c in steps)
-            price = sum(curve(rows, ctx) for rows, ctx, _, _ in steps)
-            print(
-                f"| {name} | {len(steps)} | {spent:.2f} | {price:.2f} | {spent / price:.3f} | "
-                f"{max(decode - spent, 0.0) / decode:.1%} |"
-            )
+        # grouped: each method runs every prompt in turn; interleaved: per prompt, every method in turn
+        order = (
+            [(d, p) for d in decoders for p in prompts]
+            if args.order == "grouped"
+            else [(d, p) for p in prompts for d in decoders]
+        )
+        for (name, dec), p in order:
+            clock.calls.clear()
+            marks: list[float] = []
+            mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
+            dec.generate(p, args.new, stop, Counts(keep_steps=False, on_prefill_done=mark))
+            t = tally[name]
+            t.decode += time.perf_counter() - marks[-1]
+            t.steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
+    base = tally[decoders[0][0]]  # vanilla
+    for name, t in tally.items():
+        spent = sum(c[2] for c in t.steps)
+        price = sum(curve(rows, ctx) for rows, ctx, _, _ in t.steps)
+        base_price = sum(curve(rows, ctx) for rows, ctx, _, _ in base.steps)
+        measured, predicted = base.decode / t.decode, base_price / price
+        print(
+            f"| {name} | {len(t.steps)} | {spent:.2f} | {price:.2f} | {spent / price:.3f} | "
+            f"{max(t.decode - spent, 0.0) / t.decode:.1%} | {measured:.2f} | {predicted:.2f} | "
+            f"{predicted / measured:.2f} |"
+        )
+
+
+@dataclass
+class Tally:
+    decode: float = 0.0  # seconds from the end of each prefill to the end of its generation
+    steps: list = field(default_factory=list)  # (rows, cache length, seconds, start) per decode forward
 
 
 if __name__ == "__main__":

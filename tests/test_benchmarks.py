@@ -195,3 +195,31 @@ def test_longspec_forward_clock_times_decode_forwards_and_restores_the_engine(ti
     assert clock.target_n == counts.forwards and clock.draft_n == counts.draft_model_forwards > 0
     assert clock.target_s > 0 and clock.draft_s > 0
     assert "step" not in vars(eng)  # the wrapper is gone: Engine.step again
+
+
+def test_block_auto_repeat_runs_each_method_over_all_prompts_rotating_the_first(tiny_lm):
+    """bench_block_auto: a repeat runs one method over every prompt before the next (the runner's
+    order), starts at method `rotation`, and counts outputs equal to vanilla's (the first method)."""
+    from benchmarks.bench_block_auto import run_repeat
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    order: list[str] = []
+
+    def logged(name, dec):
+        inner = dec.generate
+
+        def generate(*args, **kwargs):
+            order.append(name)
+            return inner(*args, **kwargs)
+
+        dec.generate = generate
+        return name, dec
+
+    decoders = [logged("vanilla", Vanilla(eng)), logged("pld", PromptLookup(eng))]
+    prompts = [("a", list(range(5, 25))), ("b", list(range(30, 44)) * 2)]
+    cells = run_repeat(eng, decoders, prompts, 10, set(), lambda rows, ctx: float(rows), rotation=1)
+    assert order == ["pld", "pld", "vanilla", "vanilla"]
+    assert cells["pld"].exact == cells["vanilla"].exact == 2 and cells["pld"].runs == 2
+    assert cells["vanilla"].pred_num == cells["vanilla"].pred_den > 0

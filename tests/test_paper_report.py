@@ -171,3 +171,16 @@ def test_block_auto_section_pairs_auto_runs_with_the_fixed_baselines(tmp_path):
     assert "| pg19 | pld_auto+full |" in text and "| pg19 | pld+full |" in text
     assert "| pg19 | vanilla+full | 2 | 1 | 1 |" in text
     assert "| pg19 | pld_auto+full | 2 | 3.94 | 2.25 |" in text  # 63 tokens / 16 forwards; 9 s / 4 s
+
+
+def test_figures_are_filed_by_setup_label_and_stale_ones_removed(tmp_path):
+    root, out = tmp_path / "records", tmp_path / "paper"
+    write_run(root, "v", "vanilla", "full", "triforce_pg19_vanilla_cpu", 10.0)
+    stale = out / "figures" / "setup-of-an-older-build" / "fafo_figure1.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    paper.main(["--root", str(root), "--out", str(out)])
+    assert not stale.exists()
+    folder = paper.figure_folder(out, "model=qwen25-coder-0.5b, scale=cpu")
+    assert folder == out / "figures" / "model-qwen25-coder-0.5b-scale-cpu"
+    assert paper.figure_folder(out, "") == out / "figures" / "all"
