@@ -8,8 +8,9 @@ MT-Bench prompts and prints, per decoder, Σ measured forward time against Σ cu
 (rows, cache length) pairs, and the share of decode time spent outside forwards (drafting, pools,
 verification, Python). Both near 1 and near 0 mean the prediction's inputs are right. Last, the
 decode speedup over vanilla (the first method) measured here beside the one the curve predicts
-(Σ vanilla's forward prices / Σ the method's: every method generates the same `--new` tokens, no
-stop token), and their ratio, which those two columns explain.
+(Σ vanilla's forward prices / Σ the method's), and their ratio, which those two columns explain.
+`--order both` runs the runner's order (one method over all prompts, then the next) and the
+interleaved one (per prompt, every method in turn) in one process, one table each.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--order",
-        choices=("grouped", "interleaved"),
+        choices=("grouped", "interleaved", "both"),
         default="grouped",
-        help="grouped: each method runs all prompts in turn; interleaved: per prompt, every method in turn "
-        "(bench_block_auto's order)",
+        help="grouped: each method runs all prompts in turn (the runner's order); interleaved: per prompt, "
+        "every method in turn; both: one table each, in this process",
     )
     ap.add_argument("--stop", action="store_true", help="stop at the stop tokens (default: --new tokens)")
     args = ap.parse_args(argv)
@@ -72,39 +73,57 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# forward_prices: SmolLM2-135M-Instruct fp32 (linear={eng.linear}), {dev}, "
         f"threads={args.threads}; cost curve {source}; "
-        f"{len(prompts)} MT-Bench prompts x {args.new} new tokens{' (to EOS)' if args.stop else ''}, "
-        f"{args.order}\n"
+        f"{len(prompts)} MT-Bench prompts x {args.new} new tokens{' (to a stop token)' if args.stop else ''}"
     )
+    stop = stop_ids_for(lm.tokenizer, lm.model) if args.stop else set()
+    clock = StepClock(eng)
+    with torch.inference_mode():
+        for _, dec in decoders:
+            dec.generate(prompts[0], 16, set(), Counts(keep_steps=False))  # warm-up
+        for order in ("grouped", "interleaved") if args.order == "both" else (args.order,):
+            tally = run_order(order, decoders, prompts, args.new, stop, clock)
+            print(f"\n{order}: " + ORDERS[order] + "\n")
+            print_table(tally, curve)
+
+
+ORDERS = {
+    "grouped": "each method runs every prompt in turn (the runner's order)",
+    "interleaved": "per prompt, every method in turn",
+}
+
+
+def run_order(order: str, decoders, prompts, new: int, stop: set[int], clock: StepClock) -> dict[str, Tally]:
+    """Generate every (method, prompt) pair in `order`; per method, its decode seconds and forwards."""
+    pairs = (
+        [(d, p) for d in decoders for p in prompts]
+        if order == "grouped"
+        else [(d, p) for p in prompts for d in decoders]
+    )
+    tally = {name: Tally() for name, _ in decoders}
+    for (name, dec), p in pairs:
+        clock.calls.clear()
+        marks: list[float] = []
+        mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
+        dec.generate(p, new, stop, Counts(keep_steps=False, on_prefill_done=mark))
+        t = tally[name]
+        t.decode += time.perf_counter() - marks[-1]
+        t.steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
+    return tally
+
+
+def print_table(tally: dict[str, Tally], curve) -> None:
+    """Per method: forward time against curve price, time outside forwards, and the decode speedup over
+    the first method (vanilla) measured beside the one its prices predict."""
     print(
         "| method | forwards | Σ forward s | Σ curve price s | measured / price | outside forwards "
         "| decode speedup | predicted | pred / meas |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    clock = StepClock(eng)
-    stop = stop_ids_for(lm.tokenizer, lm.model) if args.stop else set()
-    tally = {name: Tally() for name, _ in decoders}
-    with torch.inference_mode():
-        for _, dec in decoders:
-            dec.generate(prompts[0], 16, set(), Counts(keep_steps=False))  # warm-up
-        # grouped: each method runs every prompt in turn; interleaved: per prompt, every method in turn
-        order = (
-            [(d, p) for d in decoders for p in prompts]
-            if args.order == "grouped"
-            else [(d, p) for p in prompts for d in decoders]
-        )
-        for (name, dec), p in order:
-            clock.calls.clear()
-            marks: list[float] = []
-            mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
-            dec.generate(p, args.new, stop, Counts(keep_steps=False, on_prefill_done=mark))
-            t = tally[name]
-            t.decode += time.perf_counter() - marks[-1]
-            t.steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
-    base = tally[decoders[0][0]]  # vanilla
+    base = next(iter(tally.values()))
+    base_price = sum(curve(rows, ctx) for rows, ctx, _, _ in base.steps)
     for name, t in tally.items():
         spent = sum(c[2] for c in t.steps)
         price = sum(curve(rows, ctx) for rows, ctx, _, _ in t.steps)
-        base_price = sum(curve(rows, ctx) for rows, ctx, _, _ in base.steps)
         measured, predicted = base.decode / t.decode, base_price / price
         print(
             f"| {name} | {len(t.steps)} | {spent:.2f} | {price:.2f} | {spent / price:.3f} | "

@@ -223,3 +223,22 @@ def test_block_auto_repeat_runs_each_method_over_all_prompts_rotating_the_first(
     assert order == ["pld", "pld", "vanilla", "vanilla"]
     assert cells["pld"].exact == cells["vanilla"].exact == 2 and cells["pld"].runs == 2
     assert cells["vanilla"].pred_num == cells["vanilla"].pred_den > 0
+
+
+def test_forward_prices_orders_time_the_same_forwards(tiny_lm):
+    """forward_prices: the grouped and interleaved orders run the same (method, prompt) pairs, so each
+    method's decode forwards are the same (rows, cache length) pairs in both."""
+    from benchmarks.forward_prices import StepClock, run_order
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    decoders = [("vanilla", Vanilla(eng)), ("pld", PromptLookup(eng))]
+    prompts = [list(range(5, 25)), list(range(30, 44)) * 2]
+    clock = StepClock(eng)
+    grouped = run_order("grouped", decoders, prompts, 8, set(), clock)
+    interleaved = run_order("interleaved", decoders, prompts, 8, set(), clock)
+    for name in ("vanilla", "pld"):
+        assert [c[:2] for c in grouped[name].steps] == [c[:2] for c in interleaved[name].steps]
+        assert grouped[name].decode > 0 and interleaved[name].decode > 0
+    assert len(grouped["vanilla"].steps) == 2 * 7  # 8 tokens: 7 decode forwards per prompt
