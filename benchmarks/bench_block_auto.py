@@ -7,10 +7,8 @@ every category) and GSM8K with SmolLM2 fp32; and the blocks the same configs cho
 Protocol: one process, one engine (prepacked oneDNN GEMMs), this environment's cost curve (the
 cached one, or measured now on the runtime grid: `core.cost_curve`). Per repeat, each method runs
 every prompt of the task in turn, as the runner does, and the repeats rotate which method goes first
-(drift of the box then hits each method in a different slot). Running every method per prompt in
-turn instead shifted the measured ratios against the multi-row methods by up to a third on the
-2-core EPYC (`benchmarks.forward_prices --order interleaved` shows it). Decode time starts when the
-prefill is done.
+(drift of the box then hits each method in a different slot). `benchmarks.forward_prices --order
+both` times both orders in one process. Decode time starts when the prefill is done.
 `plan`: the (window width / streams, run every n-th step) a block=auto config chose from the curve.
 Speedup = Σ vanilla decode time / Σ method decode time over a task's prompts, per repeat; the table
 gives the median over repeats and the range. `pred` = the speedup the cost curve predicts from the
