@@ -107,14 +107,18 @@ def probe(eng: Engine, tokenizer, ids: list[int], value: str, budget: int, chunk
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--budget-frac", type=float, default=0.04)
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(PACKAGED_GGUF), help="a packaged model")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.samples <= 0 or not 0 < args.budget_frac < 1 or args.chunk <= 0:
         raise SystemExit("error: --samples and --chunk must be positive and --budget-frac in (0, 1)")
     torch.set_num_threads(args.threads)
@@ -143,10 +147,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def output_name(argv: list[str]) -> str:
     """The committed output's name: one file per model (the default model keeps the plain name)."""
-    model = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), None)
-    if model is None and "--model" in argv[:-1]:
-        model = argv[argv.index("--model") + 1]
-    return "probe_retrieval_needle" + ("" if model in (None, DEFAULT_MODEL) else f"-{model}")
+    model = build_parser().parse_known_args(argv)[0].model
+    return "probe_retrieval_needle" + ("" if model == DEFAULT_MODEL else f"-{model}")
 
 
 if __name__ == "__main__":

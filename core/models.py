@@ -105,11 +105,16 @@ def _package_dir(module: str, key: str, pip_spec: str) -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+def _converted_folder(key: str) -> Path | None:
+    """The cached HF folder of packaged model `key` if its conversion completed, else None."""
+    folder = cache_root() / "models" / key
+    return folder if (folder / "config.json").exists() and (folder / "COMPLETE").exists() else None
+
+
 def packaged_available(key: str) -> bool:
     """True when packaged model `key` can load offline: converted already, or its packages installed."""
     module = PACKAGED_GGUF[key][0]
-    folder = cache_root() / "models" / key
-    if (folder / "config.json").exists() and (folder / "COMPLETE").exists():
+    if _converted_folder(key) is not None:
         return True
     if key in SPLIT_GGUF:
         split = SPLIT_GGUF[key]
@@ -147,9 +152,10 @@ def assemble_split_gguf(key: str, out: Path) -> Path:
 def packaged_gguf_folder(key: str) -> Path:
     """Return the cached HF folder for a packaged GGUF model, converting it on first use."""
     module, filename, pip_spec = PACKAGED_GGUF[key]
+    done = _converted_folder(key)
+    if done is not None:
+        return done
     out = cache_root() / "models" / key
-    if (out / "config.json").exists() and (out / "COMPLETE").exists():
-        return out
     if key in SPLIT_GGUF:
         gguf = out.with_name(out.name + ".gguf") / filename
         if not gguf.exists():  # an earlier assembly that passed its sha256 check is reused

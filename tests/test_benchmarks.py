@@ -242,3 +242,12 @@ def test_forward_prices_orders_time_the_same_forwards(tiny_lm):
         assert [c[:2] for c in grouped[name].steps] == [c[:2] for c in interleaved[name].steps]
         assert grouped[name].decode > 0 and interleaved[name].decode > 0
     assert len(grouped["vanilla"].steps) == 2 * 7  # 8 tokens: 7 decode forwards per prompt
+
+
+def test_probe_output_is_named_per_model():
+    from benchmarks.probe_retrieval_needle import output_name
+
+    assert output_name([]) == output_name(["--model", "smollm2-135m"]) == "probe_retrieval_needle"
+    name = "probe_retrieval_needle-qwen25-coder-0.5b"
+    assert output_name(["--samples", "2", "--model", "qwen25-coder-0.5b"]) == name
+    assert output_name(["--model=qwen25-coder-0.5b"]) == name
