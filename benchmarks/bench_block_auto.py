@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from benchmarks.timing import timed_generate
 from core.cost_curve import CostCurve, CostFn, cached_or_measured
 from core.engine import Engine
 from core.models import load_model
@@ -118,16 +118,15 @@ def run_repeat(
     task), starting with method `rotation` of the list, so repeats rotate which method runs first."""
     cells = {name: Cell() for name, _ in decoders}
     outputs: dict[str, list[list[int]]] = {name: [] for name, _ in decoders}
-    marks: list[float] = []
     start = rotation % len(decoders)
     for name, dec in decoders[start:] + decoders[:start]:
         c = cells[name]
         for category, prompt in prompts:
-            counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
-            outputs[name].append(dec.generate(prompt, new, stop, counts))
-            t1 = time.perf_counter()
-            c.decode += t1 - marks[-1]
-            c.per_category[category] += t1 - marks[-1]
+            timed = timed_generate(dec, prompt, new, stop)
+            counts = timed.counts
+            outputs[name].append(timed.output)
+            c.decode += timed.decode_s
+            c.per_category[category] += timed.decode_s
             c.committed += counts.committed
             c.forwards += counts.forwards
             c.rows += sum(s.block_tokens for s in counts.steps)

@@ -34,12 +34,12 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -49,7 +49,7 @@ from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
-from runners.timing import peak_memory_mb, reset_peak_memory
+from runners.timing import peak_memory_mb
 
 Maker = Callable[[Engine], BaseDecoder]
 PAPER = dict(k=6, n=40)
@@ -186,22 +186,18 @@ def run_prompt(
     prof: cProfile.Profile | None,
 ) -> None:
     """Every method on one prompt in turn (vanilla first: its output is the reference)."""
-    marks: list[float] = []
     ref = None
     for tally, dec in decs:
-        counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
-        reset_peak_memory(device)
         if prof is not None and tally.group != "baseline":
             prof.enable()
-        t0 = time.perf_counter()
-        out = dec.generate(prompt, new, stop, counts)
-        t1 = time.perf_counter()
+        timed = timed_generate(dec, prompt, new, stop)  # resets the peak memory at its start
         if prof is not None:
             prof.disable()
+        out, counts = timed.output, timed.counts
         tally.peak_mb = max(tally.peak_mb, peak_memory_mb(device))
-        tally.wall += t1 - t0
-        tally.decode += t1 - marks[-1]
-        tally.rep_decode[-1] += t1 - marks[-1]
+        tally.wall += timed.wall_s
+        tally.decode += timed.decode_s
+        tally.rep_decode[-1] += timed.decode_s
         tally.tokens += len(out)
         tally.forwards += counts.forwards
         tally.committed += counts.committed

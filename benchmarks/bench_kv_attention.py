@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from benchmarks.timing import timed_generate
 from core.attention import sdpa
 from core.kv_cache import KVCache
-from core.types import Counts
 from kv_policies.base import build_policy
 from kv_policies.view import RestrictedView
 
@@ -203,12 +203,8 @@ def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: in
     def run(name: str, prompt: list[int], n_new: int) -> tuple[list[int], float, float]:
         dec = decoders[name]
         dec.kv.attach(eng)  # one engine, one active policy at a time
-        marks: list[float] = []
-        counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()), keep_steps=False)
-        t0 = time.perf_counter()
-        out = dec.generate(prompt, n_new, set(), counts)
-        t1 = time.perf_counter()
-        return out, marks[0] - t0, (len(out) - 1) / (t1 - marks[0])
+        timed = timed_generate(dec, prompt, n_new, keep_steps=False)
+        return timed.output, timed.prefill_s, (len(timed.output) - 1) / timed.decode_s
 
     print(
         f"{'ctx':>6} {'config':>16} {'prefill s':>9} {'decode tok/s':>12} {'vs full':>7} "

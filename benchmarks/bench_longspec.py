@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.bench_selfspec import spread
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -94,6 +95,9 @@ class ForwardClock:
 
         return timed
 
+    def start_counting(self) -> None:
+        self.counting = True
+
     def close(self) -> None:
         del self._eng.step  # back to the class's method
 
@@ -116,18 +120,8 @@ def measure(
     eng: Engine, dec: BaseDecoder, prompt: list[int], new: int
 ) -> tuple[list[int], Counts, float, ForwardClock]:
     clock = ForwardClock(eng, dec)
-    stamp: list[float] = []
-
-    def prefill_done() -> None:
-        stamp.append(time.perf_counter())
-        clock.counting = True
-
-    counts = Counts(on_prefill_done=prefill_done)
-    try:
-        out = dec.generate(prompt, new, set(), counts)
-    finally:
-        clock.close()
-    return out, counts, time.perf_counter() - stamp[0], clock
+    timed = timed_generate(dec, prompt, new, on_prefill_done=clock.start_counting, on_finish=clock.close)
+    return timed.output, timed.counts, timed.decode_s, clock
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ benchmark overlaps.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -83,16 +83,13 @@ def measure(
     decoders = [(Tally(name, params), make(eng)) for name, params, make in methods]
     for _, dec in decoders:  # warm-up: layouts, allocator, kernels
         dec.generate(prompts[0][:48], 8, set(), Counts(keep_steps=False))
-    marks: list[float] = []
     with torch.inference_mode():
         for prompt in prompts:
             for i, (tally, dec) in enumerate(decoders):
-                counts = Counts(on_prefill_done=lambda: marks.append(time.perf_counter()))
-                t0 = time.perf_counter()
-                out = dec.generate(prompt, new, stop, counts)
-                t1 = time.perf_counter()
-                tally.wall += t1 - t0
-                tally.decode += t1 - marks[-1]
+                timed = timed_generate(dec, prompt, new, stop)
+                out, counts = timed.output, timed.counts
+                tally.wall += timed.wall_s
+                tally.decode += timed.decode_s
                 tally.tokens += len(out)
                 tally.forwards += counts.forwards
                 tally.committed += counts.committed

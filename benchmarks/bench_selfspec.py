@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -96,10 +96,8 @@ def weight_bytes(eng: Engine) -> int:
 
 
 def measure(dec: BaseDecoder, prompt: list[int], new: int) -> tuple[list[int], Counts, float]:
-    stamp: list[float] = []
-    counts = Counts(on_prefill_done=lambda: stamp.append(time.perf_counter()))
-    out = dec.generate(prompt, new, set(), counts)
-    return out, counts, time.perf_counter() - stamp[0]
+    timed = timed_generate(dec, prompt, new)
+    return timed.output, timed.counts, timed.decode_s
 
 
 def spread(base: list[float], method: list[float]) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.bench_selfspec import spread
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -64,6 +65,12 @@ class StepClock:
             return out
 
         self.engine.step = timed  # type: ignore[method-assign]
+
+    def start_decoding(self) -> None:
+        self.decoding = True
+
+    def stop_decoding(self) -> None:
+        self.decoding = False
 
     def time_selector(self, kv: Any) -> None:
         real = kv.end_slow
@@ -108,18 +115,11 @@ class Tally:
 
 
 def run(clock: StepClock, dec: Any, prompt: list[int], new: int) -> tuple[list[int], Counts, float]:
-    stamp: list[float] = []
-
-    def prefill_done() -> None:
-        clock.decoding = True
-        stamp.append(time.perf_counter())
-
-    counts = Counts(on_prefill_done=prefill_done)
     clock.steps, clock.decoding = [], False
-    out = dec.generate(prompt, new, set(), counts)
-    secs = time.perf_counter() - stamp[0]
-    clock.decoding = False
-    return out, counts, secs
+    timed = timed_generate(
+        dec, prompt, new, on_prefill_done=clock.start_decoding, on_finish=clock.stop_decoding
+    )
+    return timed.output, timed.counts, timed.decode_s
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.bench_block_auto import curve_here, methods, prompts_of
+from benchmarks.timing import timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -101,13 +102,11 @@ def run_order(order: str, decoders, prompts, new: int, stop: set[int], clock: St
     )
     tally = {name: Tally() for name, _ in decoders}
     for (name, dec), p in pairs:
-        clock.calls.clear()
-        marks: list[float] = []
-        mark = lambda m=marks: m.append(time.perf_counter())  # noqa: E731 (the prefill's end)
-        dec.generate(p, new, stop, Counts(keep_steps=False, on_prefill_done=mark))
+        # the forwards logged after the prefill's end are the decode forwards
+        timed = timed_generate(dec, p, new, stop, keep_steps=False, on_prefill_done=clock.calls.clear)
         t = tally[name]
-        t.decode += time.perf_counter() - marks[-1]
-        t.steps += [c for c in clock.calls if c[3] >= marks[-1]]  # decode forwards, not the prefill
+        t.decode += timed.decode_s
+        t.steps += clock.calls
     return tally
 
 

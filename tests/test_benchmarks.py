@@ -251,3 +251,40 @@ def test_probe_output_is_named_per_model():
     name = "probe_retrieval_needle-qwen25-coder-0.5b"
     assert output_name(["--samples", "2", "--model", "qwen25-coder-0.5b"]) == name
     assert output_name(["--model=qwen25-coder-0.5b"]) == name
+
+
+def test_timed_generate_splits_at_the_last_prefill_mark_and_always_finishes(tiny_lm):
+    """benchmarks.timing: prefill seconds end at the decoder's last prefill mark, decode seconds run from
+    there; the hooks run (on_finish also when generation raises); a decoder that never marks its
+    prefill is refused instead of timed wrong."""
+    from benchmarks.timing import timed_generate
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    ref = Vanilla(Engine(tiny_lm.model)).generate([5, 6, 7], 6, set(), Counts())
+    events: list[str] = []
+    timed = timed_generate(
+        Vanilla(eng), [5, 6, 7], 6, on_prefill_done=lambda: events.append("prefill"),
+        on_finish=lambda: events.append("finish"),
+    )  # fmt: skip
+    assert timed.output == ref and timed.counts.forwards == 5 and events == ["prefill", "finish"]
+    assert timed.prefill_s > 0 and timed.decode_s > 0
+    assert timed.wall_s == pytest.approx(timed.prefill_s + timed.decode_s)
+
+    class Unmarked(Vanilla):
+        def generate(self, prompt, new, stop, counts):
+            return list(prompt)
+
+    with pytest.raises(RuntimeError, match="never reported the end of its prefill"):
+        timed_generate(Unmarked(eng), [5, 6], 2)
+
+    class Failing(Vanilla):
+        def generate(self, prompt, new, stop, counts):
+            counts.prefill_done(len(prompt))
+            raise ValueError("boom")
+
+    events.clear()
+    with pytest.raises(ValueError, match="boom"):
+        timed_generate(Failing(eng), [5, 6], 2, on_finish=lambda: events.append("finish"))
+    assert events == ["finish"]
