@@ -127,29 +127,46 @@ class SelfSpeculative(BaseDecoder):
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> None:
-        eng, kv = self.engine, self.kv
+        eng = self.engine
         done, steps = False, 0
         self._recent.clear()
         while not done:
             length = eng.length
             n = min(self.gamma, max_new_tokens - len(out) - 1)  # the bonus token comes on top
             drafts, probs = self._draft(out[-1], length, n, stop_ids, counts) if n > 0 else ([], [])
-            k = len(drafts)
-            tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
-            logits = eng.step(
-                tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
-            )
-            if self.sampler.greedy:
-                preds = logits.argmax(-1).cpu()
-                cands = torch.tensor([drafts], dtype=torch.long).reshape(1 if k else 0, k)
-                verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
-            else:
-                target = [self.sampler.probs(row) for row in logits]
-                verdict = speculative_verify(drafts, probs, target.__getitem__, self.sampler)
-            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
-            rows = verdict.flat_rows(0, 1, k)[:n_new]
-            eng.commit(rows)
-            kv.after_commit(eng, len(rows))
-            counts.step(k + 1, k, verdict.accepted, n_new, length)
+            done, accepted = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
             steps += 1
-            self._after_verification(steps, verdict.accepted, k)
+            self._after_verification(steps, accepted, len(drafts))
+
+    def _verify(
+        self,
+        out: list[int],
+        drafts: list[int],
+        probs: list[torch.Tensor],
+        length: int,
+        max_new_tokens: int,
+        stop_ids: set[int],
+        counts: Counts,
+    ) -> tuple[bool, int]:
+        """The final level: `[out[-1], *drafts]` in one forward over the full cache from cache length
+        `length` (what the drafts wrote beyond it is overwritten), greedy or Leviathan acceptance against
+        the drafts' distributions `probs`, the accepted tokens and the bonus committed and appended to
+        `out`. Returns (generation done, drafts accepted)."""
+        eng, k = self.engine, len(drafts)
+        tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
+        logits = eng.step(
+            tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
+        )
+        if self.sampler.greedy:
+            preds = logits.argmax(-1).cpu()
+            cands = torch.tensor([drafts], dtype=torch.long).reshape(1 if k else 0, k)
+            verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
+        else:
+            target = [self.sampler.probs(row) for row in logits]
+            verdict = speculative_verify(drafts, probs, target.__getitem__, self.sampler)
+        n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+        rows = verdict.flat_rows(0, 1, k)[:n_new]
+        eng.commit(rows)
+        self.kv.after_commit(eng, len(rows))
+        counts.step(k + 1, k, verdict.accepted, n_new, length)
+        return done, verdict.accepted

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from core.attention import CausalView
 from core.types import Counts, HarnessError
-from decoders.base import extend_output
 from decoders.draft_model import DraftModel
 from decoders.selfspec import SelfSpeculative
 from decoders.verify import greedy_verify, speculative_verify
@@ -117,7 +115,7 @@ class TriForce(SelfSpeculative):
     ) -> None:
         if self.draft is None:
             return super()._decode(prompt, out, max_new_tokens, stop_ids, counts)
-        eng, kv = self.engine, self.kv
+        eng = self.engine
         done, steps = False, 0
         self._recent.clear()
         while not done:
@@ -135,22 +133,8 @@ class TriForce(SelfSpeculative):
                     if tok in stop_ids:
                         break
             eng.crop(length)
-            k = len(pending)
-            tokens = torch.tensor([out[-1], *pending], dtype=torch.long, device=eng.device)
-            logits = eng.step(
-                tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
+            done, accepted = self._verify(
+                out, pending, pending_probs, length, max_new_tokens, stop_ids, counts
             )
-            if self.sampler.greedy:
-                preds = logits.argmax(-1).cpu()
-                cands = torch.tensor([pending], dtype=torch.long).reshape(1 if k else 0, k)
-                verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
-            else:
-                target = [self.sampler.probs(row) for row in logits]
-                verdict = speculative_verify(pending, pending_probs, target.__getitem__, self.sampler)
-            n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
-            rows = verdict.flat_rows(0, 1, k)[:n_new]
-            eng.commit(rows)
-            kv.after_commit(eng, len(rows))
-            counts.step(k + 1, k, verdict.accepted, n_new, length)
             steps += 1
-            self._after_verification(steps, verdict.accepted, k)
+            self._after_verification(steps, accepted, len(pending))
