@@ -63,14 +63,15 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	for e in longspec_table1_cpu longspec_table1_magicdec_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	$(PY) -m analysis.paper
 
-QWEN_NIAH := model=qwen25-coder-0.5b task=longbench_ruler_niah $(RECORDS)
-paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/install.sh --qwen): TriForce Table 1, SFI Tables 4 and 7a on the needle task
+QWEN := model=qwen25-coder-0.5b $(RECORDS)
+QWEN_NIAH := $(QWEN) task=longbench_ruler_niah
+paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/install.sh --qwen): TriForce Table 1, SFI Table 4 (needle and QA), SFI Table 7a on the needle task
 	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(RECORDS)
 	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(RECORDS)
-	$(PY) run.py -m experiment=sfi_table4_dense_cpu $(QWEN_NIAH)
-	$(PY) run.py -m experiment=sfi_table4_sfi_cpu $(QWEN_NIAH)
-	$(PY) run.py -m experiment=sfi_table4_chunkkv_cpu $(QWEN_NIAH)
-	$(PY) run.py -m experiment=sfi_table4_kvpress_cpu kv.press=SnapKVPress,StreamingLLMPress,TOVAPress $(QWEN_NIAH)
+	$(PY) run.py -m experiment=sfi_table4_dense_cpu $(QWEN)
+	$(PY) run.py -m experiment=sfi_table4_sfi_cpu $(QWEN)
+	$(PY) run.py -m experiment=sfi_table4_chunkkv_cpu $(QWEN)
+	$(PY) run.py -m experiment=sfi_table4_kvpress_cpu kv.press=SnapKVPress,StreamingLLMPress,TOVAPress $(QWEN)
 	$(PY) run.py -m experiment=sfi_table7a_cpu kv=sfi_keep50 kv.alpha_cross=0.0,0.35 run.limit=12 $(QWEN_NIAH)
 	$(PY) -m analysis.paper
 

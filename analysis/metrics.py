@@ -138,13 +138,29 @@ def kv_activity(run: pd.DataFrame) -> str:
 
 
 def ours_setup(df: pd.DataFrame, threads: bool = False) -> str:
-    """A caption's "ours" setup from the frame's first row: model (dtype) on device[, threads], code."""
+    """A caption's "ours" setup: model (dtype) on device[, threads] from the frame's first row, and every
+    code version its runs were made with (`code_versions`)."""
     first = df.iloc[0] if len(df) else {}
     threads_text = f"{first.get('threads', '?')} threads, " if threads else ""
     return (
         f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
-        f"{threads_text}code {first.get('git_sha', '?')}"
+        f"{threads_text}{code_versions(df)}"
     )
+
+
+def code_versions(df: pd.DataFrame) -> str:
+    """ "code <sha>" when every run of the frame has one code version; otherwise each version (its sha's
+    first 10 digits and any `-dirty-<digest>` suffix) with its number of runs, most runs first."""
+    if "git_sha" not in df.columns or not len(df):
+        return "code ?"
+    shas = df["git_sha"].astype(str)
+    if shas.nunique() == 1:
+        return f"code {shas.iloc[0]}"
+    runs = df.assign(_sha=shas).groupby("_sha", sort=False)
+    counts = runs["run_id"].nunique() if "run_id" in df.columns else runs.size()
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
+    parts = [f"{sha[:10]}{sha[40:]} ({n} run{'s' if n != 1 else ''})" for sha, n in ordered]
+    return "code versions " + ", ".join(parts)
 
 
 def check_one_run(cell: pd.DataFrame, label: str) -> None:

@@ -114,3 +114,19 @@ def test_a_turn_the_baseline_lacks_gives_no_speedup():
     df = pd.concat([df, df.tail(1).assign(sample_id="extra")], ignore_index=True)  # lookahead only
     row = summarize(df).set_index("decoder").loc["lookahead"]
     assert np.isnan(row["speedup"]) and "baseline lacks 1" in row["note"]
+
+
+def test_caption_names_every_code_version_of_its_runs():
+    """A table made from runs of several code versions says so in its caption, with runs per version;
+    one version is named whole as before."""
+    from analysis.metrics import code_versions, ours_setup
+
+    sha_a, sha_b = "a" * 40, "b" * 40 + "-dirty-0123456789"
+    one = pd.DataFrame({"git_sha": [sha_a, sha_a], "run_id": ["r1", "r1"]})
+    assert code_versions(one) == f"code {sha_a}"
+    mixed = pd.DataFrame({"git_sha": [sha_a, sha_b, sha_b, sha_b], "run_id": ["r1", "r2", "r3", "r3"]})
+    assert code_versions(mixed) == "code versions bbbbbbbbbb-dirty-0123456789 (2 runs), aaaaaaaaaa (1 run)"
+    assert ours_setup(mixed.assign(model="m", dtype="float32", device_name="cpu")).endswith(
+        "code versions bbbbbbbbbb-dirty-0123456789 (2 runs), aaaaaaaaaa (1 run)"
+    )
+    assert code_versions(pd.DataFrame({"x": [1]})) == "code ?"
