@@ -71,23 +71,25 @@ class _Tee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def recorded(name: str) -> Iterator[None]:
-    """Run a benchmark's main() inside: its stdout is also written as `<name>.md` + `<name>.json`. The
+def recorded(name: str, module: str | None = None) -> Iterator[None]:
+    """Run a benchmark's main() inside: its stdout is also written as `<name>.md` + `<name>.json`, with
+    the command that ran (`python -m <module>`, default `benchmarks.<name>`, and its arguments). The
     environment (code version included) is taken before the benchmark runs: the code that ran, even
     when files change while it does."""
     env = environment()
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         yield
-    write(name, tee.buffer_text.getvalue(), env)
+    write(name, tee.buffer_text.getvalue(), env, module)
 
 
-def write(name: str, text: str, env: dict[str, object]) -> Path | None:
+def write(name: str, text: str, env: dict[str, object], module: str | None = None) -> Path | None:
     folder = out_dir(env)
     if folder is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks." + name + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+    args = " " + shlex.join(sys.argv[1:]) if sys.argv[1:] else ""
+    command = f"python -m {module or 'benchmarks.' + name}{args}"
     header = "\n".join(f"- {k}: {v}" for k, v in env.items())
     (folder / f"{name}.md").write_text(f"# {name}\n\n`{command}`\n\n{header}\n\n```\n{text.rstrip()}\n```\n")
     blob = {"benchmark": name, "command": command, "environment": env, "output": text.splitlines()}

@@ -156,5 +156,5 @@ if __name__ == "__main__":
 
     from benchmarks.output import recorded
 
-    with recorded(output_name(sys.argv[1:])):
+    with recorded(output_name(sys.argv[1:]), module="benchmarks.probe_retrieval_needle"):
         main()

