@@ -12,8 +12,12 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from core.engine import Engine
 
 NEAR_TIE = 1e-4
 
@@ -206,3 +210,35 @@ def prompts_lossless(lm, makers: list, prompts: list[tuple[str, list[int]]], max
             notes.append(f"{label}{tie} tau {counts.tau:.2f} {time.perf_counter() - t0:.0f}s")
         print(f"[lossless] {name} ({len(prompt)} tokens): {', '.join(notes)}", flush=True)
     return taus
+
+
+def tiny_sampling_case(
+    n: int, sampler_kw: dict, vocab_size: int = 16, seed: int = 4
+) -> tuple[Engine, list[int], dict[tuple, float]]:
+    """The sampling-losslessness setting the decoders share: a tiny random Llama with a small vocabulary,
+    a prompt that ends in its own greedy text (so drafts and n-grams get accepted), and the exact
+    distribution of its first `n` sampled tokens under `sampler_kw`."""
+    from core.engine import Engine
+    from core.models import load_model
+    from core.sampling import Sampler
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+
+    tiny = dict(vocab_size=vocab_size)
+    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=seed, tiny=tiny)
+    eng = Engine(lm.model)
+    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
+    return eng, prompt, exact_distribution(eng, prompt, n, Sampler(**sampler_kw))
+
+
+def sample_generations(dec, prompt: list[int], n: int, runs: int) -> tuple[list[tuple], Counter]:
+    """`runs` sampled n-token generations of `dec` and the sums of their counts' acceptance fields
+    (`accepted`, `accepted_l1`)."""
+    from core.types import Counts
+
+    samples, totals = [], Counter()
+    for _ in range(runs):
+        counts = Counts(keep_steps=False)
+        samples.append(tuple(dec.generate(prompt, n, set(), counts)))
+        totals.update(accepted=counts.accepted, accepted_l1=counts.accepted_l1)
+    return samples, totals

@@ -19,7 +19,13 @@ from decoders.longspec_draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.lossless_check import (
+    check_lossless,
+    chi_square_pvalue,
+    mtbench_lossless,
+    sample_generations,
+    tiny_sampling_case,
+)
 from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,8 +45,8 @@ class TargetDraft:
 
     vocab_ids = None  # drafts over the whole vocabulary
 
-    def __init__(self, lm, window: int = 8) -> None:
-        self.eng = Engine(lm.model)
+    def __init__(self, model, window: int = 8) -> None:
+        self.eng = Engine(model)  # an engine of its own over the target's weights
         self.window, self.target_layer, self.label = window, 0, "the target as its own draft (tests)"
         self.seq: list[int] = []
         self.cached = 0
@@ -88,7 +94,7 @@ class TargetDraft:
 def make(eng, tree: str, draft: str, lm=None, **kw) -> LongSpec:
     depth, widths = TREES[tree]
     if draft == "target":
-        return LongSpec(eng, depth=depth, widths=widths, draft_module=TargetDraft(lm), **kw)
+        return LongSpec(eng, depth=depth, widths=widths, draft_module=TargetDraft(lm.model), **kw)
     return LongSpec(eng, depth=depth, widths=widths, checkpoint="random", window=16, **kw)
 
 
@@ -363,25 +369,16 @@ def test_tree_sampling_rule_draws_from_the_target():
 def test_sampling_is_lossless_in_distribution(draft):
     """First 3 sampled tokens of LongSpec (a small tree) fit the exact vanilla-sampling distribution."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
-    lm = load_model(
-        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
-    )
-    eng = Engine(lm.model)
-    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
-    exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    eng, prompt, exact = tiny_sampling_case(3, sampler_kw)
     widths = [3, 3]
     sampler = Sampler(seed=1, **sampler_kw)
     if draft == "target":
-        dec = LongSpec(eng, depth=2, widths=widths, sampler=sampler, draft_module=TargetDraft(lm))
+        dec = LongSpec(eng, depth=2, widths=widths, sampler=sampler, draft_module=TargetDraft(eng.model))
     else:
         dec = LongSpec(eng, depth=2, widths=widths, sampler=sampler, checkpoint="random")
-    samples, accepted = [], 0
-    for _ in range(800):
-        counts = Counts(keep_steps=False)
-        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
-        accepted += counts.accepted
+    samples, totals = sample_generations(dec, prompt, 3, 800)
     if draft == "target":
-        assert accepted > 400  # drafts are really accepted under sampling
+        assert totals["accepted"] > 400  # drafts are really accepted under sampling
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 

@@ -10,13 +10,18 @@ import pytest
 import torch
 
 from core.engine import Engine
-from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts
 from decoders.pld import PromptLookup, find_candidate
 from decoders.vanilla import Vanilla
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.lossless_check import (
+    check_lossless,
+    chi_square_pvalue,
+    mtbench_lossless,
+    sample_generations,
+    tiny_sampling_case,
+)
 from tests.test_lossless_lookahead import varied_prompts
 
 CONFIGS = [(1, 1), (1, 4), (2, 10), (3, 5), (4, 20)]
@@ -104,19 +109,10 @@ def test_bad_parameters(refs):
 def test_sampling_is_lossless_in_distribution():
     """First 3 sampled tokens: PLD's joint distribution fits the exact vanilla-sampling one."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
-    lm = load_model(
-        "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)
-    )
-    eng = Engine(lm.model)
-    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
-    exact = exact_distribution(eng, prompt, 3, Sampler(**sampler_kw))
+    eng, prompt, exact = tiny_sampling_case(3, sampler_kw)
     dec = PromptLookup(eng, num_tokens=3, sampler=Sampler(seed=1, **sampler_kw))
-    samples, accepted = [], 0
-    for _ in range(800):
-        counts = Counts(keep_steps=False)
-        samples.append(tuple(dec.generate(prompt, 3, set(), counts)))
-        accepted += counts.accepted
-    assert accepted > 120  # drafts are really accepted under sampling
+    samples, totals = sample_generations(dec, prompt, 3, 800)
+    assert totals["accepted"] > 120  # drafts are really accepted under sampling
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 

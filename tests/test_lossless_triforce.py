@@ -23,10 +23,11 @@ from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
-    exact_distribution,
     mtbench_lossless,
     prompts_lossless,
+    sample_generations,
     task_prompts,
+    tiny_sampling_case,
 )
 from tests.test_lossless_lookahead import varied_prompts
 from tests.test_lossless_selfspec import POLICIES
@@ -168,23 +169,16 @@ def test_sampling_is_lossless_in_distribution():
     """First 4 sampled tokens of TriForce (separate draft model, StreamingLLM middle level) fit the
     exact vanilla-sampling distribution."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=5)
+    eng, prompt, exact = tiny_sampling_case(4, sampler_kw, vocab_size=12)
     tiny = dict(vocab_size=12)
-    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=tiny)
     other = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=5, tiny=tiny)
-    eng = Engine(lm.model)
-    prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())
-    exact = exact_distribution(eng, prompt, 4, Sampler(**sampler_kw))
     draft = DraftModel(Engine(other.model), "tiny", 12, budget=16, sinks=2, room=8)
     dec = TriForce(
         eng, kv=build_policy("streaming", budget=8), gamma1=2, gamma2=2, draft=draft,
         sampler=Sampler(seed=1, **sampler_kw),
     )  # fmt: skip
-    samples, acc1, acc2 = [], 0, 0
-    for _ in range(1000):
-        counts = Counts(keep_steps=False)
-        samples.append(tuple(dec.generate(prompt, 4, set(), counts)))
-        acc1, acc2 = acc1 + counts.accepted_l1, acc2 + counts.accepted
-    assert acc1 > 100 and acc2 > 100  # both levels really accept under sampling
+    samples, totals = sample_generations(dec, prompt, 4, 1000)
+    assert totals["accepted_l1"] > 100 and totals["accepted"] > 100  # both levels accept under sampling
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 
