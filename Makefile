@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs paper-runs-qwen train-longspec
+.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs paper-runs-qwen paper-runs-qwen15 train-longspec
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -73,6 +73,12 @@ paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/insta
 	$(PY) run.py -m experiment=sfi_table4_chunkkv_cpu $(QWEN)
 	$(PY) run.py -m experiment=sfi_table4_kvpress_cpu kv.press=SnapKVPress,StreamingLLMPress,TOVAPress $(QWEN)
 	$(PY) run.py -m experiment=sfi_table7a_cpu kv=sfi_keep50 kv.alpha_cross=0.0,0.35 run.limit=12 $(QWEN_NIAH)
+	$(PY) -m analysis.paper
+
+QWEN15 := model=qwen25-coder-1.5b $(RECORDS)
+paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/install.sh --qwen15): TriForce Table 1 on the needle task
+	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(QWEN15)
+	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(QWEN15)
 	$(PY) -m analysis.paper
 
 lint:
