@@ -27,7 +27,7 @@ from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 
-KINDS = ("none", "self_layers", "hub", "tiny")
+KINDS = ("none", "self_layers", "hub", "packaged", "tiny")
 
 
 class DraftModel:
@@ -172,10 +172,18 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
     else:
         name = cfg.get("name")
         if not name or name == "???":
+            if kind == "packaged":
+                from core.models import PACKAGED_GGUF
+
+                known = ", ".join(PACKAGED_GGUF)
+                raise HarnessError(f"draft.kind=packaged needs draft.name=<one of {known}>")
             raise HarnessError("draft=hf needs draft.name=<hub id or local folder>")
-        lm = load_model(
-            "hub", str(name), dtype=dtype, device=str(target.device), revision=cfg.get("revision")
-        )
+        if kind == "packaged":  # an offline model of core.models.PACKAGED_GGUF, e.g. qwen25-coder-0.5b
+            lm = load_model("packaged", str(name), dtype=dtype, device=str(target.device))
+        else:
+            lm = load_model(
+                "hub", str(name), dtype=dtype, device=str(target.device), revision=cfg.get("revision")
+            )
         label = str(name)
     check_same_vocabulary(target_lm.tokenizer, lm.tokenizer, label)
     return DraftModel(Engine(lm.model, prefill_chunk=target.prefill_chunk), label, vocab, **cache)

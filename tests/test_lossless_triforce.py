@@ -232,6 +232,19 @@ def test_build_draft_from_the_config_group(refs, tiny_lm):
         build_draft(OmegaConf.create({"kind": "nope"}), tiny_lm, eng)
     with pytest.raises(HarnessError, match="draft=hf needs draft.name"):
         build_draft(OmegaConf.create({"kind": "hub", "name": "???"}), tiny_lm, eng)
+    with pytest.raises(HarnessError, match="draft.kind=packaged needs draft.name=<one of smollm2-135m"):
+        build_draft(OmegaConf.create({"kind": "packaged"}), tiny_lm, eng)
+
+
+@needs_smollm
+def test_a_packaged_draft_of_another_vocabulary_is_refused(tiny_lm):
+    """draft.kind=packaged loads an offline model as the draft; the vocabulary check still applies (the
+    packaged SmolLM2 against a tiny random target)."""
+    from omegaconf import OmegaConf
+
+    eng = Engine(tiny_lm.model)
+    with pytest.raises(HarnessError, match="vocabulary"):
+        build_draft(OmegaConf.create({"kind": "packaged", "name": "smollm2-135m"}), tiny_lm, eng)
 
 
 # --- SmolLM2 ----------------------------------------------------------------------------------------
