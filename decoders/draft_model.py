@@ -169,21 +169,22 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
             seed=int(cfg.get("seed", 1)), tiny=dict(cfg.get("tiny") or {}),
         )  # fmt: skip
         label = f"tiny random {cfg.get('arch', 'llama')} (tests)"
+    elif kind == "packaged":  # an offline model of core.models.PACKAGED_GGUF, e.g. qwen25-coder-0.5b
+        from core.models import PACKAGED_GGUF
+
+        name = cfg.get("name")
+        if not name or name == "???":
+            known = ", ".join(PACKAGED_GGUF)
+            raise HarnessError(f"draft.kind=packaged needs draft.name=<one of {known}>")
+        lm = load_model("packaged", str(name), dtype=dtype, device=str(target.device))
+        label = str(name)
     else:
         name = cfg.get("name")
         if not name or name == "???":
-            if kind == "packaged":
-                from core.models import PACKAGED_GGUF
-
-                known = ", ".join(PACKAGED_GGUF)
-                raise HarnessError(f"draft.kind=packaged needs draft.name=<one of {known}>")
             raise HarnessError("draft=hf needs draft.name=<hub id or local folder>")
-        if kind == "packaged":  # an offline model of core.models.PACKAGED_GGUF, e.g. qwen25-coder-0.5b
-            lm = load_model("packaged", str(name), dtype=dtype, device=str(target.device))
-        else:
-            lm = load_model(
-                "hub", str(name), dtype=dtype, device=str(target.device), revision=cfg.get("revision")
-            )
+        lm = load_model(
+            "hub", str(name), dtype=dtype, device=str(target.device), revision=cfg.get("revision")
+        )
         label = str(name)
     check_same_vocabulary(target_lm.tokenizer, lm.tokenizer, label)
     return DraftModel(Engine(lm.model, prefill_chunk=target.prefill_chunk), label, vocab, **cache)

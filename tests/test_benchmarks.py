@@ -178,8 +178,8 @@ def test_step_clock_records_every_forward_and_returns_its_logits(tiny_lm):
     ref = Vanilla(Engine(tiny_lm.model)).generate([5, 6, 7], 6, set(), Counts())
     clock = StepClock(eng)
     assert Vanilla(eng).generate([5, 6, 7], 6, set(), Counts()) == ref
-    assert [(rows, length) for rows, length, _, _ in clock.calls] == [(3, 0)] + [(1, 3 + i) for i in range(5)]
-    assert all(s > 0 for _, _, s, _ in clock.calls)
+    assert [(rows, length) for rows, length, _ in clock.calls] == [(3, 0)] + [(1, 3 + i) for i in range(5)]
+    assert all(s > 0 for _, _, s in clock.calls)
 
 
 def test_longspec_forward_clock_times_decode_forwards_and_restores_the_engine(tiny_lm):
