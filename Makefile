@@ -55,6 +55,7 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(RECORDS)
 	for e in triforce_table1_cpu triforce_table8a_cpu triforce_table8b_cpu triforce_figure6a_cpu \
 	  triforce_figure6b_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
+	$(PY) run.py -m experiment=triforce_table1_cpu kv=retrieval decoder.rebuild_every=1 $(RECORDS)
 	for e in fafo_table10_baselines fafo_table10_triforce fafo_table10; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) $(CPU_T10) || exit 1; done
 	for e in sfi_table4_dense_cpu sfi_table4_sfi_cpu sfi_table4_chunkkv_cpu sfi_table4_kvpress_cpu \
@@ -68,6 +69,7 @@ QWEN_NIAH := $(QWEN) task=longbench_ruler_niah
 paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/install.sh --qwen): TriForce Table 1, SFI Table 4 (needle and QA), SFI Table 7a on the needle task
 	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(RECORDS)
 	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(RECORDS)
+	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval decoder.rebuild_every=1 $(RECORDS)
 	$(PY) run.py -m experiment=sfi_table4_dense_cpu $(QWEN)
 	$(PY) run.py -m experiment=sfi_table4_sfi_cpu $(QWEN)
 	$(PY) run.py -m experiment=sfi_table4_chunkkv_cpu $(QWEN)
@@ -79,6 +81,7 @@ QWEN15 := model=qwen25-coder-1.5b $(RECORDS)
 paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/install.sh --qwen and --qwen15): TriForce Table 1 on the needle task, TriForce with the 0.5B as its draft model (Table 8, gamma1=2)
 	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(QWEN15)
 	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(QWEN15)
+	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval decoder.rebuild_every=1 $(QWEN15)
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(QWEN15)
 	$(PY) run.py experiment=triforce_table8a_cpu draft=qwen25-coder-0.5b decoder.gamma1=2 $(QWEN15)
 	$(PY) -m analysis.paper

@@ -48,13 +48,21 @@ def policy_of(kv: str) -> str:
 
 
 def _variant(row: pd.Series) -> str:
-    """What sets a retrieval run apart from the default one: its GQA chunk scoring when not `logit`."""
+    """What sets a retrieval run apart from the default one (the paper's: built once from the last
+    prompt query, logit GQA scoring): a GQA chunk scoring other than `logit`, and rebuilds during
+    generation (`decoder.rebuild_every`, `decoder.rebuild_below`)."""
+    if row["kv"] != "retrieval":
+        return ""
+    out = ""
     score = row.get("kv.gqa_score")
-    return (
-        f" gqa_score={score}"
-        if row["kv"] == "retrieval" and isinstance(score, str) and score != "logit"
-        else ""
-    )
+    if isinstance(score, str) and score != "logit":
+        out += f" gqa_score={score}"
+    every, below = row.get("decoder.rebuild_every"), row.get("decoder.rebuild_below")
+    if isinstance(every, (int, float)) and every == every and every > 0:
+        out += f" rebuilt every {int(every)} verification{'s' if every > 1 else ''}"
+    if isinstance(below, (int, float)) and below == below and below > 0:
+        out += f" rebuilt below acceptance {below:g}"
+    return out
 
 
 def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:

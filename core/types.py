@@ -47,6 +47,7 @@ class Counts:
         self.drafted_l1 = 0  # hierarchy, level 1: draft-model tokens checked by the target over the policy
         self.accepted_l1 = 0  # ... and accepted there (the final level is `drafted` / `accepted`)
         self.slow_steps = 0  # SFI: dense steps that chose the sparse set again (the rest are fast steps)
+        self.kv_rebuilds = 0  # times a drafting decoder had the KV policy choose its selection again
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
@@ -85,6 +86,12 @@ class Counts:
         self.draft_model_forwards += 1
         if self.keep_steps:
             self.steps.append(StepRecord(block_tokens, 0, 0, 0, cache_len, draft=True, draft_model=True))
+
+    def kv_rebuild(self, kv_read: float) -> None:
+        """The KV policy chose its selection again (`KVPolicy.rebuild`), reading `kv_read` cached
+        entries per layer and KV head (keys count half an entry); the reads count with the forwards'."""
+        self.kv_rebuilds += 1
+        self.kv_attended += round(kv_read)
 
     @property
     def tau(self) -> float:

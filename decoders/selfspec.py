@@ -77,12 +77,12 @@ class SelfSpeculative(BaseDecoder):
             "rebuild_window": self.rebuild_window,
         }
 
-    def _after_verification(self, step: int, accepted: int, drafted: int) -> None:
+    def _after_verification(self, step: int, accepted: int, drafted: int, counts: Counts) -> None:
         """TriForce's rebuild rule for the policy's selection (kv=retrieval): every `rebuild_every`
         verifications, or when the acceptance over the last `rebuild_window` verifications drops below
         `rebuild_below` (then the window starts afresh)."""
         if self.rebuild_every and step % self.rebuild_every == 0:
-            self.kv.rebuild(self.engine)
+            counts.kv_rebuild(self.kv.rebuild(self.engine))
             self._recent.clear()
             return
         if not self.rebuild_below:
@@ -92,7 +92,7 @@ class SelfSpeculative(BaseDecoder):
         total = sum(d for _, d in self._recent)
         full = len(self._recent) == self.rebuild_window and total
         if full and sum(a for a, _ in self._recent) / total < self.rebuild_below:
-            self.kv.rebuild(self.engine)
+            counts.kv_rebuild(self.kv.rebuild(self.engine))
             self._recent.clear()
 
     def max_block(self) -> int:
@@ -136,7 +136,7 @@ class SelfSpeculative(BaseDecoder):
             drafts, probs = self._draft(out[-1], length, n, stop_ids, counts) if n > 0 else ([], [])
             done, accepted = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
             steps += 1
-            self._after_verification(steps, accepted, len(drafts))
+            self._after_verification(steps, accepted, len(drafts), counts)
 
     def _verify(
         self,

@@ -137,4 +137,4 @@ class TriForce(SelfSpeculative):
                 out, pending, pending_probs, length, max_new_tokens, stop_ids, counts
             )
             steps += 1
-            self._after_verification(steps, accepted, len(pending))
+            self._after_verification(steps, accepted, len(pending), counts)

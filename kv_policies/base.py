@@ -184,8 +184,10 @@ class KVPolicy:
     def after_commit(self, engine: Any, n_new: int) -> None:
         pass
 
-    def rebuild(self, engine: Any) -> None:
-        """Choose the selection again from what has been observed (a drafting decoder's stride)."""
+    def rebuild(self, engine: Any) -> float:
+        """Choose the selection again from what has been observed (a drafting decoder's stride).
+        Returns the cached entries it read per layer and KV head (keys count half an entry)."""
+        return 0.0
 
     def params(self) -> dict:
         return {}

@@ -14,6 +14,11 @@ chunk is always kept (attention sink), so is the last, partial chunk when L is n
 committed after the build (the generated tokens) are always visible: TriForce writes them over the
 least important slots of a fixed cache; here they are kept on top of the budget until the next
 rebuild (the decoder's stride, `decoder.rebuild_every`), a stated simplification.
+
+Rebuilds are cheap: committed keys never change, so each full chunk's mean key is computed once and
+kept (per layer, `[n_kv_heads, chunks, head_dim]`); a rebuild reads the keys of the chunks completed
+since the last one and scores the query against the kept means. `rebuild` returns what it read in
+cached-entry units (a key is half an entry), averaged over layers, for the decoder's KV-read count.
 """
 
 from __future__ import annotations
@@ -28,18 +33,29 @@ from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget
 GQA_SCORES = ("logit", "prob")
 
 
-def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, gqa: str = "logit") -> torch.Tensor:
-    """Scores `[n_kv_heads, L // chunk]` of the full chunks of keys `k [n_kv_heads, L, d]` against the
-    query `q [n_heads, d]`: per query head q . mean key, then over each KV head's query heads the mean
-    of those logits (`gqa="logit"`) or of their softmaxes over the chunks (`gqa="prob"`)."""
+def chunk_means(k: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Mean keys `[n_kv_heads, L // chunk, d]` (fp32) of the full chunks of `k [n_kv_heads, L, d]`."""
     hkv, length, d = k.shape
     n = length // chunk
-    kbar = k[:, : n * chunk].float().reshape(hkv, n, chunk, d).mean(2)
+    return k[:, : n * chunk].float().reshape(hkv, n, chunk, d).mean(2)
+
+
+def mean_key_scores(q: torch.Tensor, kbar: torch.Tensor, gqa: str = "logit") -> torch.Tensor:
+    """Scores `[n_kv_heads, chunks]` of mean keys `kbar` against the query `q [n_heads, d]`: per query
+    head q . mean key, then over each KV head's query heads the mean of those logits (`gqa="logit"`)
+    or of their softmaxes over the chunks (`gqa="prob"`)."""
+    hkv, _, d = kbar.shape
     qg = q.float().reshape(hkv, q.shape[0] // hkv, d)
     logits = qg @ kbar.transpose(1, 2)  # [hkv, group, n]
     if gqa == "prob":
         return logits.softmax(-1).mean(1)
     return logits.mean(1)
+
+
+def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, gqa: str = "logit") -> torch.Tensor:
+    """Scores `[n_kv_heads, L // chunk]` of the full chunks of keys `k [n_kv_heads, L, d]` against the
+    query `q [n_heads, d]` (`mean_key_scores` of their `chunk_means`)."""
+    return mean_key_scores(q, chunk_means(k, chunk), gqa)
 
 
 class Retrieval(KVPolicy):
@@ -70,6 +86,7 @@ class Retrieval(KVPolicy):
         self.built_len = 0
         self._q: dict[int, torch.Tensor] = {}
         self._keep: dict[int, torch.Tensor] = {}
+        self._means: dict[int, torch.Tensor] = {}  # per layer: mean keys of the full chunks so far
 
     def min_budget(self) -> int:
         return 2 * self.chunk
@@ -92,7 +109,7 @@ class Retrieval(KVPolicy):
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.built_len = prompt_len, 0
-        self._q, self._keep = {}, {}
+        self._q, self._keep, self._means = {}, {}, {}
         super().reset(prompt_len, context_len)
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
@@ -117,29 +134,52 @@ class Retrieval(KVPolicy):
             self.rebuild(engine)
 
     @torch.inference_mode()
-    def rebuild(self, engine: Any) -> None:
+    def rebuild(self, engine: Any) -> float:
         length = engine.length
         if length <= self.budget or len(self._q) != engine.cache.n_layers:
-            return
-        pos = torch.arange(length, device=engine.device)
+            return 0.0
+        keys_read = 0
         for layer, q in self._q.items():
-            k = self.gather_keys(layer, engine.cache.k[layer, :, :length], pos)
-            self._keep[layer] = self.choose(q, k)
+            if layer < self.dense_layers:
+                continue
+            kbar, new = self._chunk_means(engine, layer, length)
+            keys_read += new + kbar.shape[1]
+            self._keep[layer] = self.choose_from_means(q, kbar, length)
         self.built_len = length
+        return keys_read / 2 / engine.cache.n_layers
+
+    def _chunk_means(self, engine: Any, layer: int, length: int) -> tuple[torch.Tensor, int]:
+        """The layer's mean keys of the full chunks of `[0, length)`, and how many keys were read to
+        bring them up to date (only the chunks completed since the last call)."""
+        c = self.chunk
+        old = self._means.get(layer)
+        done = 0 if old is None else old.shape[1]
+        n = length // c
+        if n == done:
+            assert old is not None
+            return old, 0
+        pos = torch.arange(done * c, n * c, device=engine.device)
+        fresh = chunk_means(self.gather_keys(layer, engine.cache.k[layer, :, :length], pos), c)
+        kbar = fresh if old is None else torch.cat([old, fresh], dim=1)
+        self._means[layer] = kbar
+        return kbar, len(pos)
 
     def choose(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """bool `[n_kv_heads, L]`: chunk 0, the partial last chunk, and the top-scoring other chunks."""
-        hkv, length, _ = k.shape
+        return self.choose_from_means(q, chunk_means(k, self.chunk), k.shape[1])
+
+    def choose_from_means(self, q: torch.Tensor, kbar: torch.Tensor, length: int) -> torch.Tensor:
+        """`choose` from the mean keys `kbar [n_kv_heads, length // chunk, d]` of the full chunks."""
+        hkv, n, _ = kbar.shape
         c = self.chunk
-        n = length // c
         partial = length - n * c
-        keep_chunks = torch.zeros(hkv, n, dtype=torch.bool, device=k.device)
+        keep_chunks = torch.zeros(hkv, n, dtype=torch.bool, device=kbar.device)
         keep_chunks[:, 0] = True
         room = self.n_chunks - 1 - (1 if partial else 0)
         if room > 0 and n > 1:
-            scores = chunk_scores(q, k, c, self.gqa_score)[:, 1:]
+            scores = mean_key_scores(q, kbar, self.gqa_score)[:, 1:]
             keep_chunks.scatter_(1, 1 + scores.topk(min(room, n - 1), dim=1).indices, True)
-        keep = torch.ones(hkv, length, dtype=torch.bool, device=k.device)
+        keep = torch.ones(hkv, length, dtype=torch.bool, device=kbar.device)
         keep[:, : n * c] = keep_chunks.repeat_interleave(c, dim=1)
         return keep
 

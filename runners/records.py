@@ -40,6 +40,7 @@ SAMPLE_COLUMNS = {
     "drafted_l1": "Int64",
     "accepted_l1": "Int64",
     "slow_steps": "Int64",
+    "kv_rebuilds": "Int64",
     "drafted": "Int64",
     "accepted": "Int64",
     "committed": "Int64",

@@ -390,6 +390,7 @@ class Runner:
             "drafted_l1": counts.drafted_l1,
             "accepted_l1": counts.accepted_l1,
             "slow_steps": counts.slow_steps,
+            "kv_rebuilds": counts.kv_rebuilds,
             "drafted": counts.drafted,
             "accepted": counts.accepted,
             "committed": counts.committed,

@@ -15,7 +15,7 @@ from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
 from decoders.verify import speculative_verify
 from kv_policies.base import build_policy
-from kv_policies.retrieval import Retrieval, chunk_scores
+from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
 from tests.conftest import needs_smollm
 from tests.lossless_check import (
     check_lossless,
@@ -252,3 +252,27 @@ def test_rebuild_when_acceptance_drops(refs):
             SelfSpeculative(eng, rebuild_below=bad)
     with pytest.raises(HarnessError, match="rebuild_window must be a positive integer"):
         SelfSpeculative(eng, rebuild_window=0)
+
+
+@pytest.mark.parametrize("backend", ["dense", "sliced"])
+def test_rebuild_every_verification_updates_chunk_means_incrementally(refs, backend):
+    """decoder.rebuild_every=1: the kept chunk means grow with the committed cache and the last
+    selection equals one chosen from scratch over every committed key; each rebuild is counted with
+    the keys it read (new chunks + the kept means, half an entry each)."""
+    eng, cases = refs
+    prompt, ref = cases[2]
+    pol = build_policy("retrieval", budget=24, chunk=4, backend=backend, dense_layers=1)
+    counts = Counts()
+    dec = SelfSpeculative(eng, kv=pol, gamma=3, rebuild_every=1)
+    check_lossless(eng, prompt, ref, dec.generate(prompt, N_NEW, set(), counts))
+    assert counts.kv_rebuilds == counts.forwards
+    assert 0 not in pol._means and set(pol._means) == set(range(1, eng.w.n_layers))
+    built = pol.built_len
+    pos = torch.arange(built)
+    for layer, kbar in pol._means.items():
+        keys = pol.gather_keys(layer, eng.cache.k[layer, :, :built], pos)
+        assert kbar.shape[1] == built // 4
+        torch.testing.assert_close(kbar, chunk_means(keys, 4))
+        assert torch.equal(pol._keep[layer], pol.choose(pol._q[layer], keys))
+    again = pol.rebuild(eng)  # nothing new committed: only the kept means are read
+    assert again == pytest.approx((built // 4) * (eng.w.n_layers - 1) / 2 / eng.w.n_layers)

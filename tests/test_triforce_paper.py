@@ -144,3 +144,14 @@ def test_table1_keeps_a_retrieval_run_with_another_gqa_scoring_apart():
     assert t.loc["retrieval", "ours_acceptance"] == pytest.approx(0.5)
     assert t.loc["retrieval gqa_score=prob", "ours_acceptance"] == pytest.approx(0.8)
     assert set(t["policy"]) == {"Retrieval"} and t["paper_acceptance"].notna().all()
+
+
+def test_table1_keeps_a_rebuilt_retrieval_run_apart_from_the_papers_build_once():
+    niah = "longbench_ruler_niah"
+    once = [dict(r, **{"decoder.rebuild_every": 0}) for r in rows("b", "retrieval", niah, 10, 4)]
+    every = [dict(r, **{"decoder.rebuild_every": 1}) for r in rows("e", "retrieval", niah, 10, 9)]
+    below = [dict(r, **{"decoder.rebuild_below": 0.5}) for r in rows("w", "retrieval", niah, 10, 6)]
+    t = tp.table1(pd.DataFrame(once + every + below)).set_index("kv")
+    assert t.loc["retrieval", "ours_acceptance"] == pytest.approx(0.4)
+    assert t.loc["retrieval rebuilt every 1 verification", "ours_acceptance"] == pytest.approx(0.9)
+    assert t.loc["retrieval rebuilt below acceptance 0.5", "ours_acceptance"] == pytest.approx(0.6)
