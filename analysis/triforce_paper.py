@@ -111,7 +111,8 @@ def _ratio(num: pd.Series, den: pd.Series) -> float:
 
 
 def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
-    """decoder=triforce runs by (gamma1, gamma2), against the vanilla run of the same environment."""
+    """decoder=triforce runs by (gamma1, gamma2, retrieval variant: `_variant`), against the vanilla run
+    of the same environment."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
     df = one_setup(ok[ok["decoder"].isin(["triforce", "vanilla"])])
     paper = pd.read_csv(paper_csv)
@@ -120,9 +121,10 @@ def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     for _, group in df.groupby(ENV, sort=True):
         base = baseline_of(group)
         tri = group[group["decoder"] == "triforce"]
-        for (g1, g2), run in tri.groupby(["decoder.gamma1", "decoder.gamma2"], sort=True):
+        tri = tri.assign(variant=tri.apply(_variant, axis=1) if len(tri) else "")
+        for (g1, g2, variant), run in tri.groupby(["decoder.gamma1", "decoder.gamma2", "variant"], sort=True):
             g1, g2 = int(g1), int(g2)
-            check_one_run(run, f"triforce gamma1={g1} gamma2={g2} on {run['task'].iloc[0]}")
+            check_one_run(run, f"triforce gamma1={g1} gamma2={g2}{variant} on {run['task'].iloc[0]}")
             setting = f"hw=1xA100-80GB;gamma1={g1};gamma2={g2}"
             p = paper[paper["setting"] == setting]
             paired = paired_speedup(run, base)
@@ -130,7 +132,7 @@ def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
             rows.append(
                 {
                     "task": TASK.get(first["task"], first["task"]),
-                    "kv": first["kv"],
+                    "kv": f"{first['kv']}{variant}",
                     "draft": first.get("draft", "none"),
                     "gamma1": g1,
                     "gamma2": g2,

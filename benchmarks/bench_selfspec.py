@@ -8,6 +8,8 @@ Methods, all lossless (`exact` = outputs identical to vanilla's, fp32):
 - vanilla (kv=full), the baseline;
 - MagicDec: decoder=selfspec (gamma 6) drafting through kv=streaming;
 - retrieval w/o hierarchy: decoder=selfspec (gamma 6) drafting through kv=retrieval (chunk 8);
+- the same with the retrieval cache rebuilt after every verification from the latest draft query
+  (decoder.rebuild_every=1; ours, the paper builds it once);
 - TriForce: decoder=triforce (gamma1 2, gamma2 6) with kv=retrieval and the offline layer-truncated
   self-draft (the target's first --draft-layers layers; NOT the paper's JackFram/llama-68m).
 The draft caches use the compressed-region `sliced` backend (attention really skips the unselected
@@ -53,9 +55,9 @@ Maker = Callable[[Engine, float], BaseDecoder]
 
 
 def methods(draft_layers: int) -> dict[str, Maker]:
-    def selfspec(policy: str, **kw) -> Maker:
+    def selfspec(policy: str, rebuild_every: int = 0) -> Maker:
         return lambda e, f: SelfSpeculative(
-            e, kv=build_policy(policy, budget_frac=f, backend="sliced", **kw), gamma=6
+            e, kv=build_policy(policy, budget_frac=f, backend="sliced"), gamma=6, rebuild_every=rebuild_every
         )
 
     def triforce(e: Engine, f: float) -> BaseDecoder:
@@ -68,6 +70,7 @@ def methods(draft_layers: int) -> dict[str, Maker]:
         "vanilla": lambda e, f: Vanilla(e),
         "MagicDec (selfspec+streaming)": selfspec("streaming"),
         "retrieval w/o hierarchy (selfspec)": selfspec("retrieval"),
+        "retrieval rebuilt every verification": selfspec("retrieval", rebuild_every=1),
         f"TriForce (self-draft {draft_layers} layers)": triforce,
     }
 

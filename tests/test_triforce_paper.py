@@ -103,6 +103,10 @@ def test_table8_speedups_from_the_vanilla_run_of_the_same_environment():
     assert "self-draft" in t.attrs["caption"] and "JackFram/llama-68m" in t.attrs["caption"]
     no_base = tp.table8(df[df["decoder"] == "triforce"])
     assert no_base["speedup"].isna().all() and "no vanilla" in no_base["note"].iloc[0]
+    rebuilt = [dict(r, **{"decoder.rebuild_every": 1}) for r in tri_rows("r26", "triforce", 2, 6, 4.0, 50.0)]
+    both = tp.table8(pd.concat([df, pd.DataFrame(rebuilt)])).set_index("kv")
+    assert both.loc["retrieval rebuilt every 1 verification", "speedup"] == pytest.approx(1.0)
+    assert both.loc["retrieval", "gamma1"].tolist() == [1, 2]
 
 
 def test_figure6_acceptance_by_budget_and_chunk(tmp_path):
