@@ -2,7 +2,7 @@
 every category) and GSM8K with SmolLM2 fp32; and the blocks the same configs choose on GPU curves.
 
     flock /tmp/harness-bench.lock python -m benchmarks.bench_block_auto \\
-        [--mtbench 16] [--gsm8k 8] [--new 128] [--repeats 3] [--threads 2]
+        [--mtbench 16] [--gsm8k 8] [--new 128] [--repeats 3] [--threads 2] [--fafo-shares 0.001 0.1 ...]
 
 Protocol: one process, one engine (prepacked oneDNN GEMMs), this environment's cost curve (the
 cached one, or measured now on the runtime grid: `core.cost_curve`). Per repeat, each method runs
@@ -16,7 +16,9 @@ blocks the method ran (Σ 1-row step costs of its committed tokens / Σ costs of
 to the measured one is time spent outside forwards or curve drift. `exact` counts outputs identical
 to vanilla's. Per MT-Bench category: each method's median speedup over vanilla. Last: mean and max
 block rows the block=auto configs choose when the same generation is priced on roofline GPU curves
-(`analysis.cost_model`, Llama-2-7b shape, fp16) instead of this CPU's.
+(`analysis.cost_model`, Llama-2-7b shape, fp16) instead of this CPU's. `--fafo-shares`: an ablation
+that runs vanilla, PLD block=auto and FAFO block=auto at each given generator share instead (output
+`bench_block_auto-shares`): how much FAFO's streams add over prompt lookup on this curve.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ Maker = Callable[[Engine], BaseDecoder]
 FAFO_CPU = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # decoder=fafo_cpu
 FAFO_AUTO = dict(k=6, n=40, m=40, tree=True, pool_from_prompt=True, block="auto")  # paper maxima
 LOOKAHEAD_AUTO = dict(N=5, W=7, G=7, pool_from_prompt=True, block="auto")
+
+
+def share_methods(shares: list[float]) -> list[tuple[str, Maker]]:
+    """The `--fafo-shares` ablation: FAFO block=auto at each generator share (the streams' average
+    cost as a share of a 1-row step) beside vanilla and PLD block=auto: what FAFO's own guesses add
+    over prompt lookup on this cost curve."""
+    out: list[tuple[str, Maker]] = [
+        ("vanilla", lambda e: Vanilla(e)),
+        ("pld auto", lambda e: PromptLookup(e, block="auto")),
+    ]
+    for share in shares:
+        out.append(
+            (f"fafo auto, generator share {share:g}", lambda e, s=share: FAFO(e, **FAFO_AUTO, generator_share=s))
+        )
+    return out
 
 
 def methods() -> list[tuple[str, Maker]]:
@@ -148,15 +165,16 @@ def med_range(values: list[float]) -> str:
 
 def report(task: str, reps: list[dict[str, Cell]]) -> None:
     names = list(reps[0])
+    ref = "pld" if "pld" in names else "pld auto"  # the prompt-lookup column's reference
     print(f"\n### {task}: median over {len(reps)} repeats (range)\n")
-    print("| method | plan | tau | mean rows | max rows | vs vanilla | vs pld | pred | pred/meas | exact |")
+    print(f"| method | plan | tau | mean rows | max rows | vs vanilla | vs {ref} | pred | pred/meas | exact |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         cells = [r[name] for r in reps]
         c = cells[0]
         tau = statistics.median(x.committed / x.forwards for x in cells)
         sp = [r["vanilla"].decode / r[name].decode for r in reps]
-        vs_pld = [r["pld"].decode / r[name].decode for r in reps]
+        vs_pld = [r[ref].decode / r[name].decode for r in reps]
         pred = statistics.median(x.pred_num / x.pred_den for x in cells) if c.pred_den else float("nan")
         print(
             f"| {name} | {c.plan or '-'} | {tau:.2f} | {c.rows / c.forwards:.1f} | {c.max_rows} | "
@@ -203,7 +221,7 @@ def gpu_choices(eng: Engine, prompts, new: int, stop: set[int]) -> None:
             )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtbench", type=int, default=16, help="MT-Bench questions (turn 1), round-robin")
     ap.add_argument("--gsm8k", type=int, default=8)
@@ -216,13 +234,21 @@ def main() -> None:
         help="measure the cost curve now (and cache it) instead of reading a cached one: pred/meas then "
         "compares forwards priced at this session's speed, not the speed the box had when it was cached",
     )
-    args = ap.parse_args()
+    ap.add_argument(
+        "--fafo-shares",
+        type=float,
+        nargs="+",
+        help="ablation: run vanilla, pld auto and fafo auto at these generator shares instead of the "
+        "method list (written as bench_block_auto-shares)",
+    )
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")
     dev = device_name(lm.device)
     stop = stop_ids_for(lm.tokenizer, lm.model)
-    decoders = [(name, make(eng)) for name, make in methods()]
+    chosen = share_methods(args.fafo_shares) if args.fafo_shares else methods()
+    decoders = [(name, make(eng)) for name, make in chosen]
     curve, source = curve_here(
         eng, dev, args.threads, max(d.max_block() for _, d in decoders), refresh=args.fresh_curve
     )
@@ -247,11 +273,19 @@ def main() -> None:
         }
         for t, reps in results.items():
             report(t, reps)
-        gpu_choices(eng, next(iter(prompts.values())), args.new, stop)
+        if not args.fafo_shares:
+            gpu_choices(eng, next(iter(prompts.values())), args.new, stop)
+
+
+def output_name(argv: list[str]) -> str:
+    """The committed output's name: the share ablation is kept apart from the main table."""
+    return "bench_block_auto-shares" if "--fafo-shares" in argv else "bench_block_auto"
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("bench_block_auto"):
+    with recorded(output_name(sys.argv[1:]), module="benchmarks.bench_block_auto"):
         main()

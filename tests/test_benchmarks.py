@@ -292,3 +292,18 @@ def test_timed_generate_splits_at_the_last_prefill_mark_and_always_finishes(tiny
     with pytest.raises(ValueError, match="boom"):
         timed_generate(Failing(eng), [5, 6], 2, on_finish=lambda: events.append("finish"))
     assert events == ["finish"]
+
+
+def test_block_auto_share_ablation_builds_fafo_at_each_share_and_is_written_apart(tiny_lm, capsys):
+    from benchmarks.bench_block_auto import Cell, output_name, report, share_methods
+
+    eng = Engine(tiny_lm.model)
+    made = [(name, make(eng)) for name, make in share_methods([0.01, 0.3])]
+    assert [n for n, _ in made][:2] == ["vanilla", "pld auto"]
+    assert [d.generator_share for _, d in made[2:]] == [0.01, 0.3]
+    assert all(d.block == "auto" for _, d in made[1:])
+    assert output_name(["--fafo-shares", "0.01"]) == "bench_block_auto-shares"
+    assert output_name(["--repeats", "3"]) == "bench_block_auto"
+    cell = Cell(decode=2.0, committed=10, forwards=5, rows=5, exact=1, runs=1)
+    report("t", [{"vanilla": cell, "pld auto": Cell(decode=1.0, committed=10, forwards=5, rows=5)}])
+    assert "vs pld auto" in capsys.readouterr().out
