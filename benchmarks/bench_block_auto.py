@@ -63,9 +63,8 @@ def share_methods(shares: list[float]) -> list[tuple[str, Maker]]:
         ("pld auto", lambda e: PromptLookup(e, block="auto")),
     ]
     for share in shares:
-        out.append(
-            (f"fafo auto, generator share {share:g}", lambda e, s=share: FAFO(e, **FAFO_AUTO, generator_share=s))
-        )
+        name = f"fafo auto, generator share {share:g}"
+        out.append((name, lambda e, s=share: FAFO(e, **FAFO_AUTO, generator_share=s)))
     return out
 
 
@@ -167,7 +166,9 @@ def report(task: str, reps: list[dict[str, Cell]]) -> None:
     names = list(reps[0])
     ref = "pld" if "pld" in names else "pld auto"  # the prompt-lookup column's reference
     print(f"\n### {task}: median over {len(reps)} repeats (range)\n")
-    print(f"| method | plan | tau | mean rows | max rows | vs vanilla | vs {ref} | pred | pred/meas | exact |")
+    print(
+        f"| method | plan | tau | mean rows | max rows | vs vanilla | vs {ref} | pred | pred/meas | exact |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         cells = [r[name] for r in reps]
