@@ -1,7 +1,7 @@
 """TriForce's retrieval cache (Sun et al. 2024, §4.1; seed-specs §2.2): chunks of the context chosen
 by how much the last query attends to each chunk's mean key.
 
-Build (after prefill, and again on `rebuild`): the committed keys `[0, L)` are split into chunks of
+Build (after prefill, and again on `rebuild`): the prompt's keys `[0, P)` are split into chunks of
 `chunk` consecutive positions; chunk c scores `q . mean(k_c)` per KV head, where q is the query of
 the last prompt token (or, on a rebuild, of the last row the policy observed). GQA (the reference
 has none; `gqa_score`): `logit` (default) scores a KV head's chunk by the mean over its query heads
@@ -9,16 +9,17 @@ of their dot products with the mean key (the group's mean query against the mean
 mean over its query heads of each head's softmax over the chunks, i.e. the share of the group's
 attention a chunk would get, so one head that singles a chunk out keeps it even when the other heads
 of its group look elsewhere. With one query head per KV head both are the paper's ranking. The first
-chunk is always kept (attention sink), so is the last, partial chunk when L is not a multiple of
+chunk is always kept (attention sink), so is the last, partial chunk when P is not a multiple of
 `chunk`; the top-scoring other chunks fill the budget (`budget // chunk` chunks in all). Entries
-committed after the build (the generated tokens) are always visible: TriForce writes them over the
-least important slots of a fixed cache; here they are kept on top of the budget until the next
-rebuild (the decoder's stride, `decoder.rebuild_every`), a stated simplification.
+committed after the prompt (the generated tokens) are always visible, on a rebuild too: TriForce
+writes them over the least important slots of a fixed cache; here they are kept on top of the
+budget, a stated simplification (a generation of G tokens sees at most budget + G entries).
 
-Rebuilds are cheap: committed keys never change, so each full chunk's mean key is computed once and
-kept (per layer, `[n_kv_heads, chunks, head_dim]`); a rebuild reads the keys of the chunks completed
-since the last one and scores the query against the kept means. `rebuild` returns what it read in
-cached-entry units (a key is half an entry), averaged over layers, for the decoder's KV-read count.
+Rebuilds (the decoder's stride, `decoder.rebuild_every`, or its acceptance rule) are cheap: the
+prompt's keys never change, so each chunk's mean key is computed once, at the first build, and kept
+(per layer, `[n_kv_heads, chunks, head_dim]`); a rebuild scores the new query against them. `rebuild`
+returns what it read in cached-entry units (a key is half an entry), averaged over layers, for the
+decoder's KV-read count.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Retrieval(KVPolicy):
         self.built_len = 0
         self._q: dict[int, torch.Tensor] = {}
         self._keep: dict[int, torch.Tensor] = {}
-        self._means: dict[int, torch.Tensor] = {}  # per layer: mean keys of the full chunks so far
+        self._means: dict[int, torch.Tensor] = {}  # per layer: mean keys of the prompt's full chunks
 
     def min_budget(self) -> int:
         return 2 * self.chunk
@@ -135,34 +136,24 @@ class Retrieval(KVPolicy):
 
     @torch.inference_mode()
     def rebuild(self, engine: Any) -> float:
-        length = engine.length
-        if length <= self.budget or len(self._q) != engine.cache.n_layers:
+        length = self.prompt_len
+        if length <= self.budget or engine.length < length or len(self._q) != engine.cache.n_layers:
             return 0.0
         keys_read = 0
         for layer, q in self._q.items():
             if layer < self.dense_layers:
                 continue
-            kbar, new = self._chunk_means(engine, layer, length)
-            keys_read += new + kbar.shape[1]
+            kbar = self._means.get(layer)
+            if kbar is None:
+                pos = torch.arange(length, device=engine.device)
+                k_all = engine.cache.k[layer, :, : engine.length]
+                kbar = chunk_means(self.gather_keys(layer, k_all, pos), self.chunk)
+                self._means[layer] = kbar
+                keys_read += length
+            keys_read += kbar.shape[1]
             self._keep[layer] = self.choose_from_means(q, kbar, length)
         self.built_len = length
         return keys_read / 2 / engine.cache.n_layers
-
-    def _chunk_means(self, engine: Any, layer: int, length: int) -> tuple[torch.Tensor, int]:
-        """The layer's mean keys of the full chunks of `[0, length)`, and how many keys were read to
-        bring them up to date (only the chunks completed since the last call)."""
-        c = self.chunk
-        old = self._means.get(layer)
-        done = 0 if old is None else old.shape[1]
-        n = length // c
-        if n == done:
-            assert old is not None
-            return old, 0
-        pos = torch.arange(done * c, n * c, device=engine.device)
-        fresh = chunk_means(self.gather_keys(layer, engine.cache.k[layer, :, :length], pos), c)
-        kbar = fresh if old is None else torch.cat([old, fresh], dim=1)
-        self._means[layer] = kbar
-        return kbar, len(pos)
 
     def choose(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """bool `[n_kv_heads, L]`: chunk 0, the partial last chunk, and the top-scoring other chunks."""

@@ -255,10 +255,10 @@ def test_rebuild_when_acceptance_drops(refs):
 
 
 @pytest.mark.parametrize("backend", ["dense", "sliced"])
-def test_rebuild_every_verification_updates_chunk_means_incrementally(refs, backend):
-    """decoder.rebuild_every=1: the kept chunk means grow with the committed cache and the last
-    selection equals one chosen from scratch over every committed key; each rebuild is counted with
-    the keys it read (new chunks + the kept means, half an entry each)."""
+def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_tokens(refs, backend):
+    """decoder.rebuild_every=1: every rebuild chooses again among the prompt's chunks from the latest
+    query, over chunk means computed once; the generated tokens stay visible; each rebuild is counted
+    with the keys it read (half an entry each); the output stays vanilla's."""
     eng, cases = refs
     prompt, ref = cases[2]
     pol = build_policy("retrieval", budget=24, chunk=4, backend=backend, dense_layers=1)
@@ -266,13 +266,14 @@ def test_rebuild_every_verification_updates_chunk_means_incrementally(refs, back
     dec = SelfSpeculative(eng, kv=pol, gamma=3, rebuild_every=1)
     check_lossless(eng, prompt, ref, dec.generate(prompt, N_NEW, set(), counts))
     assert counts.kv_rebuilds == counts.forwards
-    assert 0 not in pol._means and set(pol._means) == set(range(1, eng.w.n_layers))
-    built = pol.built_len
-    pos = torch.arange(built)
+    p = len(prompt)
+    assert pol.built_len == p and 0 not in pol._means and set(pol._means) == set(range(1, eng.w.n_layers))
+    pos = torch.arange(p)
     for layer, kbar in pol._means.items():
-        keys = pol.gather_keys(layer, eng.cache.k[layer, :, :built], pos)
-        assert kbar.shape[1] == built // 4
+        keys = pol.gather_keys(layer, eng.cache.k[layer], pos)
         torch.testing.assert_close(kbar, chunk_means(keys, 4))
         assert torch.equal(pol._keep[layer], pol.choose(pol._q[layer], keys))
-    again = pol.rebuild(eng)  # nothing new committed: only the kept means are read
-    assert again == pytest.approx((built // 4) * (eng.w.n_layers - 1) / 2 / eng.w.n_layers)
+        sel = pol.select(layer, pol._q[layer], eng.cache.k[layer], p + 5)
+        assert sel[:, p:].all() and int(sel[0, :p].sum()) <= 24
+    n_layers = eng.w.n_layers
+    assert pol.rebuild(eng) == pytest.approx((p // 4) * (n_layers - 1) / 2 / n_layers)  # the kept means
