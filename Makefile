@@ -86,6 +86,7 @@ paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/ins
 	$(PY) run.py experiment=triforce_table1_qwen_cpu task=pg19 kv=retrieval decoder.rebuild_every=1 $(QWEN15)
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(QWEN15)
 	$(PY) run.py experiment=triforce_table8a_cpu draft=qwen25-coder-0.5b decoder.gamma1=2 $(QWEN15)
+	$(PY) run.py experiment=triforce_table8a_cpu draft=qwen25-coder-0.5b decoder.gamma1=2 decoder.rebuild_every=1 $(QWEN15)
 	$(PY) -m analysis.paper
 
 lint:
