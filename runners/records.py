@@ -134,6 +134,20 @@ class RunDir:
         rows = self._part_status()
         return set(rows.loc[rows["error"].notna(), "sample_id"])
 
+    def read_provenance(self) -> dict[str, Any] | None:
+        """Who wrote the parts (code version, packages, device, threads), or None."""
+        path = self.parts / "provenance.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def write_provenance(self, provenance: dict[str, Any]) -> None:
+        """Record who writes the parts, once: a resumed run keeps the first writer's record."""
+        path = self.parts / "provenance.json"
+        if not path.exists():
+            self.parts.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(provenance, sort_keys=True))
+            tmp.replace(path)
+
     def read_run(self) -> dict[str, Any] | None:
         path = self.path / "runs.parquet"
         return pd.read_parquet(path).iloc[0].to_dict() if path.exists() else None

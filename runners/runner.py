@@ -183,6 +183,7 @@ class Runner:
         self.sample_set = digest([s.sample_id for s in samples])
         with RunLock(self.rundir.path):
             self._check_resume()
+            self.rundir.write_provenance(self._provenance())
             done = self.rundir.done_samples()
             todo = [s for s in samples if s.sample_id not in done]
             started = datetime.now(timezone.utc).isoformat()
@@ -251,26 +252,39 @@ class Runner:
             "the same command retries the failed samples"
         )
 
-    def _check_resume(self) -> None:
-        """Refuse to add samples to a run started by other code, packages, hardware or threads."""
-        old = self.rundir.read_run()
-        if old is None or not self.rundir.done_samples():
-            return
-        now = {
+    def _provenance(self) -> dict[str, Any]:
+        """What must not change within one run: code, packages, hardware, threads."""
+        return {
             "code version": self.code_version,
             "package versions": json.dumps(self.versions),
             "device": self.device_name,
             "threads": self.threads,
         }
-        then = {
-            "code version": old.get("git_sha"),
-            "package versions": old.get("versions"),
-            "device": old.get("device_name"),
-            "threads": old.get("threads"),
-        }
-        diff = [k for k in now if str(now[k]) != str(then[k])]
+
+    def _check_resume(self) -> None:
+        """Refuse to add samples to a run started by other code, packages, hardware or threads. The
+        samples already written say who wrote them (`parts/provenance.json`); runs recorded before
+        that file existed are checked against their `runs.parquet`."""
+        if not self.rundir.done_samples():
+            return
+        then = self.rundir.read_provenance()
+        if then is None:
+            old = self.rundir.read_run()
+            if old is None:
+                raise HarnessError(
+                    f"run {self.run_id} has finished samples but no record of the code that wrote them; "
+                    f"resuming could mix samples: remove {self.rundir.path} to start it afresh"
+                )
+            then = {
+                "code version": old.get("git_sha"),
+                "package versions": old.get("versions"),
+                "device": old.get("device_name"),
+                "threads": old.get("threads"),
+            }
+        now = self._provenance()
+        diff = [k for k in now if str(now[k]) != str(then.get(k))]
         if diff:
-            what = "; ".join(f"{k}: {then[k]} then, {now[k]} now" for k in diff)
+            what = "; ".join(f"{k}: {then.get(k)} then, {now[k]} now" for k in diff)
             raise HarnessError(
                 f"run {self.run_id} was started with another {', '.join(diff)} ({what}); resuming would mix "
                 f"samples: remove {self.rundir.path} to start it afresh, or set run.out_dir to another folder"

@@ -221,6 +221,25 @@ def test_resume_refuses_another_code_version(tmp_path, monkeypatch, track_sample
         Runner(make_cfg(tmp_path)).run()
 
 
+def test_resume_checks_who_wrote_the_parts_even_when_the_run_record_is_gone(
+    tmp_path, monkeypatch, track_sample
+):
+    """Deleting a run's records but not its (untracked) parts/ must not let other code finish it."""
+    orig = Runner._generate
+    monkeypatch.setattr(Runner, "_generate", _failing(orig, {"s2"}))
+    with pytest.raises(HarnessError):
+        Runner(make_cfg(tmp_path)).run()
+    monkeypatch.setattr(Runner, "_generate", orig)
+    run_dir = next((tmp_path / "runs").glob("*/parts")).parent
+    (run_dir / "runs.parquet").unlink()
+    monkeypatch.setattr(provenance, "git_sha", lambda repo: "0123abcd-dirty-ffff")
+    with pytest.raises(HarnessError, match="code version.*resuming would mix"):
+        Runner(make_cfg(tmp_path)).run()
+    (run_dir / "parts" / "provenance.json").unlink()
+    with pytest.raises(HarnessError, match="no record of the code that wrote them"):
+        Runner(make_cfg(tmp_path)).run()
+
+
 def test_reference_key_follows_the_reference_code(tmp_path, monkeypatch):
     import runners.audit as audit
 
