@@ -138,10 +138,11 @@ def kv_activity(run: pd.DataFrame) -> str:
 
 
 def ours_setup(df: pd.DataFrame, threads: bool = False) -> str:
-    """A caption's "ours" setup: model (dtype) on device[, threads] from the frame's first row, and every
-    code version its runs were made with (`code_versions`)."""
+    """A caption's "ours" setup: model (dtype) on device[, threads unless the device name gives them]
+    from the frame's first row, and every code version its runs were made with (`code_versions`)."""
     first = df.iloc[0] if len(df) else {}
-    threads_text = f"{first.get('threads', '?')} threads, " if threads else ""
+    named = "threads" in str(first.get("device_name", ""))  # a CPU's device name already says them
+    threads_text = f"{first.get('threads', '?')} threads, " if threads and not named else ""
     return (
         f"{first.get('model', '?')} ({first.get('dtype', '?')}) on {first.get('device_name', '?')}, "
         f"{threads_text}{code_versions(df)}"

@@ -130,3 +130,13 @@ def test_caption_names_every_code_version_of_its_runs():
         "code versions bbbbbbbbbb-dirty-0123456789 (2 runs), aaaaaaaaaa (1 run)"
     )
     assert code_versions(pd.DataFrame({"x": [1]})) == "code ?"
+
+
+def test_caption_states_threads_once():
+    from analysis.metrics import ours_setup
+
+    row = {"git_sha": "a" * 40, "run_id": "r", "model": "m", "dtype": "float32", "threads": 2}
+    named = pd.DataFrame([dict(row, device_name="cpu: AMD EPYC x2 threads")])
+    assert ours_setup(named, threads=True).count("threads") == 1
+    bare = pd.DataFrame([dict(row, device_name="cuda: NVIDIA H100")])
+    assert "cuda: NVIDIA H100, 2 threads, code" in ours_setup(bare, threads=True)
