@@ -41,6 +41,7 @@ from analysis.metrics import (
     baseline_of,
     check_one_run,
     kv_activity,
+    ours_setup,
     paired_speedup,
     with_env,
 )
@@ -144,15 +145,10 @@ def scale_label(samples: pd.DataFrame) -> str:
 def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None) -> str:
     """Names our one setup (`one_setup` has refused anything else) and the code version(s)."""
     df = one_setup(samples) if len(samples) else samples
-
-    def name(col: str) -> str:
-        vals = sorted({str(v) for v in df[col].dropna()}) if col in df.columns else []
-        return ", ".join(vals) if vals else "?"
-
     held = f" Held fixed: {', '.join(f'{k}={v}' for k, v in fixed.items())}." if fixed else ""
     return (
-        f"FAFO {title}. {scale_label(df)}Ours: {name('model')} ({name('dtype')}) on {name('device_name')}, "
-        f"{name('threads')} threads, code {name('git_sha')}; paper: {paper_model}, {PAPER_ENV}. "
+        f"FAFO {title}. {scale_label(df)}Ours: {ours_setup(df, threads=True)}; "
+        f"paper: {paper_model}, {PAPER_ENV}. "
         f"Same protocol, other scale: compare shapes and orderings, not absolute numbers. Speedup = "
         f"vanilla wall / method wall, same (sample, turn) set.{held}"
     )
