@@ -78,7 +78,7 @@ paper-runs-qwen: ## the report's runs on Qwen2.5-Coder-0.5B (needs scripts/insta
 	$(PY) -m analysis.paper
 
 QWEN15 := model=qwen25-coder-1.5b $(RECORDS)
-paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/install.sh --qwen and --qwen15): TriForce Table 1 on the needle and PG-19 tasks, TriForce with the 0.5B as its draft model (Table 8, gamma1=2)
+paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/install.sh --qwen and --qwen15): TriForce Table 1 on the needle and PG-19 tasks, TriForce with the 0.5B as its draft model (Table 8 at gamma1=2, and the gamma2 sweep with the cache rebuilt every verification)
 	$(PY) run.py -m experiment=triforce_table1_qwen_cpu $(QWEN15)
 	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval kv.gqa_score=prob $(QWEN15)
 	$(PY) run.py experiment=triforce_table1_qwen_cpu kv=retrieval decoder.rebuild_every=1 $(QWEN15)
@@ -87,6 +87,7 @@ paper-runs-qwen15: ## the report's runs on Qwen2.5-Coder-1.5B (needs scripts/ins
 	$(PY) run.py experiment=triforce_pg19_vanilla_cpu $(QWEN15)
 	$(PY) run.py experiment=triforce_table8a_cpu draft=qwen25-coder-0.5b decoder.gamma1=2 $(QWEN15)
 	$(PY) run.py experiment=triforce_table8a_cpu draft=qwen25-coder-0.5b decoder.gamma1=2 decoder.rebuild_every=1 $(QWEN15)
+	$(PY) run.py -m experiment=triforce_table8b_cpu draft=qwen25-coder-0.5b decoder.rebuild_every=1 decoder.gamma2=2,4,8 $(QWEN15)
 	$(PY) -m analysis.paper
 
 lint:
