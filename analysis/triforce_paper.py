@@ -57,12 +57,17 @@ def _variant(row: pd.Series) -> str:
     score = row.get("kv.gqa_score")
     if isinstance(score, str) and score != "logit":
         out += f" gqa_score={score}"
-    every, below = row.get("decoder.rebuild_every"), row.get("decoder.rebuild_below")
-    if isinstance(every, (int, float)) and every == every and every > 0:
+    every, below = _positive(row.get("decoder.rebuild_every")), _positive(row.get("decoder.rebuild_below"))
+    if every:
         out += f" rebuilt every {int(every)} verification{'s' if every > 1 else ''}"
-    if isinstance(below, (int, float)) and below == below and below > 0:
+    if below:
         out += f" rebuilt below acceptance {below:g}"
     return out
+
+
+def _positive(value: object) -> float:
+    """A decoder parameter's number when it is set and above 0 (missing, NaN or 0: 0.0)."""
+    return float(value) if isinstance(value, (int, float)) and value == value and value > 0 else 0.0
 
 
 def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:

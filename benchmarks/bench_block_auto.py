@@ -222,7 +222,7 @@ def gpu_choices(eng: Engine, prompts, new: int, stop: set[int]) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtbench", type=int, default=16, help="MT-Bench questions (turn 1), round-robin")
     ap.add_argument("--gsm8k", type=int, default=8)
@@ -242,7 +242,11 @@ def main(argv: list[str] | None = None) -> None:
         help="ablation: run vanilla, pld auto and fafo auto at these generator shares instead of the "
         "method list (written as bench_block_auto-shares)",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def output_name(argv: list[str]) -> str:
     """The committed output's name: the share ablation is kept apart from the main table."""
-    return "bench_block_auto-shares" if "--fafo-shares" in argv else "bench_block_auto"
+    shares = build_parser().parse_known_args(argv)[0].fafo_shares
+    return "bench_block_auto-shares" if shares else "bench_block_auto"
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
 
 
+# run-record columns that must not change within one run (a resume by anything else is refused), with
+# the words the refusal uses for them
+PROVENANCE = {
+    "git_sha": "code version",
+    "versions": "package versions",
+    "device_name": "device",
+    "threads": "threads",
+}
+
+
 class Runner:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -253,11 +263,11 @@ class Runner:
         )
 
     def _provenance(self) -> dict[str, Any]:
-        """What must not change within one run: code, packages, hardware, threads."""
+        """What must not change within one run, keyed by its run-record column (`PROVENANCE`)."""
         return {
-            "code version": self.code_version,
-            "package versions": json.dumps(self.versions),
-            "device": self.device_name,
+            "git_sha": self.code_version,
+            "versions": json.dumps(self.versions),
+            "device_name": self.device_name,
             "threads": self.threads,
         }
 
@@ -275,18 +285,14 @@ class Runner:
                     f"run {self.run_id} has finished samples but no record of the code that wrote them; "
                     f"resuming could mix samples: remove {self.rundir.path} to start it afresh"
                 )
-            then = {
-                "code version": old.get("git_sha"),
-                "package versions": old.get("versions"),
-                "device": old.get("device_name"),
-                "threads": old.get("threads"),
-            }
+            then = {col: old.get(col) for col in PROVENANCE}
         now = self._provenance()
-        diff = [k for k in now if str(now[k]) != str(then.get(k))]
+        diff = [col for col in PROVENANCE if str(now[col]) != str(then.get(col))]
         if diff:
-            what = "; ".join(f"{k}: {then.get(k)} then, {now[k]} now" for k in diff)
+            what = "; ".join(f"{PROVENANCE[c]}: {then.get(c)} then, {now[c]} now" for c in diff)
             raise HarnessError(
-                f"run {self.run_id} was started with another {', '.join(diff)} ({what}); resuming would mix "
+                f"run {self.run_id} was started with another {', '.join(PROVENANCE[c] for c in diff)} "
+                f"({what}); resuming would mix "
                 f"samples: remove {self.rundir.path} to start it afresh, or set run.out_dir to another folder"
             )
 
@@ -435,10 +441,7 @@ class Runner:
             "status": status,
             "started": started,
             "finished": datetime.now(timezone.utc).isoformat() if status != "running" else None,
-            "git_sha": self.code_version,
-            "versions": json.dumps(self.versions),
-            "device_name": self.device_name,
-            "threads": self.threads,
+            **self._provenance(),
             "prefill_chunk": self.identity["prefill_chunk"],
             "model": self.names["model"],
             "model_name": self.lm.name,

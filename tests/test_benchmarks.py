@@ -303,6 +303,7 @@ def test_block_auto_share_ablation_builds_fafo_at_each_share_and_is_written_apar
     assert [d.generator_share for _, d in made[2:]] == [0.01, 0.3]
     assert all(d.block == "auto" for _, d in made[1:])
     assert output_name(["--fafo-shares", "0.01"]) == "bench_block_auto-shares"
+    assert output_name(["--fafo-shares=0.01"]) == "bench_block_auto-shares"
     assert output_name(["--repeats", "3"]) == "bench_block_auto"
     cell = Cell(decode=2.0, committed=10, forwards=5, rows=5, exact=1, runs=1)
     report("t", [{"vanilla": cell, "pld auto": Cell(decode=1.0, committed=10, forwards=5, rows=5)}])
