@@ -110,7 +110,7 @@ def test_train_resume_and_decode(tmp_path, monkeypatch):
     eng = trainer.engine
     saved = LongSpecDraft.load(whole / "draft", eng)  # token counts: this run's training sequences
     trainer.prepare_data()
-    assert int(saved.token_counts.sum()) == sum(len(t) for _, _, t in trainer.schedule())
+    assert int(saved.token_counts.sum()) == sum(len(t) for _, _, t, _ in trainer.schedule())
     prompt = list(range(40, 70))
     vanilla = Vanilla(eng).generate(prompt, 24, set(), Counts())
     dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint=str(whole / "draft"))

@@ -49,6 +49,7 @@ from decoders.longspec import LongSpec
 from decoders.longspec_draft import WEIGHTS, LongSpecDraft, resolve_layer, weights_digest
 from training.longspec_data import SOURCES, build_sequences, load_sequences, save_sequences
 from training.longspec_outputs import plot_loss, write_csv
+from training.teacher_cache import TeacherCache, view_from_logits
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Stage:
     positions: str = "anchor_offset"  # anchor_offset | vanilla
     lr: float = 5e-4
     generated: int = 0  # of `sequences`, how many are the target's own continuations
+    epochs: int = 1  # passes over the stage's sequences (later passes: a new order and lag, same positions)
 
 
 @dataclass
@@ -89,6 +91,11 @@ class TrainConfig:
     eval_every: int = 60  # optimizer steps between evaluations (and at every stage end)
     eval_new_tokens: int = 48
     checkpoint_every: int = 20  # optimizer steps between resumable checkpoints
+    # a folder keeping the target's view of each sequence (`training.teacher_cache`): later epochs and
+    # later runs over the same data skip the target forward; soft labels become the target's top-k
+    teacher_cache: str = ""
+    teacher_topk: int = 64
+    autocast: str = "none"  # none | bf16: the draft's forward and backward in bfloat16 autocast
     seed: int = 0
     stages: list[Stage] = field(
         default_factory=lambda: [
@@ -157,10 +164,16 @@ def check(cfg: TrainConfig) -> TrainConfig:
             )
         if st.sequences < 1 or not 0 <= st.generated <= st.sequences:
             raise HarnessError(f"training.longspec: stage {st.name}: need 0 <= generated <= sequences, >= 1")
+        if st.epochs < 1:
+            raise HarnessError(f"training.longspec: stage {st.name}: epochs must be >= 1, got {st.epochs}")
         if st.generated and st.labels == "data":
             raise HarnessError(
                 f"training.longspec: stage {st.name}: generated sequences need target or soft labels"
             )
+    if cfg.autocast not in ("none", "bf16"):
+        raise HarnessError(f"training.longspec: autocast must be none or bf16, got {cfg.autocast!r}")
+    if cfg.teacher_topk < 1:
+        raise HarnessError(f"training.longspec: teacher_topk must be >= 1, got {cfg.teacher_topk}")
     if cfg.gen_prompt >= cfg.seq_len:
         raise HarnessError("training.longspec: gen_prompt must be shorter than seq_len")
     return cfg
@@ -199,20 +212,52 @@ def sequence_loss(
     positions: list[int],
     labels: str,
     lag: int,
+    cache: TeacherCache | None = None,
+    bf16: bool = False,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of the draft over rows lag..S-2 of one sequence, against the data
-    token, the target's argmax (`target`) or the target's distribution (`soft`)."""
+    token, the target's argmax (`target`) or the target's distribution (`soft`; with a `cache`, its
+    top-k renormalised). `bf16`: the draft runs in bfloat16 autocast."""
     dev = engine.device
     tok = torch.tensor(tokens, dtype=torch.long, device=dev)
     pos = torch.tensor(positions, dtype=torch.long, device=dev)
+    if cache is not None:
+        return _cached_loss(draft, engine, tok, pos, labels, lag, cache, bf16)
     k, v, teacher = target_view(engine, tok, pos, draft.target_layer, labels != "data")
-    logits = draft.forward_train(tok, pos, k, v, lag)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = draft.forward_train(tok, pos, k, v, lag)
     if teacher is None:
         return torch.nn.functional.cross_entropy(logits, tok[lag + 1 :])
     teacher = teacher[lag : tok.numel() - 1]
     if labels == "target":
         return torch.nn.functional.cross_entropy(logits, teacher.argmax(-1))
     return -(teacher.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+
+
+def _cached_loss(
+    draft: LongSpecDraft,
+    engine: Engine,
+    tok: torch.Tensor,
+    pos: torch.Tensor,
+    labels: str,
+    lag: int,
+    cache: TeacherCache,
+    bf16: bool,
+) -> torch.Tensor:
+    view = cache.get(tok, pos, engine.device)
+    if view is None:
+        k, v, logits = target_view(engine, tok, pos, draft.target_layer, True)
+        view = view_from_logits(k, v, logits, cache.topk)
+        view = cache.put(tok, pos, view)
+    with torch.autocast(engine.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = draft.forward_train(tok, pos, view.k, view.v, lag)
+    rows = slice(lag, tok.numel() - 1)
+    if labels == "data":
+        return torch.nn.functional.cross_entropy(logits, tok[lag + 1 :])
+    if labels == "target":
+        return torch.nn.functional.cross_entropy(logits, view.top_ids[rows, 0])
+    chosen = logits.log_softmax(-1).gather(-1, view.top_ids[rows])
+    return -(view.soft_labels()[rows] * chosen).sum(-1).mean()
 
 
 @torch.no_grad()
@@ -289,9 +334,29 @@ class Trainer:
         self.draft.requires_grad_(True)
         self.draft.label = f"LongSpec draft trained by training.longspec ({cfg.out})"
         self.opt = torch.optim.AdamW(self.draft.parameters(), lr=cfg.stages[0].lr, weight_decay=0.0)
+        self.cache = self._teacher_cache()
+        self.bf16 = cfg.autocast == "bf16"
         self.step = 0  # optimizer steps done
         self.log: list[dict] = []
         self.evals: list[dict] = []
+
+    def _teacher_cache(self) -> TeacherCache | None:
+        cfg = self.cfg
+        if not cfg.teacher_cache:
+            return None
+        vocab = self.draft.config.vocab_size
+        if cfg.teacher_topk > vocab:
+            raise HarnessError(
+                f"training.longspec: teacher_topk {cfg.teacher_topk} exceeds the vocabulary {vocab}"
+            )
+        identity = {
+            "model_source": cfg.model_source,
+            "model": cfg.model,
+            "dtype": cfg.dtype,
+            "layer": self.draft.target_layer,
+            "target_model": self.draft.config.target_model,
+        }
+        return TeacherCache(Path(cfg.teacher_cache).expanduser(), identity, cfg.teacher_topk)
 
     def _continued_draft(self, folder: Path) -> LongSpecDraft:
         """The draft saved in `folder` (its weights in the target's dtype), checked against this run's
@@ -350,17 +415,24 @@ class Trainer:
                 save_sequences(gen_file, generated)  # each one kept: an interrupted run loses at most one
         self.generated = generated
 
-    def schedule(self) -> list[tuple[Stage, int, list[int]]]:
-        """(stage, index within the stage, tokens) for every training sequence, in order."""
+    def schedule(self) -> list[tuple[Stage, int, list[int], int]]:
+        """(stage, index within the stage, tokens, epoch) for every training sequence, in order: a
+        stage's sequences, then for each further epoch the same sequences in a new seeded order."""
         out, data_i, gen_i = [], 0, 0
         for st in self.cfg.stages:
+            items = []
             for i in range(st.sequences):
                 if i < st.generated:
-                    out.append((st, i, self.generated[gen_i]))
+                    items.append((st, i, self.generated[gen_i]))
                     gen_i += 1
                 else:
-                    out.append((st, i, self.data[data_i]))
+                    items.append((st, i, self.data[data_i]))
                     data_i += 1
+            out += [(*item, 0) for item in items]
+            for epoch in range(1, st.epochs):
+                order = list(range(len(items)))
+                random.Random(f"{self.cfg.seed}-{st.name}-epoch{epoch}").shuffle(order)
+                out += [(*items[i], epoch) for i in order]
         return out
 
     # --- checkpoints ----------------------------------------------------------------------------
@@ -407,7 +479,10 @@ class Trainer:
         self.prepare_data()
         plan = self.schedule()
         batches = [plan[i : i + cfg.batch] for i in range(0, len(plan), cfg.batch)]
-        stage_steps = {st.name: math.ceil(st.sequences / cfg.batch) for st in cfg.stages}
+        stage_steps = {st.name: math.ceil(st.sequences * st.epochs / cfg.batch) for st in cfg.stages}
+        stage_start: dict[str, int] = {}  # the plan index of each stage's first sequence
+        for i, item in enumerate(plan):
+            stage_start.setdefault(item[0].name, i)
         tokens_done = self.tokens_before + sum(r["tokens"] for r in self.log)
         if not self.evals:
             self._evaluate(tokens_done, "start")
@@ -415,18 +490,23 @@ class Trainer:
         for b in range(self.step, len(batches)):
             batch = batches[b]
             st = batch[0][0]
-            step_in_stage = batch[0][1] // cfg.batch
+            step_in_stage = (b * cfg.batch - stage_start[st.name]) // cfg.batch
             lr = lr_at(step_in_stage, stage_steps[st.name], st.lr, cfg.warmup)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             t0, total, n_tok = time.perf_counter(), 0.0, 0
             self.opt.zero_grad(set_to_none=True)
-            for stage, index, tokens in batch:
+            for stage, index, tokens, epoch in batch:
                 rng = random.Random(f"{cfg.seed}-{stage.name}-{index}")
                 kind = "vanilla" if index < stage.generated else stage.positions
                 pos = positions_for(kind, len(tokens), cfg.anchors, self.max_offset, rng)
                 lag = rng.randint(1, cfg.max_lag)
-                loss = sequence_loss(self.draft, self.engine, tokens, pos, stage.labels, lag)
+                if epoch:  # the same positions (a teacher cache entry stays valid), a new lag
+                    epoch_rng = random.Random(f"{cfg.seed}-{stage.name}-{index}-epoch{epoch}")
+                    lag = epoch_rng.randint(1, cfg.max_lag)
+                loss = sequence_loss(
+                    self.draft, self.engine, tokens, pos, stage.labels, lag, self.cache, self.bf16
+                )
                 (loss / len(batch)).backward()
                 total += loss.item() / len(batch)
                 n_tok += len(tokens) - 1 - lag
@@ -440,7 +520,9 @@ class Trainer:
                  "grad_norm": round(float(norm), 4), "tokens": n_tok, "tokens_total": tokens_done,
                  "tokens_per_s": round(n_tok / secs, 1)}
             )  # fmt: skip
-            bar.set_postfix(stage=st.name, loss=f"{total:.3f}", tok_s=f"{n_tok / secs:.0f}")
+            bar.set_postfix(
+                stage=st.name, epoch=batch[0][3], loss=f"{total:.3f}", tok_s=f"{n_tok / secs:.0f}"
+            )
             bar.update(1)
             stage_end = b + 1 == len(batches) or batches[b + 1][0][0].name != st.name
             if self.step % cfg.eval_every == 0 or stage_end:
@@ -464,8 +546,9 @@ class Trainer:
         self.draft.config.target_model = Path(self.draft.config.target_model).name or self.cfg.model
         self.draft.save(folder, dtype=torch.bfloat16)
         counts = torch.zeros(self.draft.config.vocab_size, dtype=torch.int64)
-        for _, _, tokens in self.schedule():  # this run's training sequences: what draft_vocab ranks by
-            counts += torch.bincount(torch.tensor(tokens), minlength=counts.numel())
+        for _, _, tokens, epoch in self.schedule():  # this run's sequences: what draft_vocab ranks by
+            if epoch == 0:
+                counts += torch.bincount(torch.tensor(tokens), minlength=counts.numel())
         self.draft.save_counts(folder, counts)
         data = json.loads((self.out / "data.json").read_text())
         summary = {
