@@ -16,9 +16,16 @@ What one training sequence does (S = seq_len tokens of offline text, `training.l
 4. Next-token cross-entropy on rows j..S-2 (`LongSpecDraft.forward_train`, the same block code that
    drafts), averaged over `batch` sequences per AdamW step; LR: linear warmup, cosine to 10% per stage.
 
-Stages run in order, each for its number of sequences. `generated` sequences of a stage are the
+Stages run in order, each for its number of sequences (times its `epochs`: later passes take the same
+sequences in a new seeded order with a new lag, at the same positions). `generated` sequences of a stage are the
 target's own greedy continuations (`gen_prompt` tokens of held-out text, then the target's output up
 to S), trained with `labels: target`: what the draft meets at inference is the target's own text.
+
+Speed (both off by default): `teacher_cache=<folder>` keeps the target's view of each sequence on disk
+(`training.teacher_cache`: its K/V in float16 and its top-`teacher_topk` next tokens), so a later epoch,
+or a later run over the same data, skips the target forward; soft labels are then the target's top-k
+renormalised. `autocast=bf16` runs the draft's forward and backward in bfloat16 autocast (fast where
+the CPU has avx512_bf16 or AMX, and on CUDA); the weights and the optimizer stay float32.
 
 Resumable: every `checkpoint_every` optimizer steps `state.pt` holds the draft, optimizer, step and log
 (each sequence's randomness is seeded by its index, so a resumed run draws what an uninterrupted one
