@@ -17,9 +17,10 @@ What one training sequence does (S = seq_len tokens of offline text, `training.l
    drafts), averaged over `batch` sequences per AdamW step; LR: linear warmup, cosine to 10% per stage.
 
 Stages run in order, each for its number of sequences (times its `epochs`: later passes take the same
-sequences in a new seeded order with a new lag, at the same positions). `generated` sequences of a stage are the
-target's own greedy continuations (`gen_prompt` tokens of held-out text, then the target's output up
-to S), trained with `labels: target`: what the draft meets at inference is the target's own text.
+sequences in a new seeded order with a new lag, at the same positions). `generated` sequences of a
+stage are the target's own greedy continuations (`gen_prompt` tokens of held-out text, then the
+target's output up to S), trained with `labels: target`: what the draft meets at inference is the
+target's own text.
 
 Speed (both off by default): `teacher_cache=<folder>` keeps the target's view of each sequence on disk
 (`training.teacher_cache`: its K/V in float16 and its top-`teacher_topk` next tokens), so a later epoch,
