@@ -1,8 +1,8 @@
 """LongSpec's Table 1 from our runs, with the paper's numbers side by side (papers/004).
 
 `table1`: per method (vanilla, LongSpec with the paper's tree, the small tree and the chain (CPU presets),
-MagicDec = decoder=selfspec kv=streaming): tau, wall-clock speedup vs the vanilla run of the same
-environment (paired per sample), speedup vs MagicDec (the ratio of the two paired speedups), rows per
+MagicDec = decoder=selfspec kv=streaming, and, ours, Lookahead, FAFO and prompt lookup on the same
+samples): tau, wall-clock speedup vs the vanilla run of the same environment (paired per sample), speedup vs MagicDec (the ratio of the two paired speedups), rows per
 verifying forward (root + drafted tokens), whether every output equals vanilla's, and the paper's tau and
 speedup vs Vanilla FA for the same method as the mean and range over its 25 Table 1 cells (5 targets x 5
 LongBench tasks; RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the
@@ -33,7 +33,11 @@ from analysis.metrics import (
 )
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_longspec.csv"
-EXPERIMENTS = ("longspec_table1_cpu", "longspec_table1_magicdec_cpu")
+EXPERIMENTS = ("longspec_table1_cpu", "longspec_table1_magicdec_cpu", "longspec_table1_draftless_cpu")
+# the draftless decoders run beside LongSpec on its Table 1 samples (not in the paper's table)
+DRAFTLESS = {"lookahead": "Lookahead (ours, not in the paper's table)",
+             "fafo": "FAFO, fumble rows over the full cache (ours, not in the paper's table)",
+             "pld": "prompt lookup (ours, not in the paper's table)"}  # fmt: skip
 TABLE2 = "longspec_table2_cpu"
 
 
@@ -51,6 +55,8 @@ def method_of(row: pd.Series) -> str:
             return "LongSpec"
         shape = "chain" if widths == "[1, 1, 1, 1]" else f"tree {widths}"
         return f"LongSpec {shape} (CPU preset{f', draft vocab {int(float(vocab))}' if restricted else ''})"
+    if decoder in DRAFTLESS and str(row["kv"]) == "full":
+        return DRAFTLESS[decoder]
     return f"{decoder} kv={row['kv']}"
 
 

@@ -75,6 +75,9 @@ def test_method_names_say_what_is_not_the_papers():
     )
     assert name("[1, 1, 1, 1]", 8192.0) == "LongSpec chain (CPU preset, draft vocab 8192)"
     assert name("[2, 2, 2, 2]", None) == "LongSpec tree [2, 2, 2, 2] (CPU preset)"
+    other = pd.Series({"decoder": "fafo", "kv": "full"})
+    assert lp.method_of(other) == "FAFO, fumble rows over the full cache (ours, not in the paper's table)"
+    assert lp.method_of(pd.Series({"decoder": "fafo", "kv": "streaming"})) == "fafo kv=streaming"
 
 
 def test_table1_refuses_two_setups_and_pooled_cells():
