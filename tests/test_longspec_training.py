@@ -173,7 +173,9 @@ def test_training_text_is_not_evaluated():
     """The LongSpec experiments read PG-19 package windows below the essays' held-out boundary."""
     from omegaconf import OmegaConf
 
-    for name in ("longspec_table1_cpu", "longspec_table1_magicdec_cpu", "longspec_table2_cpu"):
+    names = ("longspec_table1_cpu", "longspec_table1_magicdec_cpu", "longspec_table1_draftless_cpu",
+             "longspec_table2_cpu")  # fmt: skip
+    for name in names:
         exp = OmegaConf.load(f"conf/experiment/{name}.yaml")
         assert exp.task.source == "package"
         assert first_unused_char(int(exp.task.context_length), int(exp.run.limit)) < ESSAYS_HELD_OUT
@@ -182,3 +184,28 @@ def test_training_text_is_not_evaluated():
 def test_no_trained_draft_for_another_model(tiny_lm):
     with pytest.raises(HarnessError, match="no shipped LongSpec draft"):
         LongSpec(Engine(tiny_lm.model), checkpoint="auto")
+
+
+def test_extra_sources_come_after_the_same_validation(tmp_path, capsys):
+    """extra_sources=[hotpotqa_more]: the validation sequences stay those of a run without it, the fresh
+    text comes next, and its HotpotQA rows follow those `hotpotqa` takes; a name twice is one line."""
+    from training.longspec_data import source_text
+
+    base = train.Trainer(train.parse(tiny_args(tmp_path / "a")))
+    base.resume()
+    base.prepare_data()
+    more = train.Trainer(train.parse(tiny_args(tmp_path / "b", "extra_sources=[hotpotqa_more]")))
+    more.resume()
+    more.prepare_data()
+    assert more.validation == base.validation
+    first, fresh = source_text("hotpotqa", 40000), source_text("hotpotqa_more", 40000)
+    assert fresh and fresh[:200] not in first
+    recipe = json.loads((tmp_path / "b" / "data.json").read_text())
+    assert recipe["extra_sources"] == ["hotpotqa_more"] and recipe["sequences"]["hotpotqa_more"] > 0
+    n_gen = sum(s.generated for s in more.cfg.stages)
+    extra_ids = set(map(tuple, more.data[: recipe["sequences"]["hotpotqa_more"] - n_gen]))
+    assert not extra_ids & set(map(tuple, base.data + base.validation))
+    capsys.readouterr()
+    assert train.main(tiny_args(tmp_path / "c", "extra_sources=[squad]")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "distinct names" in err and not (tmp_path / "c").exists()

