@@ -31,27 +31,21 @@ bench:           ## the speed claims, one script each (run one at a time)
 LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m
 # Run 1: the default stages (pretrain + distill, ~1M tokens); run 2 continues that draft for one more pass
 # of soft-label distillation over the data (~1M tokens; rows of the target's distribution, anchor-offset);
-# run 3 three more passes over the same data with the target's view cached (~3.4M tokens); run 4 adds
-# fresh HotpotQA rows and two passes over everything (~3.3M tokens).
+# run 3 three more passes over the same data, the target's view cached after the first (~3.4M tokens).
 LONGSPEC_MORE := "stages=[{name: distill_long, sequences: 1000, labels: soft, positions: anchor_offset, lr: 3e-4, generated: 24}]"
-LONGSPEC_FAST := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200
-LONGSPEC_CACHED := "stages=[{name: distill_cached, sequences: 1122, labels: soft, lr: 3e-4, epochs: 3}]"
-LONGSPEC_FRESH := extra_sources=[hotpotqa_more] "stages=[{name: distill_fresh, sequences: 1620, labels: soft, lr: 3e-4, epochs: 2}]"
-LONGSPEC_LAST := outputs/longspec_train_fresh
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 3 hours in four runs; rerun resumes) and ship it
+LONGSPEC_CACHED := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 \
+  "stages=[{name: distill_cached, sequences: 1122, labels: soft, lr: 3e-4, epochs: 3}]"
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 2.5 hours in three runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
 	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
 	$(PY) -m training.longspec out=outputs/longspec_train_cached threads=2 init=outputs/longspec_train_more/draft \
-	  $(LONGSPEC_FAST) $(LONGSPEC_CACHED)
-	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=outputs/longspec_train_cached/draft \
-	  $(LONGSPEC_FAST) $(LONGSPEC_FRESH)
-	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r $(LONGSPEC_LAST)/draft $(LONGSPEC_DRAFT)
-	cp $(LONGSPEC_LAST)/log.csv $(LONGSPEC_LAST)/eval.csv $(LONGSPEC_DRAFT)/
+	  $(LONGSPEC_CACHED)
+	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train_cached/draft $(LONGSPEC_DRAFT)
+	cp outputs/longspec_train_cached/log.csv outputs/longspec_train_cached/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
 	cp outputs/longspec_train_more/config.json $(LONGSPEC_DRAFT)/train_config_continued.json
 	cp outputs/longspec_train_cached/config.json $(LONGSPEC_DRAFT)/train_config_continued_2.json
-	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper

@@ -44,6 +44,22 @@ def test_epochs_reuse_the_cached_target_view(tmp_path):
     assert (again.cache.misses, again.cache.hits) == (0, 12)
 
 
+def test_content_seeded_positions_hit_the_cache_from_other_stages(tmp_path):
+    """position_seed=content: a run whose stage has another name (and so other indices) still draws
+    each sequence's positions from its tokens, and hits the entries an earlier run wrote."""
+    cache = tmp_path / "cache"
+    first = train.Trainer(train.parse(cached_args(tmp_path / "a", cache, "position_seed=content")))
+    first.run()
+    assert first.cache.misses == 4
+    renamed = "stages=[{name: other, sequences: 4, labels: soft, lr: 0.003, epochs: 1}]"
+    again = train.Trainer(train.parse(cached_args(tmp_path / "b", cache, "position_seed=content", renamed)))
+    again.run()
+    assert (again.cache.misses, again.cache.hits) == (0, 4)
+    by_stage = train.Trainer(train.parse(cached_args(tmp_path / "c", cache, renamed)))
+    by_stage.run()  # the default seeds positions by stage and index: other offsets, other entries
+    assert by_stage.cache.misses == 4
+
+
 def test_a_stored_view_is_what_a_read_gives(tmp_path):
     cache = TeacherCache(tmp_path, {"model": "m"}, topk=3)
     gen = torch.Generator().manual_seed(0)
@@ -117,6 +133,7 @@ def test_an_interrupted_cached_run_resumes_to_the_same_weights(tmp_path, monkeyp
         ("stages.0.epochs=0", "epochs must be >= 1"),
         ("autocast=fp8", "autocast must be none or bf16"),
         ("teacher_topk=0", "teacher_topk must be >= 1"),
+        ("position_seed=random", "position_seed must be stage or content"),
     ],
 )
 def test_bad_values_are_one_line(tmp_path, capsys, bad, words):

@@ -25,7 +25,9 @@ target's own text.
 Speed (both off by default): `teacher_cache=<folder>` keeps the target's view of each sequence on disk
 (`training.teacher_cache`: its K/V in float16 and its top-`teacher_topk` next tokens), so a later epoch,
 or a later run over the same data, skips the target forward; soft labels are then the target's top-k
-renormalised. `autocast=bf16` runs the draft's forward and backward in bfloat16 autocast (fast where
+renormalised. With `position_seed=content` a sequence's anchor offset
+follows from its tokens, so a later run over the same text, whatever its stages, hits the cache.
+`autocast=bf16` runs the draft's forward and backward in bfloat16 autocast (fast where
 the CPU has avx512_bf16 or AMX, and on CUDA); the weights and the optimizer stay float32.
 
 Resumable: every `checkpoint_every` optimizer steps `state.pt` holds the draft, optimizer, step and log
@@ -38,6 +40,7 @@ its config and `training.json`), which `decoder=longspec decoder.checkpoint=<out
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -112,6 +115,9 @@ class TrainConfig:
     # later runs over the same data skip the target forward; soft labels become the target's top-k
     teacher_cache: str = ""
     teacher_topk: int = 64
+    # stage: a sequence's anchor offset and lag are seeded by its stage and index | content: by its tokens
+    # (any later run over the same text, whatever its stages, draws the same positions: cache hits)
+    position_seed: str = "stage"
     autocast: str = "none"  # none | bf16: the draft's forward and backward in bfloat16 autocast
     seed: int = 0
     stages: list[Stage] = field(
@@ -195,6 +201,10 @@ def check(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.autocast not in ("none", "bf16"):
         raise HarnessError(f"training.longspec: autocast must be none or bf16, got {cfg.autocast!r}")
+    if cfg.position_seed not in ("stage", "content"):
+        raise HarnessError(
+            f"training.longspec: position_seed must be stage or content, got {cfg.position_seed!r}"
+        )
     if cfg.teacher_topk < 1:
         raise HarnessError(f"training.longspec: teacher_topk must be >= 1, got {cfg.teacher_topk}")
     if cfg.gen_prompt >= cfg.seq_len:
@@ -528,7 +538,7 @@ class Trainer:
             t0, total, n_tok = time.perf_counter(), 0.0, 0
             self.opt.zero_grad(set_to_none=True)
             for stage, index, tokens, epoch in batch:
-                rng = random.Random(f"{cfg.seed}-{stage.name}-{index}")
+                rng = random.Random(self._sequence_seed(stage, index, tokens))
                 kind = "vanilla" if index < stage.generated else stage.positions
                 pos = positions_for(kind, len(tokens), cfg.anchors, self.max_offset, rng)
                 lag = rng.randint(1, cfg.max_lag)
@@ -563,6 +573,11 @@ class Trainer:
         bar.close()
         self.save_state()
         return self.export()
+
+    def _sequence_seed(self, stage: Stage, index: int, tokens: list[int]) -> str:
+        if self.cfg.position_seed == "content":
+            return f"{self.cfg.seed}-{hashlib.sha256(str(tokens).encode()).hexdigest()}"
+        return f"{self.cfg.seed}-{stage.name}-{index}"
 
     def _evaluate(self, tokens_done: int, stage: str) -> None:
         result = evaluate(self.draft, self.engine, self.validation, self.cfg)
