@@ -1,12 +1,13 @@
 """LongSpec's Table 1 from our runs, with the paper's numbers side by side (papers/004).
 
-`table1`: per method (vanilla, LongSpec with the paper's tree, the small tree and the chain (CPU presets),
-MagicDec = decoder=selfspec kv=streaming, and, ours, Lookahead, FAFO and prompt lookup on the same
-samples): tau, wall-clock speedup vs the vanilla run of the same environment (paired per sample), speedup vs MagicDec (the ratio of the two paired speedups), rows per
-verifying forward (root + drafted tokens), whether every output equals vanilla's, and the paper's tau and
-speedup vs Vanilla FA for the same method as the mean and range over its 25 Table 1 cells (5 targets x 5
-LongBench tasks; RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the
-Anchor-Offset ablation, two drafts trained on the same data and schedule, one with plain position ids.
+`table1`: per method (vanilla, LongSpec with the paper's tree, the small tree and the chain (CPU
+presets), MagicDec = decoder=selfspec kv=streaming, and, ours, Lookahead, FAFO and prompt lookup on the
+same samples): tau, wall-clock speedup vs the vanilla run of the same environment (paired per sample),
+speedup vs MagicDec (the ratio of the two paired speedups), rows per verifying forward (root + drafted
+tokens), whether every output equals vanilla's, and the paper's tau and speedup vs Vanilla FA for the
+same method as the mean and range over its 25 Table 1 cells (5 targets x 5 LongBench tasks;
+RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the Anchor-Offset ablation, two
+drafts trained on the same data and schedule, one with plain position ids.
 Tables are made within one setup, one run per cell.
 
 python -m analysis.longspec_paper [--root DIR]
@@ -165,7 +166,7 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     out.attrs["caption"] = (
         f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {ours_setup(df)}; "
         "two drafts trained by "
-        "training.longspec on the same data and schedule (~1M tokens: the first of the two runs behind the "
+        "training.longspec on the same data and schedule (~1M tokens: the first of the runs behind the "
         "shipped draft), one with plain position ids; 4096-token PG-19 "
         "stand-in prompts. Paper: LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the two). Same protocol, "
         "other scale: compare shapes and orderings, not absolute numbers."
