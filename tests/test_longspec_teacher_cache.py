@@ -134,6 +134,7 @@ def test_an_interrupted_cached_run_resumes_to_the_same_weights(tmp_path, monkeyp
         ("autocast=fp8", "autocast must be none or bf16"),
         ("teacher_topk=0", "teacher_topk must be >= 1"),
         ("position_seed=random", "position_seed must be stage or content"),
+        ("continuations=beam", "continuations must be greedy or prompt_lookup"),
     ],
 )
 def test_bad_values_are_one_line(tmp_path, capsys, bad, words):
@@ -141,3 +142,17 @@ def test_bad_values_are_one_line(tmp_path, capsys, bad, words):
     err = capsys.readouterr().err
     assert err.startswith("error: training.longspec:") and words in err and err.count("\n") == 1
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prompt_lookup_continuations_are_the_greedy_ones(tiny_lm, seed):
+    """continuations=prompt_lookup: the target's continuation decoded by prompt lookup equals plain greedy
+    decoding (fp32), on prompts that repeat (so drafts are proposed and accepted) and on random ones."""
+    eng = Engine(tiny_lm.model)
+    gen = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(0, 250, (7,), generator=gen).tolist()
+    prompts = [phrase * 5, torch.randint(0, 250, (30,), generator=gen).tolist()]
+    for prompt in prompts:
+        plain = train.greedy_continuation(eng, prompt, 40)
+        assert train.greedy_continuation(eng, prompt, 40, "prompt_lookup") == plain
+        assert len(plain) == 40

@@ -107,6 +107,9 @@ class TrainConfig:
     extra_sources: list[str] = field(default_factory=list)
     max_chars_per_source: int = 2_000_000
     gen_prompt: int = 512  # held-out tokens before a generated continuation
+    # how the target's greedy continuations are decoded: greedy (one row per step) | prompt_lookup (the
+    # same greedy tokens by decoders.pld, lossless; fast where the target repeats itself)
+    continuations: str = "greedy"
     validation: int = 2  # held-out sequences for validation loss and tau
     eval_every: int = 60  # optimizer steps between evaluations (and at every stage end)
     eval_new_tokens: int = 48
@@ -201,6 +204,10 @@ def check(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.autocast not in ("none", "bf16"):
         raise HarnessError(f"training.longspec: autocast must be none or bf16, got {cfg.autocast!r}")
+    if cfg.continuations not in ("greedy", "prompt_lookup"):
+        raise HarnessError(
+            f"training.longspec: continuations must be greedy or prompt_lookup, got {cfg.continuations!r}"
+        )
     if cfg.position_seed not in ("stage", "content"):
         raise HarnessError(
             f"training.longspec: position_seed must be stage or content, got {cfg.position_seed!r}"
@@ -294,8 +301,13 @@ def _cached_loss(
 
 
 @torch.no_grad()
-def greedy_continuation(engine: Engine, prompt: list[int], n_new: int) -> list[int]:
-    """The target's greedy continuation of `prompt` (plain decoding: prefill, then one row per step)."""
+def greedy_continuation(engine: Engine, prompt: list[int], n_new: int, method: str = "greedy") -> list[int]:
+    """The target's greedy continuation of `prompt`: plain decoding (prefill, then one row per step), or
+    with `method="prompt_lookup"` the same tokens from `decoders.pld` (lossless greedy verification)."""
+    if method == "prompt_lookup":
+        from decoders.pld import PromptLookup
+
+        return PromptLookup(engine).generate(prompt, n_new, set(), Counts(keep_steps=False))[:n_new]
     engine.reset(len(prompt) + n_new)
     nxt = int(engine.prefill(prompt).argmax())
     out = [nxt]
@@ -451,7 +463,10 @@ class Trainer:
             for seq in tqdm(prompts[len(generated) :], desc="target continuations", file=sys.stderr):
                 prompt = seq[: cfg.gen_prompt]
                 generated.append(
-                    prompt + greedy_continuation(self.engine, prompt, cfg.seq_len - cfg.gen_prompt)
+                    prompt
+                    + greedy_continuation(
+                        self.engine, prompt, cfg.seq_len - cfg.gen_prompt, cfg.continuations
+                    )
                 )
                 save_sequences(gen_file, generated)  # each one kept: an interrupted run loses at most one
         self.generated = generated
