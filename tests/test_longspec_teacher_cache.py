@@ -14,6 +14,7 @@ import torch
 from core.engine import Engine
 from decoders.longspec_draft import LongSpecDraft
 from training import longspec as train
+from training import longspec_steps as steps
 from training.teacher_cache import TargetView, TeacherCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,15 +89,15 @@ def test_top_k_of_the_whole_vocabulary_is_the_full_soft_loss(tiny_lm, tmp_path):
     draft = LongSpecDraft.init_for(eng, target_layer=-1, window=6, seed=1)
     gen = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, 250, (24,), generator=gen).tolist()
-    positions = train.positions_for("anchor_offset", 24, 4, 50, random.Random(3))
+    positions = steps.positions_for("anchor_offset", 24, 4, 50, random.Random(3))
     vocab = draft.config.vocab_size
     cache = TeacherCache(tmp_path, {"model": "tiny"}, topk=vocab)
     with torch.no_grad():
-        full = train.sequence_loss(draft, eng, tokens, positions, "soft", 2)
-        first = train.sequence_loss(draft, eng, tokens, positions, "soft", 2, cache)
-        second = train.sequence_loss(draft, eng, tokens, positions, "soft", 2, cache)
-        target = train.sequence_loss(draft, eng, tokens, positions, "target", 2)
-        target_cached = train.sequence_loss(draft, eng, tokens, positions, "target", 2, cache)
+        full = steps.sequence_loss(draft, eng, tokens, positions, "soft", 2)
+        first = steps.sequence_loss(draft, eng, tokens, positions, "soft", 2, cache)
+        second = steps.sequence_loss(draft, eng, tokens, positions, "soft", 2, cache)
+        target = steps.sequence_loss(draft, eng, tokens, positions, "target", 2)
+        target_cached = steps.sequence_loss(draft, eng, tokens, positions, "target", 2, cache)
     assert (cache.misses, cache.hits) == (1, 2)
     assert float(first) == float(second)  # the first epoch trains on the stored (rounded) view
     torch.testing.assert_close(first, full, rtol=2e-3, atol=0)
@@ -153,6 +154,6 @@ def test_prompt_lookup_continuations_are_the_greedy_ones(tiny_lm, seed):
     phrase = torch.randint(0, 250, (7,), generator=gen).tolist()
     prompts = [phrase * 5, torch.randint(0, 250, (30,), generator=gen).tolist()]
     for prompt in prompts:
-        plain = train.greedy_continuation(eng, prompt, 40)
-        assert train.greedy_continuation(eng, prompt, 40, "prompt_lookup") == plain
+        plain = steps.greedy_continuation(eng, prompt, 40)
+        assert steps.greedy_continuation(eng, prompt, 40, "prompt_lookup") == plain
         assert len(plain) == 40

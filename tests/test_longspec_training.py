@@ -18,6 +18,7 @@ from decoders.longspec import LongSpec
 from decoders.longspec_draft import LongSpecDraft
 from decoders.vanilla import Vanilla
 from training import longspec as train
+from training import longspec_steps as steps
 from training.longspec_data import ESSAYS_HELD_OUT, first_unused_char
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,9 +42,9 @@ def test_training_forward_equals_drafting(tiny_lm, lag):
     gen = torch.Generator().manual_seed(1)
     n = 18
     tokens = torch.randint(0, 250, (n,), generator=gen)
-    positions = torch.tensor(train.positions_for("anchor_offset", n, 4, 100, random.Random(7)))
+    positions = torch.tensor(steps.positions_for("anchor_offset", n, 4, 100, random.Random(7)))
     assert positions[:4].tolist() == [0, 1, 2, 3] and positions[4] > 4  # offset o drawn > 0 here
-    k, v, _ = train.target_view(eng, tokens, positions, draft.target_layer, False)
+    k, v, _ = steps.target_view(eng, tokens, positions, draft.target_layer, False)
     with torch.no_grad():
         trained = draft.forward_train(tokens, positions, k, v, lag)
     assert trained.shape[0] == n - 1 - lag
@@ -72,9 +73,9 @@ def test_layer_init_copies_the_target_layer(tiny_lm):
 
 def test_positions():
     rng = random.Random(0)
-    assert train.positions_for("vanilla", 6, 4, 100, rng) == list(range(6))
+    assert steps.positions_for("vanilla", 6, 4, 100, rng) == list(range(6))
     for _ in range(20):
-        pos = train.positions_for("anchor_offset", 10, 4, 50, rng)
+        pos = steps.positions_for("anchor_offset", 10, 4, 50, rng)
         o = pos[4] - 4
         assert pos[:4] == [0, 1, 2, 3] and 0 <= o <= 50 and pos[4:] == [o + i for i in range(4, 10)]
 
