@@ -6,6 +6,7 @@ q `[1, H, n, d]` and k/v `[1, H_kv, L + n, d]` (cache slots then the block) and 
 cost, recorded per forward).
 
 - `CausalView`: every query sees the whole cache plus the block causally (vanilla, prefill).
+  A few rows over a long float32 CPU cache (a verification block) take `few_rows_attention`.
 - `MaskView`: an arbitrary boolean visibility `[n, L + n]` or per-head `[H, n, L + n]` (tree / Jacobi /
   fumble layouts). Dense SDPA with a mask: the reference every sparse path is tested against.
 Sparse views (FlexAttention block masks, KV-policy restricted views) live next to their users and
@@ -87,6 +88,43 @@ def one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return sdpa(q, k, v, None, scale)
 
 
+# a block of at most this many query rows over SPLIT_MIN_KEYS keys or more takes `few_rows_attention` on CPU
+FEW_ROWS_MAX = 16
+
+
+def few_rows_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """`few_rows_attention` serves this block: 2..FEW_ROWS_MAX rows, float32, CPU, a long cache."""
+    n = q.shape[2]
+    return (
+        1 < n <= FEW_ROWS_MAX
+        and q.shape[0] == 1
+        and q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k.shape[2] - n >= SPLIT_MIN_KEYS
+        and q.shape[1] % k.shape[1] == 0
+    )
+
+
+def few_rows_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """A block of n query rows (`q [1, H, n, d]`) over [cache | block] (`k/v [1, H_kv, L + n, d]`):
+    every cache key visible, `block_mask [n, n]` (True = visible) over the block. For float32 on CPU
+    (a verification block over a long cache): the G = H / H_kv query heads of a group and the n rows
+    are one GEMM over their KV head, the scores are laid out row-major for the softmax, and no KV head
+    is read once per query head as SDPA's GQA path does. Equal to SDPA with the same mask to float32
+    rounding (not bit-identical)."""
+    h, n, d = q.shape[1], q.shape[2], q.shape[3]
+    hkv = k.shape[1]
+    g = h // hkv
+    cache_len = k.shape[2] - n
+    qg = q[0].reshape(hkv, g * n, d)  # rows are (group member, query) pairs
+    scores = torch.matmul(qg, k[0].transpose(1, 2)).mul_(scale)  # [H_kv, G*n, L+n]
+    scores[:, :, cache_len:].masked_fill_(~block_mask.to(q.device).repeat(g, 1), float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v[0])  # [H_kv, G*n, d]
+    return out.reshape(1, h, n, d)
+
+
 def one_row_two_slices(
     q: torch.Tensor,
     k1: torch.Tensor,
@@ -126,6 +164,8 @@ class CausalView:
             return one_row_attention(q, k, v, self.scale)
         if total == n:  # empty cache: plain causal
             return sdpa(q, k, v, None, self.scale, is_causal=True)
+        if few_rows_applies(q, k):
+            return few_rows_attention(q, k, v, torch.ones(n, n, dtype=torch.bool).tril(), self.scale)
         if self._mask is None or self._mask.shape != (n, total):
             self._mask = causal_block_mask(n, total - n, q.device)
         return sdpa(q, k, v, self._mask, self.scale)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from core.attention import CausalView, MaskView
+from core.attention import CausalView
 
 CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
 
@@ -111,12 +111,9 @@ def _vocab(eng) -> int:
 def step_seconds(eng, context: int, rows: int, reps: int) -> float:
     """Median seconds of a causal `rows`-row step over the engine's `context`-entry cache (nothing
     kept: the cache stays at `context`)."""
-    if rows == 1:  # vanilla's own step: no mask, the split decode attention where it applies
-        view: CausalView | MaskView = CausalView(eng.scale)
-    else:
-        mask = torch.ones(rows, context + rows, dtype=torch.bool)
-        mask[:, context:] = torch.tril(torch.ones(rows, rows, dtype=torch.bool))
-        view = MaskView(mask.to(eng.device), eng.scale)
+    # the attention a causal block of this size gets in a decoder's verification (one row: vanilla's
+    # split decode attention; a few rows over a long CPU cache: `few_rows_attention`; else masked SDPA)
+    view = CausalView(eng.scale)
     tokens = (torch.arange(rows) + 3) % _vocab(eng)  # any ids: the cost does not depend on them
     pos = torch.arange(context, context + rows)
     times = []

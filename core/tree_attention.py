@@ -14,15 +14,17 @@ k, v)` with q `[1, H, n, d]` and k/v `[1, H_kv, L + n, d]` (cache slots then the
 `kv_read(cache_len)`. `backend="hybrid"` is the paper's split (two partial attentions merged through
 their LSEs); `backend="masked"` is the same function as one SDPA over [cache | block] with the mask
 (cache columns all visible): several times faster on CPU, where no unmasked kernel is gained by the
-split. GQA: the H query heads are grouped over the H_kv key/value heads (query head h
-reads KV head h // (H / H_kv), as `repeat_interleave` of the KV heads would give, without the copy).
+split; a small float32 block over a long CPU cache takes `core.attention.few_rows_attention` instead of
+SDPA (the same function, its GQA heads grouped). GQA: the H query heads are grouped over the H_kv
+key/value heads (query head h reads KV head h // (H / H_kv), as `repeat_interleave` of the KV heads
+would give, without the copy).
 """
 
 from __future__ import annotations
 
 import torch
 
-from core.attention import sdpa
+from core.attention import few_rows_applies, few_rows_attention, sdpa
 
 BACKENDS = ("hybrid", "masked")
 
@@ -79,6 +81,8 @@ class HybridTreeView:
         if self.tree_mask.shape[0] != n:
             raise ValueError(f"tree mask is for {self.tree_mask.shape[0]} nodes, the block has {n}")
         if self.backend == "masked":
+            if few_rows_applies(q, k):  # CPU float32, a small tree over a long cache
+                return few_rows_attention(q, k, v, self.tree_mask, self.scale)
             if self._full_mask is None or self._full_mask.shape[1] != cache_len + n:
                 mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=q.device)
                 mask[:, cache_len:] = self.tree_mask.to(q.device)
