@@ -27,25 +27,33 @@ test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites 
 bench:           ## the speed claims, one script each (run one at a time)
 	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_longspec bench_sfi bench_block_auto; do \
 	  flock /tmp/harness-bench.lock $(PY) -m benchmarks.$$b || exit 1; done
+	flock /tmp/harness-bench.lock $(PY) -m benchmarks.bench_block_cost --context 4096 --sdpa-column
 
 LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m
 # Run 1: the default stages (pretrain + distill, ~1M tokens); run 2 continues that draft for one more pass
 # of soft-label distillation over the data (~1M tokens; rows of the target's distribution, anchor-offset);
-# run 3 three more passes over the same data, the target's view cached after the first (~3.4M tokens).
+# run 3 three more passes over the same data, the target's view cached after the first (~3.4M tokens);
+# run 4 self-distillation on 320 of the target's own continuations (512 held-out tokens, then 512 it
+# generates, decoded losslessly by prompt lookup) beside 320 data sequences, three passes (~2M tokens).
 LONGSPEC_MORE := "stages=[{name: distill_long, sequences: 1000, labels: soft, positions: anchor_offset, lr: 3e-4, generated: 24}]"
 LONGSPEC_CACHED := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 \
   "stages=[{name: distill_cached, sequences: 1122, labels: soft, lr: 3e-4, epochs: 3}]"
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 2.5 hours in three runs; rerun resumes) and ship it
+LONGSPEC_SELF := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
+  continuations=prompt_lookup "stages=[{name: selfdistill, sequences: 640, generated: 320, labels: soft, lr: 3e-4, epochs: 3}]"
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 3.5 hours in four runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
 	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
 	$(PY) -m training.longspec out=outputs/longspec_train_cached threads=2 init=outputs/longspec_train_more/draft \
 	  $(LONGSPEC_CACHED)
-	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train_cached/draft $(LONGSPEC_DRAFT)
-	cp outputs/longspec_train_cached/log.csv outputs/longspec_train_cached/eval.csv $(LONGSPEC_DRAFT)/
+	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill threads=2 init=outputs/longspec_train_cached/draft \
+	  $(LONGSPEC_SELF)
+	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train_selfdistill/draft $(LONGSPEC_DRAFT)
+	cp outputs/longspec_train_selfdistill/log.csv outputs/longspec_train_selfdistill/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
 	cp outputs/longspec_train_more/config.json $(LONGSPEC_DRAFT)/train_config_continued.json
 	cp outputs/longspec_train_cached/config.json $(LONGSPEC_DRAFT)/train_config_continued_2.json
+	cp outputs/longspec_train_selfdistill/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper

@@ -10,7 +10,7 @@ real compute, which decides what a CPU preset can afford (see conf/decoder/fafo_
 prints cost(B) for a causal block over a `--context`-token cache (median of --reps, two passes, the
 second reported), the marginal cost per row from a least-squares line, and the tau each B needs to
 break even and to reach 1.3x. `--sdpa-column` also times every block with the few-rows attention path
-off (`core.attention.few_rows_attention`, which serves 2..16 rows over a cache of 2048+ float32 CPU
+off (`core.attention.few_rows_attention`, which serves 2..10 rows over a cache of 2048+ float32 CPU
 entries; masked SDPA instead), each block size's two paths in turn, so their ratio comes from one run.
 """
 
@@ -28,6 +28,7 @@ from core.engine import Engine
 from core.models import load_model
 
 ROWS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+DEFAULT_CONTEXT = 400
 
 
 @contextmanager
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--linear", default="onednn", choices=["aten", "onednn"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sdpa-column", action="store_true", help="also time each block with masked SDPA")
     args = ap.parse_args()
@@ -87,5 +88,9 @@ def main() -> None:
 if __name__ == "__main__":
     from benchmarks.output import recorded
 
-    with recorded("bench_block_cost"):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
+    context = pre.parse_known_args()[0].context  # another cache length: its own output file
+    name = "bench_block_cost" if context == DEFAULT_CONTEXT else f"bench_block_cost-ctx{context}"
+    with recorded(name, module="benchmarks.bench_block_cost"):
         main()

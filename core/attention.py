@@ -89,7 +89,7 @@ def one_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
 
 # a block of at most this many query rows over SPLIT_MIN_KEYS keys or more takes `few_rows_attention` on CPU
-FEW_ROWS_MAX = 16
+FEW_ROWS_MAX = 10
 
 
 def few_rows_applies(q: torch.Tensor, k: torch.Tensor) -> bool:
