@@ -42,7 +42,7 @@ def few_rows_path_off():
         core.attention.FEW_ROWS_MAX = saved
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="float32")
@@ -52,7 +52,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sdpa-column", action="store_true", help="also time each block with masked SDPA")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
     linear = args.linear if args.device == "cpu" else "aten"
@@ -88,9 +91,8 @@ def main() -> None:
 if __name__ == "__main__":
     from benchmarks.output import recorded
 
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
-    context = pre.parse_known_args()[0].context  # another cache length: its own output file
-    name = "bench_block_cost" if context == DEFAULT_CONTEXT else f"bench_block_cost-ctx{context}"
+    args = parse_args()
+    # another cache length: its own output file
+    name = "bench_block_cost" if args.context == DEFAULT_CONTEXT else f"bench_block_cost-ctx{args.context}"
     with recorded(name, module="benchmarks.bench_block_cost"):
-        main()
+        main(args)

@@ -111,9 +111,9 @@ def few_rows_attention(
     """A block of n query rows (`q [1, H, n, d]`) over [cache | block] (`k/v [1, H_kv, L + n, d]`):
     every cache key visible, `block_mask [n, n]` (True = visible) over the block. For float32 on CPU
     (a verification block over a long cache): the G = H / H_kv query heads of a group and the n rows
-    are one GEMM over their KV head, the scores are laid out row-major for the softmax, and no KV head
-    is read once per query head as SDPA's GQA path does. Equal to SDPA with the same mask to float32
-    rounding (not bit-identical)."""
+    are one GEMM over their KV head and the scores are laid out row-major for the softmax
+    (`bench_block_cost --sdpa-column` compares it with masked SDPA). Equal to SDPA with the same mask
+    to float32 rounding (not bit-identical)."""
     h, n, d = q.shape[1], q.shape[2], q.shape[3]
     hkv = k.shape[1]
     g = h // hkv
@@ -157,6 +157,7 @@ class CausalView:
     def __init__(self, scale: float) -> None:
         self.scale = scale
         self._mask: torch.Tensor | None = None
+        self._tril: torch.Tensor | None = None  # the block part alone, for `few_rows_attention`
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n, total = q.shape[2], k.shape[2]
@@ -165,7 +166,9 @@ class CausalView:
         if total == n:  # empty cache: plain causal
             return sdpa(q, k, v, None, self.scale, is_causal=True)
         if few_rows_applies(q, k):
-            return few_rows_attention(q, k, v, torch.ones(n, n, dtype=torch.bool).tril(), self.scale)
+            if self._tril is None or self._tril.shape[0] != n:
+                self._tril = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            return few_rows_attention(q, k, v, self._tril, self.scale)
         if self._mask is None or self._mask.shape != (n, total):
             self._mask = causal_block_mask(n, total - n, q.device)
         return sdpa(q, k, v, self._mask, self.scale)
