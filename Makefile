@@ -34,13 +34,22 @@ LONGSPEC_DRAFT := checkpoints/longspec/smollm2-135m
 # of soft-label distillation over the data (~1M tokens; rows of the target's distribution, anchor-offset);
 # run 3 three more passes over the same data, the target's view cached after the first (~3.4M tokens);
 # run 4 self-distillation on 320 of the target's own continuations (512 held-out tokens, then 512 it
-# generates, decoded losslessly by prompt lookup) beside 320 data sequences, three passes (~2M tokens).
+# generates, decoded losslessly by prompt lookup) beside 320 data sequences, three passes (~2M tokens);
+# runs 5 and 6 the same on 640 and then 800 continuations (the earlier runs' first ones reused: the
+# same prompts give the same greedy tokens) beside 320 and then 160 data sequences (~2.9M tokens each).
 LONGSPEC_MORE := "stages=[{name: distill_long, sequences: 1000, labels: soft, positions: anchor_offset, lr: 3e-4, generated: 24}]"
 LONGSPEC_CACHED := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 \
   "stages=[{name: distill_cached, sequences: 1122, labels: soft, lr: 3e-4, epochs: 3}]"
 LONGSPEC_SELF := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
   continuations=prompt_lookup "stages=[{name: selfdistill, sequences: 640, generated: 320, labels: soft, lr: 3e-4, epochs: 3}]"
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 3.5 hours in four runs; rerun resumes) and ship it
+LONGSPEC_SELF2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
+  continuations=prompt_lookup "stages=[{name: selfdistill_more, sequences: 960, generated: 640, labels: soft, lr: 3e-4, epochs: 3}]"
+LONGSPEC_SELF3 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
+  continuations=prompt_lookup "stages=[{name: selfdistill_3, sequences: 960, generated: 800, labels: soft, lr: 3e-4, epochs: 3}]"
+LONGSPEC_LAST := outputs/longspec_train_selfdistill_3
+# a run's continuations start as a copy of the previous run's (the trainer checks they continue its prompts)
+reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1)/generated.json $(2)/; }
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 5.5 hours in six runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
 	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
@@ -48,12 +57,20 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	  $(LONGSPEC_CACHED)
 	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill threads=2 init=outputs/longspec_train_cached/draft \
 	  $(LONGSPEC_SELF)
-	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r outputs/longspec_train_selfdistill/draft $(LONGSPEC_DRAFT)
-	cp outputs/longspec_train_selfdistill/log.csv outputs/longspec_train_selfdistill/eval.csv $(LONGSPEC_DRAFT)/
+	$(call reuse_continuations,outputs/longspec_train_selfdistill,outputs/longspec_train_selfdistill_2)
+	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill_2 threads=2 \
+	  init=outputs/longspec_train_selfdistill/draft $(LONGSPEC_SELF2)
+	$(call reuse_continuations,outputs/longspec_train_selfdistill_2,$(LONGSPEC_LAST))
+	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=outputs/longspec_train_selfdistill_2/draft \
+	  $(LONGSPEC_SELF3)
+	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r $(LONGSPEC_LAST)/draft $(LONGSPEC_DRAFT)
+	cp $(LONGSPEC_LAST)/log.csv $(LONGSPEC_LAST)/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
 	cp outputs/longspec_train_more/config.json $(LONGSPEC_DRAFT)/train_config_continued.json
 	cp outputs/longspec_train_cached/config.json $(LONGSPEC_DRAFT)/train_config_continued_2.json
 	cp outputs/longspec_train_selfdistill/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
+	cp outputs/longspec_train_selfdistill_2/config.json $(LONGSPEC_DRAFT)/train_config_continued_4.json
+	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_5.json
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper

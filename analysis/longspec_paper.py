@@ -52,10 +52,14 @@ def method_of(row: pd.Series) -> str:
         widths = str(row.get("decoder.widths", ""))
         vocab = row.get("decoder.draft_vocab")
         restricted = vocab is not None and str(vocab) not in ("", "nan", "None", "null")
-        if widths == "[4, 16, 16, 16, 16]" and not restricted:
+        auto = str(row.get("decoder.block", "")) == "auto"  # blocks sized by cost: ours
+        if widths == "[4, 16, 16, 16, 16]" and not restricted and not auto:
             return "LongSpec"
         shape = "chain" if widths == "[1, 1, 1, 1]" else f"tree {widths}"
-        return f"LongSpec {shape} (CPU preset{f', draft vocab {int(float(vocab))}' if restricted else ''})"
+        extras = "".join(
+            [f", draft vocab {int(float(vocab))}" if restricted else "", ", block=auto" if auto else ""]
+        )
+        return f"LongSpec {shape} (CPU preset{extras})"
     if decoder in DRAFTLESS and str(row["kv"]) == "full":
         return DRAFTLESS[decoder]
     return f"{decoder} kv={row['kv']}"

@@ -11,6 +11,9 @@ Methods, all lossless (`exact` = outputs identical to vanilla's, fp32; `decoder.
 - the CPU presets again with `draft_vocab=N` for each `--vocab N`: the draft proposes only from the N
   tokens most frequent in its training data (our CPU option, not the paper's), so its LM-head GEMM
   shrinks by vocab/N;
+- `block=auto` (ours, not the paper's: `decoders.longspec_auto`): the chain, the small tree (both
+  with `draft_vocab` 8192) and the paper's tree, each cut every step to the nodes worth verifying on
+  this machine's cost curve (the runner's cached curve, or measured now before anything is timed);
 - MagicDec (decoder=selfspec kv=streaming, gamma 4, 6.25% of the context, the `sliced` backend that
   skips the unselected entries: LongSpec Table 1's baseline). Its draft steps are the target's own
   forwards over the compressed cache: they count under `target`.
@@ -20,7 +23,8 @@ tokens committed per target forward; `draft ms` = mean seconds of one draft forw
 `target ms` = mean seconds of one target forward of the method (a verification), both timed around
 the forwards by this benchmark; `draft/tok` and `target/tok` = the draft's and the target's forward
 time per generated token, in units of vanilla's one-row step (so vanilla's target/tok is 1.00 and a
-method is faster than vanilla when their sum, plus the bookkeeping between forwards, is below 1).
+method is faster than vanilla when their sum, plus the bookkeeping between forwards, is below 1);
+`rows` = mean query rows of the method's verification forwards.
 
 Protocol: prompts are the pg19 task's offline stand-in (Paul Graham essays held out from the draft's
 training text) cut to `--context` tokens; one untimed warm-up per method; per prompt every method runs
@@ -39,6 +43,7 @@ import torch
 
 from benchmarks.bench_selfspec import spread
 from benchmarks.timing import timed_generate
+from core.cost_curve import CostFn, cached_or_measured
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -47,14 +52,31 @@ from decoders.longspec import LongSpec
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
+from runners.provenance import device_name
 
 Maker = Callable[[Engine], BaseDecoder]
 TREES = {"paper tree": (5, [4, 16, 16, 16, 16]), "small tree": (4, [2, 2, 2, 2]), "chain": (4, [1, 1, 1, 1])}
 
 
-def methods(vocab_sizes: list[int]) -> dict[str, Maker]:
+def methods(vocab_sizes: list[int], cost: CostFn) -> dict[str, Maker]:
     def longspec(depth: int, widths: list[int], vocab: int | None = None) -> Maker:
         return lambda e: LongSpec(e, depth=depth, widths=widths, checkpoint="auto", draft_vocab=vocab)
+
+    draft_seconds: dict[tuple, dict[int, float]] = {}  # measured once per shape, before timing
+
+    def auto(depth: int, widths: list[int], vocab: int | None) -> Maker:
+        def make(e: Engine) -> BaseDecoder:
+            dec = LongSpec(e, depth=depth, widths=widths, checkpoint="auto", draft_vocab=vocab, block="auto")
+            shape = (tuple(widths), vocab)
+            if shape in draft_seconds:
+                BaseDecoder.use_cost(dec, cost)
+                dec.draft_seconds = draft_seconds[shape]
+            else:
+                dec.use_cost(cost)
+                draft_seconds[shape] = dec.draft_seconds
+            return dec
+
+        return make
 
     out: dict[str, Maker] = {"vanilla": lambda e: Vanilla(e)}
     for name, (depth, widths) in TREES.items():
@@ -62,6 +84,9 @@ def methods(vocab_sizes: list[int]) -> dict[str, Maker]:
     for vocab in vocab_sizes:
         for name in ("small tree", "chain"):
             out[f"LongSpec {name}, draft_vocab {vocab}"] = longspec(*TREES[name], vocab)
+    out["LongSpec chain, block=auto"] = auto(*TREES["chain"], 8192)
+    out["LongSpec small tree, block=auto"] = auto(*TREES["small tree"], 8192)
+    out["LongSpec paper tree, block=auto"] = auto(*TREES["paper tree"], None)
     out["MagicDec (selfspec+streaming)"] = lambda e: SelfSpeculative(
         e, kv=build_policy("streaming", budget_frac=0.0625, sinks=4, backend="sliced"), gamma=4
     )
@@ -112,6 +137,7 @@ class Tally:
     target_n: int = 0
     draft_s: float = 0.0
     draft_n: int = 0
+    rows: int = 0
     exact: int = 0
     runs: int = 0
 
@@ -139,12 +165,19 @@ def main() -> None:
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")
-    makers = methods(args.vocab)
+    key = {
+        "device": device_name(lm.device),
+        "model": "smollm2-135m",
+        "dtype": "float32",
+        "linear": eng.linear,
+    }
+    cost, measured = cached_or_measured(eng, key, 1 + 4 + 4 * 16)
+    makers = methods(args.vocab, cost)
     probe = makers["LongSpec chain"](eng)
     print(
         f"SmolLM2-135M fp32 (oneDNN GEMMs), {torch.get_num_threads()} threads; {args.prompts} PG-19 "
         f"stand-in prompts of {args.context} tokens x {args.new} new tokens, {args.repeats} repeats; "
-        f"draft: {probe.draft.label}\n"
+        f"draft: {probe.draft.label}; cost curve for block=auto: {'measured now' if measured else 'cached'}\n"
     )
     task = PG19(context_length=args.context, max_new_tokens=args.new, source="package", limit=args.prompts)
     prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
@@ -164,6 +197,7 @@ def main() -> None:
             t.forwards, t.committed = t.forwards + counts.forwards, t.committed + counts.committed
             t.target_s, t.target_n = t.target_s + clock.target_s, t.target_n + clock.target_n
             t.draft_s, t.draft_n = t.draft_s + clock.draft_s, t.draft_n + clock.draft_n
+            t.rows += sum(s.block_tokens for s in counts.steps if not s.draft)
             t.exact += out == ref
             t.runs += 1
     base = tallies["vanilla"]
@@ -171,7 +205,7 @@ def main() -> None:
     print(f"vanilla one-row step: {step * 1e3:.1f} ms at ~{args.context} cached tokens")
     print(
         f"{'method':40s} {'speedup':>7s} {'tau':>5s} {'draft ms':>8s} {'target ms':>9s} {'draft/tok':>9s} "
-        f"{'target/tok':>10s} {'tok/s':>6s} exact  speedup per repeat: median [min-max]"
+        f"{'target/tok':>10s} {'rows':>5s} {'tok/s':>6s} exact  speedup per repeat: median [min-max]"
     )
     for name, t in tallies.items():
         draft_ms = f"{t.draft_s / t.draft_n * 1e3:8.2f}" if t.draft_n else f"{'-':>8s}"
@@ -179,7 +213,7 @@ def main() -> None:
             f"{name:40s} {base.decode_s / t.decode_s:7.2f} {t.committed / max(t.forwards, 1):5.2f} "
             f"{draft_ms} {t.target_s / max(t.target_n, 1) * 1e3:9.2f} "
             f"{t.draft_s / t.tokens / step:9.2f} {t.target_s / t.tokens / step:10.2f} "
-            f"{t.tokens / t.decode_s:6.1f} {t.exact}/{t.runs}  "
+            f"{t.rows / max(t.forwards, 1):5.1f} {t.tokens / t.decode_s:6.1f} {t.exact}/{t.runs}  "
             f"{spread(per_repeat['vanilla'], per_repeat[name])}"
         )
 

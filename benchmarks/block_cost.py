@@ -22,7 +22,16 @@ from pathlib import Path
 import torch
 
 from analysis.cost_model import GPUS, SHAPES, ModelShape, check_pairs, shape_of
-from core.cost_curve import CostCurve, cache_dir, cache_name, measure_grid, step_seconds, store_curve
+from core.cost_curve import (
+    CostCurve,
+    cache_dir,
+    cache_name,
+    is_current,
+    measure_grid,
+    measurement_meta,
+    step_seconds,
+    store_curve,
+)
 from core.engine import Engine
 from core.models import load_model
 
@@ -109,13 +118,14 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
     path = cache_dir() / cache_name(key)
     if path.exists() and not args.refresh:
         curve = CostCurve.from_json(path.read_text())
-        if curve.rows == list(args.rows) and curve.contexts == list(args.contexts):
+        if curve.rows == list(args.rows) and curve.contexts == list(args.contexts) and is_current(curve):
             return curve, path, True
     lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, linear=args.linear if args.device == "cpu" else "aten")
     shape = ModelShape.from_hf_config(lm.model.config)
     seconds = measure_grid(eng, list(args.rows), list(args.contexts), args.reps)
-    curve = CostCurve(key, list(args.rows), list(args.contexts), seconds, shape.__dict__, {"reps": args.reps})
+    meta = measurement_meta(args.reps)
+    curve = CostCurve(key, list(args.rows), list(args.contexts), seconds, shape.__dict__, meta)
     return curve, store_curve(curve), False
 
 

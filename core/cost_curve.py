@@ -24,6 +24,22 @@ from core.attention import CausalView
 
 CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
 
+# What `step_seconds` times: bumped whenever that changes (an attention path a verification block
+# takes, the view it runs under), so that curves cached before are measured again, not reused.
+# 2: blocks of 2-10 rows over long CPU caches take `few_rows_attention`; 3: logits for every row
+MEASURE_VERSION = 3
+
+
+def measurement_meta(reps: int) -> dict[str, object]:
+    """The `meta` of a curve measured now: how many repeats, which measurement, which torch."""
+    return {"reps": reps, "measure_version": MEASURE_VERSION, "torch": torch.__version__}
+
+
+def is_current(curve: CostCurve) -> bool:
+    """Whether `curve` was measured by this code's `step_seconds` under this torch."""
+    meta = curve.meta
+    return meta.get("measure_version") == MEASURE_VERSION and meta.get("torch") == torch.__version__
+
 
 @dataclass
 class CostCurve:
@@ -80,12 +96,14 @@ def cache_name(key: dict[str, object]) -> str:
 
 
 def cached_curve(key: dict[str, object]) -> CostCurve | None:
-    """The cached curve of this environment (None when absent or unreadable)."""
+    """The cached curve of this environment (None when absent, unreadable, or measured by another
+    version of the measurement or of torch)."""
     path = cache_dir() / cache_name(key)
     try:
-        return CostCurve.from_json(path.read_text())
+        curve = CostCurve.from_json(path.read_text())
     except (OSError, ValueError, TypeError):
         return None
+    return curve if is_current(curve) else None
 
 
 def store_curve(curve: CostCurve) -> Path:
@@ -120,7 +138,7 @@ def step_seconds(eng, context: int, rows: int, reps: int) -> float:
     for _ in range(reps):
         _sync(eng.device)
         t0 = time.perf_counter()
-        eng.step(tokens, pos, view, logits_rows=[rows - 1])
+        eng.step(tokens, pos, view)  # logits for every row: a verification reads each row's
         _sync(eng.device)
         times.append(time.perf_counter() - t0)
         eng.commit([])
@@ -174,6 +192,7 @@ def cached_or_measured(
             f"measuring this environment's cost curve ({len(rows)} block sizes x {len(contexts)} cache "
             f"lengths, once; cached in {cache_dir()})"
         )
-    curve = CostCurve(key, rows, contexts, measure_grid(eng, rows, contexts, reps), None, {"reps": reps})
+    seconds = measure_grid(eng, rows, contexts, reps)
+    curve = CostCurve(key, rows, contexts, seconds, None, measurement_meta(reps))
     store_curve(curve)
     return curve, True

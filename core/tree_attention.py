@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from core.attention import few_rows_applies, few_rows_attention, sdpa
+from core.attention import few_rows_applies, few_rows_attention, one_row_attention, sdpa
 
 BACKENDS = ("hybrid", "masked")
 
@@ -81,6 +81,8 @@ class HybridTreeView:
         if self.tree_mask.shape[0] != n:
             raise ValueError(f"tree mask is for {self.tree_mask.shape[0]} nodes, the block has {n}")
         if self.backend == "masked":
+            if n == 1:  # the root alone sees the whole cache and itself: a decode step's attention
+                return one_row_attention(q, k, v, self.scale)
             if few_rows_applies(q, k):  # CPU float32, a small tree over a long cache
                 return few_rows_attention(q, k, v, self.tree_mask, self.scale)
             if self._full_mask is None or self._full_mask.shape[1] != cache_len + n:

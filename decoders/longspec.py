@@ -23,6 +23,9 @@ cached yet, as in `decoders.selfspec`):
    then the same tokens enter the draft's window.
 A chain (gamma drafts) is the case widths = [1] * gamma.
 
+`block=auto` (ours, not the paper's): the drafted tree is cut to the nodes worth verifying on this
+hardware and drafting may stop before `depth` (`decoders.longspec_auto`); verification is unchanged.
+
 Counts: one `counts.step` per target forward (block rows, drafted tree nodes, accepted, committed, cache
 entries read); one `counts.draft_model_step(rows, window entries)` per draft forward (its cross-attention
 reads the target's committed entries of one layer on top: not in `kv_attended`, like any draft model).
@@ -41,6 +44,15 @@ from core.sampling import Sampler
 from core.tree_attention import BACKENDS, HybridTreeView
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import BLOCK_MODES
+from decoders.longspec_auto import (
+    DraftCalibration,
+    best_block,
+    deeper_pays,
+    draft_step_seconds,
+    node_probability,
+    survivals,
+)
 from decoders.longspec_draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer, target_name
 from decoders.longspec_sail import is_sail, load_sail
 
@@ -136,6 +148,7 @@ class LongSpec(BaseDecoder):
         seed: int = 0,
         tree_attention: str = "masked",
         draft_vocab: int | None = None,
+        block: str = "fixed",
         draft_module: Any = None,
     ) -> None:
         """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
@@ -146,12 +159,21 @@ class LongSpec(BaseDecoder):
         a checkpoint. `tree_attention`: "hybrid" (the paper's cache/tree split merged through LSEs) or
         "masked" (the same attention as one masked SDPA; faster on CPU): `core.tree_attention`.
         `draft_vocab`: None = the draft proposes from the whole vocabulary (the paper); N = only from
-        the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless)."""
+        the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless).
+        `block`: "fixed" verifies the whole drafted tree; "auto" sizes it by cost
+        (`decoders.longspec_auto`)."""
         if tree_attention not in BACKENDS:
             raise HarnessError(
                 f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
                 f"got {tree_attention!r}"
             )
+        if block not in BLOCK_MODES:
+            raise HarnessError(
+                f"decoder=longspec: block must be one of {', '.join(BLOCK_MODES)}, got {block!r}"
+            )
+        self.block = block
+        self.draft_seconds: dict[int, float] = {}  # block=auto: draft forward seconds by row count
+        self.calibration = DraftCalibration()
         self.tree_attention = tree_attention
         self.widths = _widths(depth, widths)
         self.depth = depth
@@ -217,6 +239,7 @@ class LongSpec(BaseDecoder):
             "checkpoint": self.draft.label,
             "tree_attention": self.tree_attention,
             "draft_vocab": self.draft_vocab,
+            "block": self.block,
         }
 
     def identity_extra(self) -> dict:
@@ -227,12 +250,25 @@ class LongSpec(BaseDecoder):
     def max_block(self) -> int:
         return 1 + sum(self.widths)
 
+    def use_cost(self, cost) -> None:
+        """The cost curve, and (block=auto) the draft's forward seconds per beam size, measured now:
+        the runner hands the curve over before anything is timed."""
+        super().use_cost(cost)
+        if self.block == "auto":
+            context = max(min(4096, self.engine.max_positions - 2), 1)
+            beams = [1, *self.widths[:-1]]
+            self.draft_seconds = draft_step_seconds(self.draft, self.engine, context, beams)
+
     def prepare(self, prompt: list[int], counts: Counts) -> None:
         self.draft.start(prompt)  # the prompt is committed in the target cache: fill the draft's window
+        self.calibration = DraftCalibration()  # block=auto: acceptance statistics of this generation
 
     # ------------------------------------------------------------------------------------------
-    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> Tree:
-        """Dynamic beam search under the draft, `depth` levels below the root."""
+    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> tuple[Tree, float]:
+        """Dynamic beam search under the draft, `depth` levels below the root (block=auto: fewer once a
+        level no longer pays). Returns the tree and its draft seconds (block=auto's estimate, else 0)."""
+        cost = self.block_cost()
+        spent = 0.0
         draft, dev = self.draft, self.engine.device
         tree = Tree([root])
         draft.begin_block()
@@ -260,8 +296,47 @@ class LongSpec(BaseDecoder):
             beam = [
                 tree.add(int(top_ids[i // k, i % k]), beam[i // k], float(total.flatten()[i])) for i in best
             ]
+            if cost is not None:
+                spent += self._draft_cost(len(tokens))
+                if d < depth and not deeper_pays(
+                    self._survivals(tree), beam, self.calibration, cost, length, spent,
+                    self._draft_cost(len(beam)),
+                ):  # fmt: skip
+                    break
         draft.begin_block()  # the staged block is not needed once the tree is drafted
-        return tree
+        return tree, spent
+
+    def _draft_cost(self, rows: int) -> float:
+        if rows in self.draft_seconds:
+            return self.draft_seconds[rows]
+        if not self.draft_seconds:
+            return 0.0
+        near = min(self.draft_seconds, key=lambda r: abs(r - rows))  # a beam narrower than its width
+        return self.draft_seconds[near]
+
+    def _survivals(self, tree: Tree) -> list[float]:
+        return survivals(tree.score, tree.parent, self.calibration)
+
+    def _cut(self, tree: Tree, length: int, spent: float, cost) -> Tree:
+        """block=auto: the root + the rows worth verifying (`best_block`), as a tree of their own."""
+        keep, _ = best_block(self._survivals(tree), cost, length, spent)
+        if len(keep) == len(tree.tokens) - 1:
+            return tree
+        cut, new_row = Tree([tree.tokens[0]]), {0: 0}
+        for row in keep:  # row order: parents first
+            new_row[row] = cut.add(tree.tokens[row], new_row[tree.parent[row]], tree.score[row])
+        return cut
+
+    def _calibrate(self, tree: Tree, path: list[int]) -> None:
+        """block=auto: every node whose parent the target accepted counts for its bin of q."""
+        on_path = {0, *path}
+        for row in range(1, len(tree.tokens)):
+            if tree.parent[row] in on_path:
+                q = node_probability(tree.score, tree.parent, row)
+                self.calibration.update(q, row in on_path)
+        for row in (0, *path):
+            if tree.children[row]:
+                self.calibration.update_parent(any(c in on_path for c in tree.children[row]))
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
         """The accepted path's tree rows and the committed tokens (accepted + bonus)."""
@@ -301,13 +376,20 @@ class LongSpec(BaseDecoder):
         while not done:
             length = eng.length
             depth = min(self.depth, max_new_tokens - len(out) - 1)  # the bonus token comes on top
-            tree = self._draft_tree(out[-1], length, depth, counts) if depth > 0 else Tree([out[-1]])
+            tree, spent = Tree([out[-1]]), 0.0
+            if depth > 0:
+                tree, spent = self._draft_tree(out[-1], length, depth, counts)
+            cost = self.block_cost()
+            if cost is not None and depth > 0:
+                tree = self._cut(tree, length, spent, cost)
             n = len(tree.tokens)
             view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
             tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
             positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
             logits = eng.step(tokens, positions, view)
             path, new = self._accept(tree, logits)
+            if cost is not None:
+                self._calibrate(tree, path)
             n_new, done = extend_output(out, new, max_new_tokens, stop_ids)
             rows = [0, *path][:n_new]
             eng.commit(rows)

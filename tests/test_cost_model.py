@@ -133,3 +133,9 @@ def test_cached_or_measured_reads_the_cache_unless_refreshed(tmp_path, monkeypat
     fresh, measured = cost_curve.cached_or_measured(eng, KEY, 4, refresh=True)
     assert measured and len(calls) == 2 and fresh.seconds != first.seconds
     assert cost_curve.cached_or_measured(eng, KEY, 4)[0] == fresh  # the fresh curve replaced the cached one
+    stale = cost_curve.CostCurve.from_json(fresh.to_json())
+    stale.meta["measure_version"] = cost_curve.MEASURE_VERSION - 1  # measured before the last change
+    cost_curve.store_curve(stale)
+    current, measured = cost_curve.cached_or_measured(eng, KEY, 4)
+    assert measured and len(calls) == 3 and cost_curve.is_current(current)
+    assert not cost_curve.cached_or_measured(eng, KEY, 4)[1]

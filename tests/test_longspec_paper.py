@@ -75,6 +75,9 @@ def test_method_names_say_what_is_not_the_papers():
     )
     assert name("[1, 1, 1, 1]", 8192.0) == "LongSpec chain (CPU preset, draft vocab 8192)"
     assert name("[2, 2, 2, 2]", None) == "LongSpec tree [2, 2, 2, 2] (CPU preset)"
+    auto = pd.Series({"decoder": "longspec_auto", "kv": "full", "decoder.widths": "[4, 16, 16, 16, 16]",
+                      "decoder.draft_vocab": None, "decoder.block": "auto"})  # fmt: skip
+    assert lp.method_of(auto) == "LongSpec tree [4, 16, 16, 16, 16] (CPU preset, block=auto)"
     other = pd.Series({"decoder": "fafo", "kv": "full"})
     assert lp.method_of(other) == "FAFO, fumble rows over the full cache (ours, not in the paper's table)"
     assert lp.method_of(pd.Series({"decoder": "fafo", "kv": "streaming"})) == "fafo kv=streaming"

@@ -210,3 +210,24 @@ def test_extra_sources_come_after_the_same_validation(tmp_path, capsys):
     assert train.main(tiny_args(tmp_path / "c", "extra_sources=[squad]")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "distinct names" in err and not (tmp_path / "c").exists()
+
+
+def test_generated_continuations_copied_from_another_run(tmp_path, capsys):
+    """A generated.json copied from a run of the same recipe is reused (the copy is how a longer run
+    skips re-decoding continuations it shares); one made from other prompts is refused in one line."""
+    first = tmp_path / "first"
+    assert train.main(tiny_args(first)) == 0
+    same = tmp_path / "same"
+    same.mkdir()
+    (same / "generated.json").write_text((first / "generated.json").read_text())
+    trainer = train.Trainer(train.parse(tiny_args(same)))
+    trainer.resume()
+    trainer.prepare_data()
+    assert trainer.generated == train.load_sequences(first / "generated.json")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generated.json").write_text((first / "generated.json").read_text())
+    capsys.readouterr()
+    assert train.main(tiny_args(other, "seed=5")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not continue this run's prompt 0" in err

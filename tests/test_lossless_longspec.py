@@ -218,6 +218,7 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         "checkpoint": f"{tmp_path / 'd'}@{digest}",  # the weights' digest: which draft, in the run id
         "tree_attention": "masked",
         "draft_vocab": None,
+        "block": "fixed",
     }
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
@@ -310,6 +311,7 @@ def test_params_and_block_size(tiny_lm):
         "checkpoint": "untrained random draft: lossless, tau near 1",
         "tree_attention": "masked",
         "draft_vocab": None,
+        "block": "fixed",
     }
 
 
@@ -324,7 +326,7 @@ def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm):
     eng.reset(64)
     eng.prefill(prompt)
     draft.start(prompt)
-    tree = dec._draft_tree(5, eng.length, 4, Counts())
+    tree, _ = dec._draft_tree(5, eng.length, 4, Counts())
     assert tree.depth == [0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert all(tree.depth[r] == tree.depth[tree.parent[r]] + 1 for r in range(1, len(tree.tokens)))
     mask = tree.ancestor_mask()
@@ -407,6 +409,7 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
         "longspec": (5, [4, 16, 16, 16, 16]),
         "longspec_chain": TREES["chain"],
         "longspec_small": TREES["small"],
+        "longspec_chain_auto": TREES["chain"],
     }
     eng = Engine(tiny_lm.model)
     for option, (depth, widths) in shapes.items():
@@ -418,3 +421,4 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
         assert dec.params()["widths"] == widths and dec.draft.window == 512
         # the CPU presets draft from the 8192 most frequent tokens (all of the tiny model's vocabulary)
         assert cfg.draft_vocab == (None if option == "longspec" else 8192)
+        assert cfg.block == ("auto" if option.endswith("_auto") else "fixed") == dec.block

@@ -102,3 +102,22 @@ def test_engine_step_logits_equal_mask_view(tiny_lm):
         torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(results[0][1], results[1][1], atol=1e-6, rtol=1e-5)
         assert HybridTreeView(tree, eng.scale).kv_read(prompt_len) == prompt_len
+
+
+def test_a_one_node_tree_takes_the_decode_step_attention(monkeypatch):
+    """The root alone (a LongSpec step whose draft was cut away) over a long CPU cache: the masked
+    backend takes vanilla's one-row attention, equal to masked attention over [cache | root]."""
+    from core import attention, tree_attention
+
+    calls = []
+    real = attention.one_row_attention
+    monkeypatch.setattr(tree_attention, "one_row_attention", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 9, 1, 64, generator=gen)
+    k = torch.randn(1, 3, 4097, 64, generator=gen)
+    v = torch.randn(1, 3, 4097, 64, generator=gen)
+    root = torch.ones(1, 1, dtype=torch.bool)
+    want = MaskView(full_mask(root, 4096), 0.125).attend(0, q, k, v)
+    got = HybridTreeView(root, 0.125, "masked").attend(0, q, k, v)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert calls == [1]

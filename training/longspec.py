@@ -177,6 +177,12 @@ class Trainer:
         n_gen = sum(s.generated for s in cfg.stages)
         prompts, self.data = rest[:n_gen], rest[n_gen:]
         generated = load_sequences(gen_file) if gen_file.exists() else []
+        for i, seq in enumerate(generated[:n_gen]):  # a file kept from (or copied from) another recipe
+            if seq[: cfg.gen_prompt] != prompts[i][: cfg.gen_prompt] or len(seq) != cfg.seq_len:
+                raise HarnessError(
+                    f"training.longspec: {gen_file} sequence {i} does not continue this run's prompt {i}"
+                    " (made with other sources, seed, seq_len or gen_prompt): remove it to regenerate"
+                )
         if len(generated) < n_gen:
             from tqdm import tqdm
 
