@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from core.attention import sdpa
+from core.attention import one_row_attention, sdpa
 from core.engine import Engine, _rotate_half
 from core.hf_compat import rope_cos_sin
 from core.types import HarnessError
@@ -173,6 +173,7 @@ class LongSpecDraft(torch.nn.Module):
         self.token_counts: torch.Tensor | None = None  # `[vocab]` training-data counts, if saved
         self.vocab_ids: torch.Tensor | None = None  # the restricted vocabulary (None: the whole one)
         self._head: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._packed: dict[str, tuple[tuple[int, int], Callable[[torch.Tensor], torch.Tensor]]] = {}
         self.begin_block()
 
     # --- construction ---------------------------------------------------------------------------
@@ -291,6 +292,22 @@ class LongSpecDraft(torch.nn.Module):
             raise ValueError(f"counts must be [{self.config.vocab_size}], got {tuple(counts.shape)}")
         save_file({"counts": counts.to(torch.int64).contiguous().cpu()}, str(Path(folder) / COUNTS))
 
+    def _gemm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """The projection `name` of `x` `[n, in]`. Under inference mode (drafting) it runs like the target's
+        GEMMs (`Engine.linear_for`: prepacked for oneDNN when the engine packs its own; the packed copy
+        is made again when the weight changes); with autograd (training) it is the module itself."""
+        module = getattr(self, name)
+        if not torch.is_inference_mode_enabled():
+            return module(x)
+        weight = module.weight
+        version = (weight.data_ptr(), weight._version)
+        packed = self._packed.get(name)
+        if packed is None or packed[0] != version:
+            packed = (version, self.engine.linear_for(weight))
+            self._packed[name] = packed
+        y = packed[1](x)
+        return y if module.bias is None else y + module.bias
+
     # --- window cache ---------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(self.engine.model, positions, self.engine.dtype)
@@ -299,8 +316,8 @@ class LongSpecDraft(torch.nn.Module):
         """Post-RoPE self-attention keys and values `[H_kv, n, d]` of embedded tokens `h0` `[n, hidden]`."""
         c, n = self.config, h0.shape[0]
         x = self.self_norm(h0)
-        k = self.k_proj(x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
-        v = self.v_proj(x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
+        k = self._gemm("k_proj", x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
+        v = self._gemm("v_proj", x).view(n, c.n_kv_heads, c.head_dim).transpose(0, 1)
         return k * cos + _rotate_half(k) * sin, v
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -386,19 +403,23 @@ class LongSpecDraft(torch.nn.Module):
         (inference) and `forward_train`, so training optimises exactly the function that drafts."""
         c, eng = self.config, self.engine
         n = h0.shape[0]
-        q = self.q_proj(self.self_norm(h0)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
+        q = self._gemm("q_proj", self.self_norm(h0)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
         q = q * cos + _rotate_half(q) * sin
         o = sdpa(q[None], keys[None], values[None], self_mask, eng.scale)[0]
-        h1 = h0 + self.o_proj(o.transpose(0, 1).reshape(n, -1))
+        h1 = h0 + self._gemm("o_proj", o.transpose(0, 1).reshape(n, -1))
         h2 = h1
         if cross is not None:
-            qc = self.cross_q_proj(self.cross_norm(h1)).view(n, c.n_heads, c.head_dim).transpose(0, 1)
+            qc = self._gemm("cross_q_proj", self.cross_norm(h1)).view(n, c.n_heads, c.head_dim)
+            qc = qc.transpose(0, 1)
             qc = qc * cos + _rotate_half(qc) * sin
             kt, vt = cross
-            oc = sdpa(qc[None], kt[None], vt[None], cross_mask, eng.scale, is_causal=cross_causal)[0]
-            h2 = h1 + self.cross_o_proj(oc.transpose(0, 1).reshape(n, -1))
+            if n == 1 and cross_mask is None and not cross_causal:  # a chain's draft step: the
+                oc = one_row_attention(qc[None], kt[None], vt[None], eng.scale)[0]  # decode path
+            else:
+                oc = sdpa(qc[None], kt[None], vt[None], cross_mask, eng.scale, is_causal=cross_causal)[0]
+            h2 = h1 + self._gemm("cross_o_proj", oc.transpose(0, 1).reshape(n, -1))
         x = self.mlp_norm(h2)
-        return h2 + self.down_proj(eng.w.act(self.gate_proj(x)) * self.up_proj(x))
+        return h2 + self._gemm("down_proj", eng.w.act(self._gemm("gate_proj", x)) * self._gemm("up_proj", x))
 
     def forward_train(
         self,

@@ -422,3 +422,40 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
         # the CPU presets draft from the 8192 most frequent tokens (all of the tiny model's vocabulary)
         assert cfg.draft_vocab == (None if option == "longspec" else 8192)
         assert cfg.block == ("auto" if option.endswith("_auto") else "fixed") == dec.block
+
+
+def test_draft_gemms_run_like_the_targets_and_follow_weight_changes(tiny_lm):
+    """Drafting (inference mode) runs the draft's projections through `Engine.linear_for` (prepacked
+    for oneDNN where the engine packs): the same logits as its modules to fp32 rounding; a changed
+    weight is packed again; training (autograd) uses the modules themselves."""
+    from core.engine import onednn_applies
+
+    linear = "onednn" if onednn_applies(tiny_lm.model) else "aten"
+    eng = Engine(tiny_lm.model, linear=linear)
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
+    prompt = list(range(30, 60))
+    eng.reset(64)
+    eng.prefill(prompt)
+    draft.start(prompt)
+    tokens, positions = torch.tensor([5, 9]), torch.tensor([30, 30])
+    visible = torch.ones(2, draft.cached + 2, dtype=torch.bool)
+
+    def drafted() -> torch.Tensor:
+        draft.begin_block()
+        return draft.step(tokens, positions, visible, len(prompt))
+
+    def by_modules() -> torch.Tensor:
+        draft.begin_block()
+        with torch.no_grad():  # autograd mode: `_gemm` calls the modules
+            return torch.inference_mode(False)(draft.step.__wrapped__)(
+                draft, tokens, positions, visible, len(prompt)
+            )
+
+    first = drafted()
+    torch.testing.assert_close(first, by_modules(), rtol=1e-5, atol=1e-5)
+    assert set(draft._packed) >= {"q_proj", "gate_proj", "down_proj", "cross_q_proj"}
+    with torch.no_grad():
+        draft.down_proj.weight.mul_(0.5)
+    changed = drafted()
+    assert not torch.allclose(changed, first)
+    torch.testing.assert_close(changed, by_modules(), rtol=1e-5, atol=1e-5)
