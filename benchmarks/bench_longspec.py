@@ -170,6 +170,7 @@ def main() -> None:
         "model": "smollm2-135m",
         "dtype": "float32",
         "linear": eng.linear,
+        "threads": torch.get_num_threads(),  # the runner's key: the same cached curve
     }
     cost, measured = cached_or_measured(eng, key, 1 + 4 + 4 * 16)
     makers = methods(args.vocab, cost)
