@@ -117,7 +117,8 @@ def store_curve(curve: CostCurve) -> Path:
 
 
 # --- measuring ---------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): timing brackets need it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -136,10 +137,10 @@ def step_seconds(eng, context: int, rows: int, reps: int) -> float:
     pos = torch.arange(context, context + rows)
     times = []
     for _ in range(reps):
-        _sync(eng.device)
+        synchronize(eng.device)
         t0 = time.perf_counter()
         eng.step(tokens, pos, view)  # logits for every row: a verification reads each row's
-        _sync(eng.device)
+        synchronize(eng.device)
         times.append(time.perf_counter() - t0)
         eng.commit([])
     return statistics.median(times)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from core.cost_curve import CostFn
+from core.cost_curve import CostFn, synchronize
 
 
 class DraftCalibration:
@@ -114,11 +114,6 @@ def deeper_pays(
     return best_block(hypothetical, cost, ctx, spent + next_forward)[1] > now
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def draft_step_seconds(draft, eng, context: int, rows: Sequence[int], reps: int = 5) -> dict[int, float]:
     """Median seconds of one draft forward of each row count in `rows`, its window full and the target
     cache holding `context` entries (synthetic tokens: the cost does not depend on them). Leaves the
@@ -136,10 +131,10 @@ def draft_step_seconds(draft, eng, context: int, rows: Sequence[int], reps: int 
         times = []
         for _ in range(reps + 1):  # the first run warms the kernels
             draft.begin_block()
-            _sync(eng.device)
+            synchronize(eng.device)
             t0 = time.perf_counter()
             draft.step(tokens, positions, visible, context)
-            _sync(eng.device)
+            synchronize(eng.device)
             times.append(time.perf_counter() - t0)
         out[n] = statistics.median(times[1:])
     draft.begin_block()
