@@ -53,16 +53,30 @@ def method_of(row: pd.Series) -> str:
         vocab = row.get("decoder.draft_vocab")
         restricted = vocab is not None and str(vocab) not in ("", "nan", "None", "null")
         auto = str(row.get("decoder.block", "")) == "auto"  # blocks sized by cost: ours
-        if widths == "[4, 16, 16, 16, 16]" and not restricted and not auto:
+        lookup = _lookup_tokens(row.get("decoder.lookup"))  # prompt lookup in the tree: ours
+        if widths == "[4, 16, 16, 16, 16]" and not restricted and not auto and not lookup:
             return "LongSpec"
         shape = "chain" if widths == "[1, 1, 1, 1]" else f"tree {widths}"
         extras = "".join(
-            [f", draft vocab {int(float(vocab))}" if restricted else "", ", block=auto" if auto else ""]
+            [
+                f", draft vocab {int(float(vocab))}" if restricted else "",
+                ", block=auto" if auto else "",
+                f", lookup {lookup}" if lookup else "",
+            ]
         )
         return f"LongSpec {shape} (CPU preset{extras})"
     if decoder in DRAFTLESS and str(row["kv"]) == "full":
         return DRAFTLESS[decoder]
     return f"{decoder} kv={row['kv']}"
+
+
+def _lookup_tokens(value: object) -> int:
+    """decoder.lookup of a record (absent or NaN in runs made before it existed: 0)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if number == number else 0
 
 
 PAPER_METHOD = {"Vanilla": "Vanilla FA", "LongSpec": "LongSpec", "MagicDec": "MagicDec"}

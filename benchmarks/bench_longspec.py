@@ -14,6 +14,9 @@ Methods, all lossless (`exact` = outputs identical to vanilla's, fp32; `decoder.
 - `block=auto` (ours, not the paper's: `decoders.longspec_auto`): the chain, the small tree (both
   with `draft_vocab` 8192) and the paper's tree, each cut every step to the nodes worth verifying on
   this machine's cost curve (the runner's cached curve, or measured now before anything is timed);
+- `lookup=10` (ours, not the paper's): the auto chain with prompt lookup's guess as a second branch of
+  its tree (`decoder=longspec_lookup_auto`), beside prompt lookup alone (`decoder=pld`, fixed and
+  block=auto), the draftless method whose guesses it adds;
 - MagicDec (decoder=selfspec kv=streaming, gamma 4, 6.25% of the context, the `sliced` backend that
   skips the unselected entries: LongSpec Table 1's baseline). Its draft steps are the target's own
   forwards over the compressed cache: they count under `target`.
@@ -49,6 +52,7 @@ from core.models import load_model
 from core.types import Counts
 from decoders.base import BaseDecoder
 from decoders.longspec import LongSpec
+from decoders.pld import PromptLookup
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
@@ -64,9 +68,17 @@ def methods(vocab_sizes: list[int], cost: CostFn) -> dict[str, Maker]:
 
     draft_seconds: dict[tuple, dict[int, float]] = {}  # measured once per shape, before timing
 
-    def auto(depth: int, widths: list[int], vocab: int | None) -> Maker:
+    def auto(depth: int, widths: list[int], vocab: int | None, lookup: int = 0) -> Maker:
         def make(e: Engine) -> BaseDecoder:
-            dec = LongSpec(e, depth=depth, widths=widths, checkpoint="auto", draft_vocab=vocab, block="auto")
+            dec = LongSpec(
+                e,
+                depth=depth,
+                widths=widths,
+                checkpoint="auto",
+                draft_vocab=vocab,
+                block="auto",
+                lookup=lookup,
+            )
             shape = (tuple(widths), vocab)
             if shape in draft_seconds:
                 BaseDecoder.use_cost(dec, cost)
@@ -87,6 +99,15 @@ def methods(vocab_sizes: list[int], cost: CostFn) -> dict[str, Maker]:
     out["LongSpec chain, block=auto"] = auto(*TREES["chain"], 8192)
     out["LongSpec small tree, block=auto"] = auto(*TREES["small tree"], 8192)
     out["LongSpec paper tree, block=auto"] = auto(*TREES["paper tree"], None)
+    out["LongSpec chain, block=auto, lookup 10"] = auto(*TREES["chain"], 8192, lookup=10)
+    out["prompt lookup"] = lambda e: PromptLookup(e)
+
+    def pld_auto(e: Engine) -> BaseDecoder:
+        dec = PromptLookup(e, block="auto")
+        dec.use_cost(cost)
+        return dec
+
+    out["prompt lookup, block=auto"] = pld_auto
     out["MagicDec (selfspec+streaming)"] = lambda e: SelfSpeculative(
         e, kv=build_policy("streaming", budget_frac=0.0625, sinks=4, backend="sliced"), gamma=4
     )

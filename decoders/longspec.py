@@ -26,6 +26,14 @@ A chain (gamma drafts) is the case widths = [1] * gamma.
 `block=auto` (ours, not the paper's): the drafted tree is cut to the nodes worth verifying on this
 hardware and drafting may stop before `depth` (`decoders.longspec_auto`); verification is unchanged.
 
+`lookup=N` (ours, not the paper's): after drafting, prompt lookup's guess (`decoders.pld.match_candidate`:
+up to N tokens after the earliest earlier occurrence of the trailing 2-gram of prompt + output) joins
+the tree as one more root path; where the draft proposed the same tokens the path runs through its nodes.
+The one-block draft cannot copy from its context (`benchmarks.probe_longspec_copy`: it misses about
+half the tokens a lookup gets right), so the two cover different tokens. Under block=auto a lookup node's
+rate is the chain's running acceptance at its place (per matched n-gram length, as decoder=pld's), a node
+both drafted and looked up takes the higher of its two rates. Verification is unchanged: lossless.
+
 Counts: one `counts.step` per target forward (block rows, drafted tree nodes, accepted, committed, cache
 entries read); one `counts.draft_model_step(rows, window entries)` per draft forward (its cross-attention
 reads the target's committed entries of one layer on top: not in `kv_attended`, like any draft model).
@@ -44,7 +52,7 @@ from core.sampling import Sampler
 from core.tree_attention import BACKENDS, HybridTreeView
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from decoders.block_size import BLOCK_MODES
+from decoders.block_size import BLOCK_MODES, AcceptanceStats
 from decoders.longspec_auto import (
     DraftCalibration,
     best_block,
@@ -55,10 +63,12 @@ from decoders.longspec_auto import (
 )
 from decoders.longspec_draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer, target_name
 from decoders.longspec_sail import is_sail, load_sail
+from decoders.pld import match_candidate
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
 AUTO = "auto"  # decoder.checkpoint=auto: the draft shipped in SHIPPED for the target model
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "longspec"  # <target name>/ per draft
+LOOKUP_NGRAM = 2  # lookup=N: the trailing n-gram matched, as decoder=pld's default
 
 
 def shipped_draft(engine) -> Path:
@@ -85,8 +95,11 @@ class Tree:
     depth: list[int] = field(default_factory=lambda: [0])
     score: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-prob
     children: list[list[int]] = field(default_factory=lambda: [[]])
+    drafted: list[bool] = field(default_factory=lambda: [False])  # proposed by the draft model
+    lookup: list[int] = field(default_factory=lambda: [0])  # 1-based place in the lookup chain (0: none)
+    lookup_key: int = 0  # the lookup chain's matched n-gram length (0: no chain)
 
-    def add(self, token: int, parent: int, score: float) -> int:
+    def add(self, token: int, parent: int, score: float, drafted: bool = True, lookup: int = 0) -> int:
         row = len(self.tokens)
         self.tokens.append(token)
         self.parent.append(parent)
@@ -94,7 +107,22 @@ class Tree:
         self.score.append(score)
         self.children.append([])
         self.children[parent].append(row)
+        self.drafted.append(drafted)
+        self.lookup.append(lookup)
         return row
+
+    def add_chain(self, tokens: Sequence[int], key: int) -> None:
+        """A lookup chain from the root: a token a node already has as a child is that child (marked),
+        the first one it lacks and every later one are new nodes (`lookup_key` = `key`)."""
+        self.lookup_key = key if tokens else 0
+        node = 0
+        for place, token in enumerate(tokens, 1):
+            child = next((c for c in self.children[node] if self.tokens[c] == token), None)
+            if child is None:
+                child = self.add(token, node, self.score[node], drafted=False, lookup=place)
+            else:
+                self.lookup[child] = place
+            node = child
 
     def path(self, row: int) -> list[int]:
         """The rows from the root down to `row` (inclusive)."""
@@ -150,6 +178,7 @@ class LongSpec(BaseDecoder):
         draft_vocab: int | None = None,
         block: str = "fixed",
         draft_module: Any = None,
+        lookup: int = 0,
     ) -> None:
         """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
         model), "random" (untrained, seeded by `seed`), or a released LongSpec draft (`sail/longspec-*`
@@ -161,7 +190,8 @@ class LongSpec(BaseDecoder):
         `draft_vocab`: None = the draft proposes from the whole vocabulary (the paper); N = only from
         the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless).
         `block`: "fixed" verifies the whole drafted tree; "auto" sizes it by cost
-        (`decoders.longspec_auto`)."""
+        (`decoders.longspec_auto`). `lookup`: 0 = the paper's tree; N = up to N prompt-lookup tokens
+        join the tree as one more branch from the root (ours; module docstring)."""
         if tree_attention not in BACKENDS:
             raise HarnessError(
                 f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
@@ -171,7 +201,11 @@ class LongSpec(BaseDecoder):
             raise HarnessError(
                 f"decoder=longspec: block must be one of {', '.join(BLOCK_MODES)}, got {block!r}"
             )
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise HarnessError(f"decoder=longspec: lookup must be a non-negative integer, got {lookup!r}")
         self.block = block
+        self.lookup = lookup
+        self.lookup_stats = AcceptanceStats()  # block=auto: the lookup chain's acceptance by place
         self.draft_seconds: dict[int, float] = {}  # block=auto: draft forward seconds by row count
         self.calibration = DraftCalibration()
         self.tree_attention = tree_attention
@@ -240,6 +274,7 @@ class LongSpec(BaseDecoder):
             "tree_attention": self.tree_attention,
             "draft_vocab": self.draft_vocab,
             "block": self.block,
+            "lookup": self.lookup,
         }
 
     def identity_extra(self) -> dict:
@@ -248,7 +283,7 @@ class LongSpec(BaseDecoder):
         return {} if str(self.checkpoint) == RANDOM else {"draft": self.draft.label}
 
     def max_block(self) -> int:
-        return 1 + sum(self.widths)
+        return 1 + sum(self.widths) + self.lookup
 
     def use_cost(self, cost) -> None:
         """The cost curve, and (block=auto) the draft's forward seconds per beam size, measured now:
@@ -262,6 +297,7 @@ class LongSpec(BaseDecoder):
     def prepare(self, prompt: list[int], counts: Counts) -> None:
         self.draft.start(prompt)  # the prompt is committed in the target cache: fill the draft's window
         self.calibration = DraftCalibration()  # block=auto: acceptance statistics of this generation
+        self.lookup_stats = AcceptanceStats()
 
     # ------------------------------------------------------------------------------------------
     def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> tuple[Tree, float]:
@@ -315,28 +351,49 @@ class LongSpec(BaseDecoder):
         return self.draft_seconds[near]
 
     def _survivals(self, tree: Tree) -> list[float]:
-        return survivals(tree.score, tree.parent, self.calibration)
+        if not tree.lookup_key:
+            return survivals(tree.score, tree.parent, self.calibration)
+        out = [1.0]  # a node both drafted and looked up gets the higher of its two rates
+        for row in range(1, len(tree.tokens)):
+            rates = (
+                [self.lookup_stats.rate(tree.lookup_key, tree.lookup[row] - 1)] if tree.lookup[row] else []
+            )
+            if tree.drafted[row]:
+                rates.append(self.calibration.rate(node_probability(tree.score, tree.parent, row)))
+            out.append(out[tree.parent[row]] * max(rates))
+        return out
 
     def _cut(self, tree: Tree, length: int, spent: float, cost) -> Tree:
         """block=auto: the root + the rows worth verifying (`best_block`), as a tree of their own."""
         keep, _ = best_block(self._survivals(tree), cost, length, spent)
         if len(keep) == len(tree.tokens) - 1:
             return tree
-        cut, new_row = Tree([tree.tokens[0]]), {0: 0}
+        cut, new_row = Tree([tree.tokens[0]], lookup_key=tree.lookup_key), {0: 0}
         for row in keep:  # row order: parents first
-            new_row[row] = cut.add(tree.tokens[row], new_row[tree.parent[row]], tree.score[row])
+            new_row[row] = cut.add(
+                tree.tokens[row],
+                new_row[tree.parent[row]],
+                tree.score[row],
+                tree.drafted[row],
+                tree.lookup[row],
+            )
         return cut
 
     def _calibrate(self, tree: Tree, path: list[int]) -> None:
         """block=auto: every node whose parent the target accepted counts for its bin of q."""
         on_path = {0, *path}
         for row in range(1, len(tree.tokens)):
-            if tree.parent[row] in on_path:
+            if tree.drafted[row] and tree.parent[row] in on_path:
                 q = node_probability(tree.score, tree.parent, row)
                 self.calibration.update(q, row in on_path)
         for row in (0, *path):
-            if tree.children[row]:
-                self.calibration.update_parent(any(c in on_path for c in tree.children[row]))
+            drafted = [c for c in tree.children[row] if tree.drafted[c]]
+            if drafted:
+                self.calibration.update_parent(any(c in on_path for c in drafted))
+        if tree.lookup_key:  # the chain's places in the tree, and how many of them were accepted
+            chain = sum(1 for place in tree.lookup if place)
+            accepted = sum(1 for row in path if tree.lookup[row])
+            self.lookup_stats.update(tree.lookup_key, chain, accepted)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
         """The accepted path's tree rows and the committed tokens (accepted + bonus)."""
@@ -375,10 +432,14 @@ class LongSpec(BaseDecoder):
         done = False
         while not done:
             length = eng.length
-            depth = min(self.depth, max_new_tokens - len(out) - 1)  # the bonus token comes on top
+            budget = max_new_tokens - len(out) - 1  # the bonus token comes on top
+            depth = min(self.depth, budget)
             tree, spent = Tree([out[-1]]), 0.0
             if depth > 0:
                 tree, spent = self._draft_tree(out[-1], length, depth, counts)
+            if self.lookup and budget > 0:
+                matched, chain = match_candidate(prompt + out, LOOKUP_NGRAM, min(self.lookup, budget))
+                tree.add_chain(chain, matched)
             cost = self.block_cost()
             if cost is not None and depth > 0:
                 tree = self._cut(tree, length, spent, cost)

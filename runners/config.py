@@ -21,12 +21,17 @@ def group_params(node: Any) -> dict[str, Any]:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
 
 
+# parameters added after runs were recorded, left out of a run's identity at their defaults so that those
+# runs keep their ids: `block` (every decoder's), `lookup` (LongSpec's)
+DEFAULTS_OUT_OF_IDENTITY = {"block": "fixed", "lookup": 0}
+
+
 def decoder_params(node: Any) -> dict[str, Any]:
-    """The decoder's parameters; `block: fixed` (every decoder's default) is left out, so runs made
-    before decoders had a `block` field keep their ids."""
+    """The decoder's parameters, without those at a default in `DEFAULTS_OUT_OF_IDENTITY`."""
     params = group_params(node)
-    if params.get("block") == "fixed":
-        del params["block"]
+    for key, default in DEFAULTS_OUT_OF_IDENTITY.items():
+        if key in params and params[key] == default and not isinstance(params[key], bool):
+            del params[key]
     return params
 
 

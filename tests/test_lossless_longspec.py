@@ -219,6 +219,7 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         "tree_attention": "masked",
         "draft_vocab": None,
         "block": "fixed",
+        "lookup": 0,
     }
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
@@ -312,6 +313,7 @@ def test_params_and_block_size(tiny_lm):
         "tree_attention": "masked",
         "draft_vocab": None,
         "block": "fixed",
+        "lookup": 0,
     }
 
 

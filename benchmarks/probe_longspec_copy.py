@@ -1,0 +1,149 @@
+"""Where does the LongSpec draft lose to prompt lookup? A probe on LongSpec Table 1's prompts.
+
+    python -m benchmarks.probe_longspec_copy [--context 4096] [--prompts 3] [--new 256]
+        [--draft auto <draft folder> ...]
+
+Per prompt (the pg19 task's offline stand-in cut to `--context` tokens, as
+`experiment=longspec_table1_cpu`), the target's greedy continuation (`--new` tokens, decoded
+losslessly by prompt lookup) is fed back teacher-forced, and at every continuation position t
+(predicting token t+1) this compares the target's argmax with:
+
+- `ngram`: prompt lookup's guess (`decoders.pld.match_candidate`, its default 2-gram match over the
+  prompt and the continuation so far): the token after the earliest earlier occurrence of the
+  trailing n-gram; no guess without a match;
+- each draft's top-1 and top-4 at lag j = 1..5 (`LongSpecDraft.forward_train`: the query sees the
+  target's entries up to t - j, as at depth j of a drafted tree; lag 1 is a tree's first level).
+
+Positions are split into `copy` (prompt lookup's guess is the target's token: what an n-gram pool
+catches) and `other`. A draft that copies would agree with the target on `copy` positions at
+least as often as the lookup does. The shares are hardware-independent; they depend only on the
+model, the prompts and the draft weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from core.engine import Engine
+from core.models import load_model
+from decoders.longspec import SHIPPED, shipped_draft
+from decoders.longspec_draft import LongSpecDraft
+from decoders.pld import match_candidate
+from training.longspec_steps import greedy_continuation, target_view
+
+LAGS = (1, 2, 3, 4, 5)
+NGRAM = 2  # decoders.pld's default max_matching_ngram_size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.probe_longspec_copy", description=__doc__)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft", nargs="+", default=["auto"], help="auto (the shipped draft) or draft folders")
+    return ap
+
+
+def ngram_guesses(seq: list[int], first: int) -> list[int | None]:
+    """Prompt lookup's guess of token t+1 for t = first-1 .. len(seq)-2 (None: no match)."""
+    out: list[int | None] = []
+    for t in range(first - 1, len(seq) - 1):
+        _, draft = match_candidate(seq[: t + 1], NGRAM, 1)
+        out.append(draft[0] if draft else None)
+    return out
+
+
+def draft_agreement(
+    draft: LongSpecDraft, tok: torch.Tensor, view: tuple, first: int, lag: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool `[S - first]` per continuation position t = first-1 .. S-2: the draft's top-1 and top-4
+    at `lag` hold the target's argmax at t."""
+    k, v, logits = view
+    with torch.no_grad():
+        draft_logits = draft.forward_train(tok, torch.arange(tok.numel()), k, v, lag)
+    rows = slice(first - 1 - lag, None)  # forward_train's row i is position lag + i
+    want = logits[first - 1 : -1].argmax(-1)
+    top4 = draft_logits[rows].topk(4, dim=-1).indices
+    return top4[:, 0] == want, (top4 == want[:, None]).any(-1)
+
+
+def load_drafts(names: list[str], eng: Engine) -> dict[str, LongSpecDraft]:
+    drafts = {}
+    for name in names:
+        folder = shipped_draft(eng) if name == "auto" else Path(name)
+        label = folder.resolve().relative_to(SHIPPED.parent.parent).as_posix() if name == "auto" else name
+        drafts[label] = LongSpecDraft.load(folder, eng)
+    return drafts
+
+
+def share(mask: torch.Tensor, where: torch.Tensor) -> str:
+    n = int(where.sum())
+    return f"{float(mask[where].float().mean()):.2f}" if n else "-"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.prompts <= 0 or args.new < 8 or args.context < 64:
+        raise SystemExit("error: --prompts must be positive, --new at least 8 and --context at least 64")
+    from tasks.pg19 import PG19
+
+    torch.set_num_threads(args.threads)
+    lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
+    eng = Engine(lm.model)
+    drafts = load_drafts(args.draft, eng)
+    task = PG19(context_length=args.context, max_new_tokens=args.new, source="package", limit=args.prompts)
+    print(
+        f"# probe_longspec_copy: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "
+        f"{args.context} tokens x {args.new} greedy tokens (teacher-forced)\n"
+    )
+    hits: dict[str, list[torch.Tensor]] = {"ngram": [], "copy": []}
+    agree: dict[tuple[str, int, int], list[torch.Tensor]] = {}
+    for sample in task.load():
+        prompt = task.prompt_ids(sample, 0, [], lm.tokenizer)
+        seq = prompt + greedy_continuation(eng, prompt, args.new, "prompt_lookup")
+        tok, first = torch.tensor(seq), len(prompt)
+        guesses = ngram_guesses(seq, first)
+        views: dict[int, tuple] = {}
+        positions = torch.arange(len(seq))
+        for name, draft in drafts.items():
+            layer = draft.target_layer
+            if layer not in views:
+                views[layer] = target_view(eng, tok, positions, layer, True)
+            view = views[layer]
+            for lag in LAGS:
+                top1, top4 = draft_agreement(draft, tok, view, first, lag)
+                agree.setdefault((name, lag, 1), []).append(top1)
+                agree.setdefault((name, lag, 4), []).append(top4)
+        want = next(iter(views.values()))[2][first - 1 : -1].argmax(-1).tolist()
+        copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
+        hits["copy"].append(copy)
+        rate = float(copy.float().mean())
+        print(f"- {sample.sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}")
+    copy = torch.cat(hits["copy"])
+    other = ~copy
+    print(
+        f"\npositions: {copy.numel()}; `copy` (prompt lookup right): {int(copy.sum())} "
+        f"({float(copy.float().mean()):.2f}); `other`: {int(other.sum())}\n"
+    )
+    print("Agreement with the target's argmax (share of positions):\n")
+    print("| draft | lag | top-1 all | top-1 copy | top-1 other | top-4 all | top-4 copy | top-4 other |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    every = torch.ones_like(copy)
+    for name in drafts:
+        for lag in LAGS:
+            t1, t4 = torch.cat(agree[(name, lag, 1)]), torch.cat(agree[(name, lag, 4)])
+            cells = [share(t1, every), share(t1, copy), share(t1, other), share(t4, every),
+                     share(t4, copy), share(t4, other)]  # fmt: skip
+            print(f"| {name} | {lag} | " + " | ".join(cells) + " |")
+    print(f"| prompt lookup ({NGRAM}-gram) | - | {float(copy.float().mean()):.2f} | 1.00 | 0.00 | | | |")
+
+
+if __name__ == "__main__":
+    from benchmarks.output import recorded
+
+    with recorded("probe_longspec_copy", module="benchmarks.probe_longspec_copy"):
+        main()
