@@ -3,6 +3,7 @@ run, one table): wall-clock speedup, tau, and what the draft costs per token bes
 
     flock /tmp/harness-bench.lock python -m benchmarks.bench_longspec \\
         [--context 4096] [--prompts 2] [--new 128] [--repeats 2] [--vocab 8192 16384]
+        [--methods TEXT ...]   # vanilla + the methods whose name contains a TEXT: bench_longspec-selected
 
 Methods, all lossless (`exact` = outputs identical to vanilla's, fp32; `decoder.checkpoint=auto`):
 - vanilla, the baseline;
@@ -171,7 +172,7 @@ def measure(
     return timed.output, timed.counts, timed.decode_s, clock
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--prompts", type=int, default=2)
@@ -179,7 +180,32 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="measure the prompt set this many times")
     ap.add_argument("--vocab", type=int, nargs="*", default=[8192, 16384], help="draft_vocab sizes to add")
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    ap.add_argument(
+        "--methods", nargs="+", default=None, metavar="TEXT",
+        help="only the methods whose name contains one of these (vanilla always runs); written apart",
+    )  # fmt: skip
+    return ap
+
+
+def selected(makers: dict[str, Maker], wanted: list[str] | None) -> dict[str, Maker]:
+    """vanilla and the methods whose name contains one of `wanted` (all of them when None)."""
+    if wanted is None:
+        return makers
+    out = {n: m for n, m in makers.items() if n == "vanilla" or any(w in n for w in wanted)}
+    if len(out) == 1:
+        raise SystemExit(
+            f"error: --methods {' '.join(wanted)} matches no method (known: {', '.join(makers)})"
+        )
+    return out
+
+
+def output_name(argv: list[str]) -> str:
+    """A run over some methods only is written apart from the full table."""
+    return "bench_longspec" + ("-selected" if build_parser().parse_known_args(argv)[0].methods else "")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from tasks.pg19 import PG19
@@ -194,8 +220,9 @@ def main() -> None:
         "threads": torch.get_num_threads(),  # the runner's key: the same cached curve
     }
     cost, measured = cached_or_measured(eng, key, 1 + 4 + 4 * 16)
-    makers = methods(args.vocab, cost)
-    probe = makers["LongSpec chain"](eng)
+    every = methods(args.vocab, cost)
+    makers = selected(every, args.methods)
+    probe = every["LongSpec chain"](eng)
     print(
         f"SmolLM2-135M fp32 (oneDNN GEMMs), {torch.get_num_threads()} threads; {args.prompts} PG-19 "
         f"stand-in prompts of {args.context} tokens x {args.new} new tokens, {args.repeats} repeats; "
@@ -241,7 +268,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("bench_longspec"):
+    with recorded(output_name(sys.argv[1:]), module="benchmarks.bench_longspec"):
         main()

@@ -308,3 +308,38 @@ def test_block_auto_share_ablation_builds_fafo_at_each_share_and_is_written_apar
     cell = Cell(decode=2.0, committed=10, forwards=5, rows=5, exact=1, runs=1)
     report("t", [{"vanilla": cell, "pld auto": Cell(decode=1.0, committed=10, forwards=5, rows=5)}])
     assert "vs pld auto" in capsys.readouterr().out
+
+
+def test_longspec_copy_probe_guesses_and_agreement(tiny_lm):
+    """The probe's lookup guesses are prompt lookup's own (a 2-gram match's next token, None without a
+    match), and a draft's agreement rows line up with the continuation positions (a random draft
+    rarely agrees)."""
+    from benchmarks.probe_longspec_copy import draft_agreement, ngram_guesses
+    from decoders.longspec_draft import LongSpecDraft
+    from training.longspec_steps import target_view
+
+    seq = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2]
+    # t = 5..8: [1, 2] first seen at 0 -> 3; [2, 5], [5, 6] and their last tokens unseen; [6, 1] unseen,
+    # so the 1-gram [1], first seen at 0 -> 2
+    assert ngram_guesses(seq, 6) == [3, None, None, 2]
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
+    tokens = torch.tensor([(5 * i + 1) % 200 for i in range(40)])
+    view = target_view(eng, tokens, torch.arange(40), draft.target_layer, True)
+    for lag in (1, 3):
+        top1, top4 = draft_agreement(draft, tokens, view, 30, lag)
+        assert top1.shape == top4.shape == (10,) and bool((top4 | ~top1).all())  # top-1 implies top-4
+        assert float(top1.float().mean()) < 0.5
+
+
+def test_bench_longspec_selects_methods_and_names_the_output_apart():
+    from benchmarks.bench_longspec import output_name, selected
+
+    makers = {"vanilla": 0, "LongSpec chain": 1, "LongSpec chain, block=auto": 2, "prompt lookup": 3}
+    assert selected(makers, None) is makers  # type: ignore[arg-type]
+    got = selected(makers, ["block=auto", "lookup"])  # type: ignore[arg-type]
+    assert list(got) == ["vanilla", "LongSpec chain, block=auto", "prompt lookup"]
+    with pytest.raises(SystemExit, match="matches no method"):
+        selected(makers, ["nothing"])  # type: ignore[arg-type]
+    assert output_name([]) == "bench_longspec"
+    assert output_name(["--methods", "lookup"]) == "bench_longspec-selected"
