@@ -29,13 +29,12 @@ import torch
 
 from core.engine import Engine
 from core.models import load_model
-from decoders.longspec import SHIPPED, shipped_draft
+from decoders.longspec import LOOKUP_NGRAM, SHIPPED, shipped_draft
 from decoders.longspec_draft import LongSpecDraft
 from decoders.pld import match_candidate
 from training.longspec_steps import greedy_continuation, target_view
 
 LAGS = (1, 2, 3, 4, 5)
-NGRAM = 2  # decoders.pld's default max_matching_ngram_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +51,7 @@ def ngram_guesses(seq: list[int], first: int) -> list[int | None]:
     """Prompt lookup's guess of token t+1 for t = first-1 .. len(seq)-2 (None: no match)."""
     out: list[int | None] = []
     for t in range(first - 1, len(seq) - 1):
-        _, draft = match_candidate(seq[: t + 1], NGRAM, 1)
+        _, draft = match_candidate(seq[: t + 1], LOOKUP_NGRAM, 1)
         out.append(draft[0] if draft else None)
     return out
 
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# probe_longspec_copy: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "
         f"{args.context} tokens x {args.new} greedy tokens (teacher-forced)\n"
     )
-    hits: dict[str, list[torch.Tensor]] = {"ngram": [], "copy": []}
+    copies: list[torch.Tensor] = []  # per prompt: prompt lookup's guess is the target's token
     agree: dict[tuple[str, int, int], list[torch.Tensor]] = {}
     for sample in task.load():
         prompt = task.prompt_ids(sample, 0, [], lm.tokenizer)
@@ -120,10 +119,10 @@ def main(argv: list[str] | None = None) -> None:
                 agree.setdefault((name, lag, 4), []).append(top4)
         want = next(iter(views.values()))[2][first - 1 : -1].argmax(-1).tolist()
         copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
-        hits["copy"].append(copy)
+        copies.append(copy)
         rate = float(copy.float().mean())
         print(f"- {sample.sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}")
-    copy = torch.cat(hits["copy"])
+    copy = torch.cat(copies)
     other = ~copy
     print(
         f"\npositions: {copy.numel()}; `copy` (prompt lookup right): {int(copy.sum())} "
@@ -139,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
             cells = [share(t1, every), share(t1, copy), share(t1, other), share(t4, every),
                      share(t4, copy), share(t4, other)]  # fmt: skip
             print(f"| {name} | {lag} | " + " | ".join(cells) + " |")
-    print(f"| prompt lookup ({NGRAM}-gram) | - | {float(copy.float().mean()):.2f} | 1.00 | 0.00 | | | |")
+    lookup_right = float(copy.float().mean())
+    print(f"| prompt lookup ({LOOKUP_NGRAM}-gram) | - | {lookup_right:.2f} | 1.00 | 0.00 | | | |")
 
 
 if __name__ == "__main__":
