@@ -332,6 +332,41 @@ def test_longspec_copy_probe_guesses_and_agreement(tiny_lm):
         assert float(top1.float().mean()) < 0.5
 
 
+def test_longspec_copy_probe_ablations(tiny_lm):
+    """The shuffled cache is a seeded permutation of the same entries, zeroed V zeroes only the values,
+    and the short-context ablation matches the full one when the prompt is no longer than the cut; the
+    zeroed cache changes what a draft predicts (its cross-attention reads the values)."""
+    from benchmarks.probe_longspec_copy import (
+        SHORT_CONTEXT,
+        ablated_view,
+        ablation_agreement,
+        draft_agreement,
+    )
+    from decoders.longspec_draft import LongSpecDraft
+    from training.longspec_steps import target_view
+
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
+    tokens = torch.tensor([(7 * i + 2) % 200 for i in range(48)])
+    view = target_view(eng, tokens, torch.arange(48), draft.target_layer, True)
+    k, v, logits = ablated_view("shuffled", view, seed=1)
+    k2, _, _ = ablated_view("shuffled", view, seed=1)
+    assert torch.equal(k, k2) and not torch.equal(k, view[0]) and logits is view[2]
+    assert torch.equal(k.sort(dim=-2).values, view[0].sort(dim=-2).values)  # the same entries
+    zk, zv, _ = ablated_view("zeroed V", view, seed=0)
+    assert zk is view[0] and not zv.any()
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablated_view("nothing", view, seed=0)
+    first = 40
+    assert first <= SHORT_CONTEXT
+    full = ablation_agreement(draft, eng, tokens, view, first, "short context", seed=0)
+    assert torch.equal(full, draft_agreement(draft, tokens, view, first, 1)[0])
+    with torch.no_grad():
+        as_is = draft.forward_train(tokens, torch.arange(48), view[0], view[1], 1)
+        zeroed = draft.forward_train(tokens, torch.arange(48), zk, zv, 1)
+    assert not torch.allclose(as_is, zeroed)
+
+
 def test_bench_longspec_selects_methods_and_names_the_output_apart():
     from benchmarks.bench_longspec import output_name, selected
 
