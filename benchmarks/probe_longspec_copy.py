@@ -21,10 +21,9 @@ least as often as the lookup does.
 Ablations (`ABLATIONS`, top-1 at lag 1, against the same full-context target tokens) ask what the
 draft takes from the target's cache:
 
-- `shuffled`: the target's K/V entries in a random order (a fixed seed per prompt). A row still sees
-  as many entries as before, but no longer the ones at the places it would attend to: what survives
-  is an order-free summary of the context. A draft that retrieves (finds the earlier occurrence of
-  its token and reads what followed) loses its copies here.
+- `last N entries`: the cross-attention sees only the target's `RECENT` most recent entries (those
+  at t-lag-N+1..t-lag). A draft that retrieves (finds an earlier occurrence of its token and reads
+  what followed it) loses the copies whose source lies further back.
 - `zeroed V`: the target's values set to zero, so the cross-attention adds nothing.
 - `short context`: only the last `SHORT_CONTEXT` prompt tokens (and the continuation) are fed, from
   position 0: the target's cache holds no more than that.
@@ -48,7 +47,8 @@ from decoders.pld import match_candidate
 from training.longspec_steps import greedy_continuation, target_view
 
 LAGS = (1, 2, 3, 4, 5)
-ABLATIONS = ("shuffled", "zeroed V", "short context")
+RECENT = 8
+ABLATIONS = (f"last {RECENT} entries", "zeroed V", "short context")
 SHORT_CONTEXT = 128
 
 
@@ -85,30 +85,24 @@ def draft_agreement(
     return top4[:, 0] == want, (top4 == want[:, None]).any(-1)
 
 
-def ablated_view(kind: str, view: tuple, seed: int) -> tuple:
-    """The target's view `(k, v, logits)` with its K/V entries in a seeded random order (`shuffled`) or
-    its values zeroed (`zeroed V`); the logits are kept (they are the labels)."""
-    k, v, logits = view
-    if kind == "shuffled":
-        order = torch.randperm(k.shape[-2], generator=torch.Generator().manual_seed(seed))
-        return k[..., order, :], v[..., order, :], logits
-    if kind == "zeroed V":
-        return k, torch.zeros_like(v), logits
-    raise ValueError(f"unknown ablation {kind!r}")
-
-
 def ablation_agreement(
-    draft: LongSpecDraft, eng: Engine, tok: torch.Tensor, view: tuple, first: int, kind: str, seed: int
+    draft: LongSpecDraft, eng: Engine, tok: torch.Tensor, view: tuple, first: int, kind: str
 ) -> torch.Tensor:
     """bool `[S - first]`: the draft's top-1 at lag 1 holds the full-context target's argmax, with the
-    target's cache ablated as `kind` says (module docstring)."""
+    target's cache ablated as `kind` (one of `ABLATIONS`) says (module docstring)."""
+    k, v, logits = view
+    if kind == f"last {RECENT} entries":
+        with torch.no_grad():
+            draft_logits = draft.forward_train(tok, torch.arange(tok.numel()), k, v, 1, cross_window=RECENT)
+        return draft_logits[first - 2 :].argmax(-1) == logits[first - 1 : -1].argmax(-1)
+    if kind == "zeroed V":
+        return draft_agreement(draft, tok, (k, torch.zeros_like(v), logits), first, 1)[0]
     if kind != "short context":
-        return draft_agreement(draft, tok, ablated_view(kind, view, seed), first, 1)[0]
+        raise ValueError(f"unknown ablation {kind!r}")
     cut = max(0, first - SHORT_CONTEXT)
     short = tok[cut:]
     k, v, _ = target_view(eng, short, torch.arange(short.numel()), draft.target_layer, False)
-    top1, _ = draft_agreement(draft, short, (k, v, view[2][cut:]), first - cut, 1)
-    return top1
+    return draft_agreement(draft, short, (k, v, logits[cut:]), first - cut, 1)[0]
 
 
 def load_drafts(names: list[str], eng: Engine) -> dict[str, LongSpecDraft]:
@@ -159,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                 agree.setdefault((name, lag, 1), []).append(top1)
                 agree.setdefault((name, lag, 4), []).append(top4)
             for kind in ABLATIONS:
-                ablated = ablation_agreement(draft, eng, tok, view, first, kind, len(copies))
+                ablated = ablation_agreement(draft, eng, tok, view, first, kind)
                 agree.setdefault((name, kind, 1), []).append(ablated)
         want = next(iter(views.values()))[2][first - 1 : -1].argmax(-1).tolist()
         copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
@@ -185,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     lookup_right = float(copy.float().mean())
     print(f"| prompt lookup ({LOOKUP_NGRAM}-gram) | - | {lookup_right:.2f} | 1.00 | 0.00 | | | |")
     print(
-        f"\nAblations of the target's cache, top-1 at lag 1 against the same target tokens (`short context`: "
-        f"the last {SHORT_CONTEXT} prompt tokens only):\n"
+        f"\nAblations of the target's cache, top-1 at lag 1 against the same target tokens (`short "
+        f"context`: the last {SHORT_CONTEXT} prompt tokens only):\n"
     )
     print("| draft | target cache | top-1 all | top-1 copy | top-1 other |")
     print("|---|---|---:|---:|---:|")

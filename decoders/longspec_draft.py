@@ -428,13 +428,15 @@ class LongSpecDraft(torch.nn.Module):
         target_k: torch.Tensor,
         target_v: torch.Tensor,
         lag: int,
+        cross_window: int | None = None,
     ) -> torch.Tensor:
         """Differentiable logits for a whole training sequence, as drafting would compute them (seed-specs
         §4.2, flash-noisy training): query row t (token t at `positions[t]`) attends to the draft's own
         rows t-window..t and to the target's K/V `[H_kv, S, d]` (layer `target_layer`, computed with the
         same positions) of rows <= t - lag, the view a draft query has `lag` tokens after the last
         verified one. Returns `[S - 1 - lag, vocab]` float logits for rows lag..S-2 (each predicts the
-        token after it); rows before `lag` see no target entry and are left out."""
+        token after it); rows before `lag` see no target entry and are left out. `cross_window` (an
+        ablation, not training): row t sees only the target's last `cross_window` rows t-lag-w+1..t-lag."""
         eng = self.engine
         n_seq = tokens.numel()
         rows = n_seq - 1 - lag
@@ -449,7 +451,16 @@ class LongSpecDraft(torch.nn.Module):
         self_mask = (gap >= 0) & (gap <= self.window)
         sl = slice(lag, n_seq - 1)
         cross = (target_k[:, :rows], target_v[:, :rows])  # row t sees target rows 0..t-lag: causal
-        h3 = self._hidden(h0[sl], cos[sl], sin[sl], keys, values, self_mask, cross, None, cross_causal=True)
+        band = None
+        if cross_window is not None:
+            if cross_window < 1:
+                raise ValueError(f"cross_window must be positive, got {cross_window}")
+            back = torch.arange(rows, device=eng.device)
+            back = back[:, None] - back[None, :]
+            band = (back >= 0) & (back < cross_window)
+        h3 = self._hidden(
+            h0[sl], cos[sl], sin[sl], keys, values, self_mask, cross, band, cross_causal=band is None
+        )
         return eng.w.lm_head(self.final_norm(h3)).float()
 
     def memory_bytes(self) -> int:

@@ -333,12 +333,13 @@ def test_longspec_copy_probe_guesses_and_agreement(tiny_lm):
 
 
 def test_longspec_copy_probe_ablations(tiny_lm):
-    """The shuffled cache is a seeded permutation of the same entries, zeroed V zeroes only the values,
-    and the short-context ablation matches the full one when the prompt is no longer than the cut; the
-    zeroed cache changes what a draft predicts (its cross-attention reads the values)."""
+    """A cross window as long as the sequence is the causal cross-attention; a window of one makes a row
+    blind to older target entries; the short-context ablation matches the full one when the prompt is
+    no longer than the cut; zeroed values change what a draft predicts; an unknown ablation is an
+    error."""
     from benchmarks.probe_longspec_copy import (
+        ABLATIONS,
         SHORT_CONTEXT,
-        ablated_view,
         ablation_agreement,
         draft_agreement,
     )
@@ -347,24 +348,27 @@ def test_longspec_copy_probe_ablations(tiny_lm):
 
     eng = Engine(tiny_lm.model)
     draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
-    tokens = torch.tensor([(7 * i + 2) % 200 for i in range(48)])
-    view = target_view(eng, tokens, torch.arange(48), draft.target_layer, True)
-    k, v, logits = ablated_view("shuffled", view, seed=1)
-    k2, _, _ = ablated_view("shuffled", view, seed=1)
-    assert torch.equal(k, k2) and not torch.equal(k, view[0]) and logits is view[2]
-    assert torch.equal(k.sort(dim=-2).values, view[0].sort(dim=-2).values)  # the same entries
-    zk, zv, _ = ablated_view("zeroed V", view, seed=0)
-    assert zk is view[0] and not zv.any()
-    with pytest.raises(ValueError, match="unknown ablation"):
-        ablated_view("nothing", view, seed=0)
+    tokens, pos = torch.tensor([(7 * i + 2) % 200 for i in range(48)]), torch.arange(48)
+    k, v, logits = view = target_view(eng, tokens, pos, draft.target_layer, True)
+    with torch.no_grad():
+        causal = draft.forward_train(tokens, pos, k, v, 1)
+        assert torch.allclose(draft.forward_train(tokens, pos, k, v, 1, cross_window=48), causal)
+        one = draft.forward_train(tokens, pos, k, v, 1, cross_window=1)
+        v_old = v.clone()
+        v_old[:, :10] = 0  # the only entries rows 0..9 (positions 1..10) see
+        blind = draft.forward_train(tokens, pos, k, v_old, 1, cross_window=1)
+        assert torch.allclose(one[10:], blind[10:]) and not torch.allclose(one[:10], blind[:10])
+        assert not torch.allclose(causal, draft.forward_train(tokens, pos, k, torch.zeros_like(v), 1))
+        with pytest.raises(ValueError, match="cross_window"):
+            draft.forward_train(tokens, pos, k, v, 1, cross_window=0)
     first = 40
     assert first <= SHORT_CONTEXT
-    full = ablation_agreement(draft, eng, tokens, view, first, "short context", seed=0)
-    assert torch.equal(full, draft_agreement(draft, tokens, view, first, 1)[0])
-    with torch.no_grad():
-        as_is = draft.forward_train(tokens, torch.arange(48), view[0], view[1], 1)
-        zeroed = draft.forward_train(tokens, torch.arange(48), zk, zv, 1)
-    assert not torch.allclose(as_is, zeroed)
+    short = ablation_agreement(draft, eng, tokens, view, first, "short context")
+    assert torch.equal(short, draft_agreement(draft, tokens, view, first, 1)[0])
+    for kind in ABLATIONS:
+        assert ablation_agreement(draft, eng, tokens, view, first, kind).shape == (8,)
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablation_agreement(draft, eng, tokens, view, first, "nothing")
 
 
 def test_bench_longspec_selects_methods_and_names_the_output_apart():
