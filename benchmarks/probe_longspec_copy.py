@@ -72,13 +72,18 @@ def ngram_guesses(seq: list[int], first: int) -> list[int | None]:
 
 
 def draft_agreement(
-    draft: LongSpecDraft, tok: torch.Tensor, view: tuple, first: int, lag: int
+    draft: LongSpecDraft,
+    tok: torch.Tensor,
+    view: tuple,
+    first: int,
+    lag: int,
+    cross_window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """bool `[S - first]` per continuation position t = first-1 .. S-2: the draft's top-1 and top-4
-    at `lag` hold the target's argmax at t."""
+    at `lag` hold the target's argmax at t (`cross_window`: as `LongSpecDraft.forward_train`'s)."""
     k, v, logits = view
     with torch.no_grad():
-        draft_logits = draft.forward_train(tok, torch.arange(tok.numel()), k, v, lag)
+        draft_logits = draft.forward_train(tok, torch.arange(tok.numel()), k, v, lag, cross_window)
     rows = slice(first - 1 - lag, None)  # forward_train's row i is position lag + i
     want = logits[first - 1 : -1].argmax(-1)
     top4 = draft_logits[rows].topk(4, dim=-1).indices
@@ -92,9 +97,7 @@ def ablation_agreement(
     target's cache ablated as `kind` (one of `ABLATIONS`) says (module docstring)."""
     k, v, logits = view
     if kind == f"last {RECENT} entries":
-        with torch.no_grad():
-            draft_logits = draft.forward_train(tok, torch.arange(tok.numel()), k, v, 1, cross_window=RECENT)
-        return draft_logits[first - 2 :].argmax(-1) == logits[first - 1 : -1].argmax(-1)
+        return draft_agreement(draft, tok, view, first, 1, cross_window=RECENT)[0]
     if kind == "zeroed V":
         return draft_agreement(draft, tok, (k, torch.zeros_like(v), logits), first, 1)[0]
     if kind != "short context":

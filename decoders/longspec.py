@@ -351,17 +351,15 @@ class LongSpec(BaseDecoder):
         return self.draft_seconds[near]
 
     def _survivals(self, tree: Tree) -> list[float]:
-        if not tree.lookup_key:
-            return survivals(tree.score, tree.parent, self.calibration)
-        out = [1.0]  # a node both drafted and looked up gets the higher of its two rates
-        for row in range(1, len(tree.tokens)):
-            rates = (
-                [self.lookup_stats.rate(tree.lookup_key, tree.lookup[row] - 1)] if tree.lookup[row] else []
-            )
-            if tree.drafted[row]:
-                rates.append(self.calibration.rate(node_probability(tree.score, tree.parent, row)))
-            out.append(out[tree.parent[row]] * max(rates))
-        return out
+        return survivals(tree.parent, lambda row: self._node_rate(tree, row))
+
+    def _node_rate(self, tree: Tree, row: int) -> float:
+        """P(node `row` accepted | its parent accepted): the draft's calibrated rate for its probability,
+        the lookup chain's running rate at its place, the higher of the two for a node that is both."""
+        rates = [self.lookup_stats.rate(tree.lookup_key, tree.lookup[row] - 1)] if tree.lookup[row] else []
+        if tree.drafted[row]:
+            rates.append(self.calibration.rate(node_probability(tree.score, tree.parent, row)))
+        return max(rates)
 
     def _cut(self, tree: Tree, length: int, spent: float, cost) -> Tree:
         """block=auto: the root + the rows worth verifying (`best_block`), as a tree of their own."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -71,11 +71,12 @@ def node_probability(score: Sequence[float], parent: Sequence[int], row: int) ->
     return math.exp(score[row] - score[parent[row]])
 
 
-def survivals(score: Sequence[float], parent: Sequence[int], calib: DraftCalibration) -> list[float]:
-    """P(the root path of each tree row is accepted); rows are listed parents first, row 0 the root."""
+def survivals(parent: Sequence[int], rate: Callable[[int], float]) -> list[float]:
+    """P(the root path of each tree row is accepted), given `rate(row)` = P(row accepted | its parent
+    accepted); rows are listed parents first, row 0 the root."""
     out = [1.0]
-    for row in range(1, len(score)):
-        out.append(out[parent[row]] * calib.rate(node_probability(score, parent, row)))
+    for row in range(1, len(parent)):
+        out.append(out[parent[row]] * rate(row))
     return out
 
 

@@ -13,7 +13,7 @@ from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec import LongSpec, Tree
-from decoders.longspec_auto import DraftCalibration, best_block, deeper_pays, survivals
+from decoders.longspec_auto import DraftCalibration, best_block, deeper_pays, node_probability, survivals
 from decoders.vanilla import Vanilla
 from tests.lossless_check import check_lossless, chi_square_pvalue, sample_generations, tiny_sampling_case
 from tests.test_block_auto import flat, steep
@@ -40,7 +40,8 @@ def test_best_block_is_the_best_subtree():
     calib = DraftCalibration()
     for _ in range(40):
         score, parent = random_tree(rng, rng.randint(1, 8))
-        surv = survivals(score, parent, calib)
+        rates = [1.0] + [calib.rate(node_probability(score, parent, row)) for row in range(1, len(score))]
+        surv = survivals(parent, rates.__getitem__)
         for curve, spent in ((flat, 0.0), (steep, 0.3), (steep, 0.0)):
             keep, rate = best_block(surv, curve, 100, spent)
             assert all(parent[r] == 0 or parent[r] in keep for r in keep)
