@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu test-slurm lint bench paper paper-runs paper-runs-qwen paper-runs-qwen15 train-longspec
+.PHONY: demo test test-slow test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-qwen paper-runs-qwen15 train-longspec
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -19,10 +19,10 @@ test-slurm:      ## start a local single-node SLURM (root, apt-get), then the sw
 	$(PY) -m pytest -q -m slurm -rs
 
 test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites on a CUDA device (fp32, TF32 off)
-	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" tests/test_engine.py tests/test_vanilla.py \
-	  tests/test_lossless_fafo.py tests/test_lossless_lookahead.py tests/test_lossless_pld.py \
-	  tests/test_sparse_attention.py tests/test_kv_policies.py tests/test_lossless_selfspec.py \
-	  tests/test_lossless_triforce.py
+	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" $$(cat tests/gpu_suites.txt)
+
+gpu-checks:      ## on a CUDA box: test-gpu, the CUDA benchmarks and the scale=paper_slice8 FAFO sweep into GPU_OUT
+	PY=$(PY) scripts/gpu_checks.sh $${GPU_OUT:-gpu-checks}
 
 bench:           ## the speed claims, one script each (run one at a time)
 	for b in block_cost bench_block_cost bench_vanilla_vs_hf bench_kv_attention bench_lookahead bench_fafo bench_selfspec bench_longspec bench_sfi bench_block_auto; do \

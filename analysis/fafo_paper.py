@@ -130,16 +130,21 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(out) if out else pd.DataFrame(columns=columns)
 
 
+# How each preset of conf/scale/ departs from the paper's protocol (named in every caption).
+SCALE_DIFFERENCES = {
+    "cpu": "fewer samples and tokens, KV budgets as a fraction of each context",
+    "paper_slice8": "the paper's settings on 8 of the task's samples",
+}
+
+
 def scale_label(samples: pd.DataFrame) -> str:
     """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml)."""
     scales = sorted({str(v) for v in samples["scale"].dropna()}) if "scale" in samples.columns else []
     other = [s for s in scales if s not in ("paper", "unknown")]
     if not other:
         return ""
-    return (
-        f"scale={', '.join(other)}: NOT the paper's setting (conf/scale/{other[0]}.yaml: fewer samples and "
-        "tokens, KV budgets as a fraction of each context). "
-    )
+    what = "; ".join(f"conf/scale/{s}.yaml: {SCALE_DIFFERENCES.get(s, 'see that file')}" for s in other)
+    return f"scale={', '.join(other)}: NOT the paper's setting ({what}). "
 
 
 def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None) -> str:

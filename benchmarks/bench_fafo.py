@@ -23,9 +23,10 @@ generation per method; per prompt every method runs in turn (noise hits all alik
 when the prefill is done. speedup = total vanilla time / total method time over the same prompts.
 `--repeats R` runs the whole prompt set R times and adds each method's speedup per repeat as median
 [min-max], so a difference between two methods can be told from this machine's noise.
-Peak memory: the process's peak RSS during the method's generations (VmHWM, reset before each one),
-minus the RSS before any generation (weights, allocator): "extra MB". `exact` = outputs identical to
-vanilla's in the same dtype. Timings on a shared 2-core CPU are noisy: run under flock.
+Peak memory: the process's peak RSS during the method's generations (VmHWM, reset before each one;
+on CUDA the peak allocated), minus the same before any generation (weights, allocator): "extra MB".
+`exact` = outputs identical to vanilla's in the same dtype. Timings on a shared 2-core CPU are noisy:
+run under flock.
 """
 
 from __future__ import annotations
@@ -158,9 +159,10 @@ def measure(
     profile: bool,
     linear: str = "aten",
     repeats: int = 1,
+    device: str = "cpu",
 ) -> tuple[list[Tally], float]:
-    lm = load_model("packaged", "smollm2-135m", dtype=dtype, device="cpu")
-    eng = Engine(lm.model, linear=linear)
+    lm = load_model("packaged", "smollm2-135m", dtype=dtype, device=device)
+    eng = Engine(lm.model, linear=linear if device == "cpu" else "aten")
     decs = [(Tally(name, params, group), make(eng)) for name, params, group, make in chosen]
     for _, dec in decs:  # warm-up: layouts, allocator, compiled kernels
         dec.generate(prompts[0], 16, stop, Counts(keep_steps=False))
@@ -207,12 +209,12 @@ def run_prompt(
         tally.runs += 1
 
 
-def print_table(dtype: str, threads: int, tallies: list[Tally], base_rss: float) -> None:
+def print_table(dtype: str, where: str, tallies: list[Tally], base_rss: float) -> None:
     base = tallies[0]
-    print(f"\n### FAFO vs baselines, MT-Bench, SmolLM2-135M-Instruct {dtype}, CPU {threads} threads\n")
+    print(f"\n### FAFO vs baselines, MT-Bench, SmolLM2-135M-Instruct {dtype}, {where}\n")
     print(
         "| group | method | params | mean block | tau | decode tok/s | wall tok/s | speedup decode | "
-        "speedup decode per repeat: median [min-max] | speedup wall | peak RSS MB (+extra) | exact |"
+        "speedup decode per repeat: median [min-max] | speedup wall | peak MB (+extra) | exact |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in tallies:
@@ -243,6 +245,7 @@ def main() -> None:
         "--linear", default="onednn", choices=["aten", "onednn"], help="core.engine.Engine(linear=...)"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (on CUDA the engine's linear is aten)")
     ap.add_argument("--only", default=None, help="comma-separated substrings of 'group method params' to run")
     ap.add_argument(
         "--repeats", type=int, default=1, help="measure every prompt this many times (speedup spread)"
@@ -271,9 +274,12 @@ def main() -> None:
         f"(lengths {[len(p) for p in prompts]}), max_new_tokens {args.new}"
     )
     tallies, base_rss = measure(
-        args.dtype, chosen, prompts, args.new, stop, args.profile, args.linear, args.repeats
+        args.dtype, chosen, prompts, args.new, stop, args.profile, args.linear, args.repeats, args.device
     )
-    print_table(f"{args.dtype}, linear={args.linear}", args.threads, tallies, base_rss)
+    if args.device == "cpu":
+        print_table(f"{args.dtype}, linear={args.linear}", f"CPU {args.threads} threads", tallies, base_rss)
+    else:
+        print_table(args.dtype, torch.cuda.get_device_name(args.device), tallies, base_rss)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The checks only a CUDA GPU can make, in stages sized for a short lease (about 10 minutes in all):
+#   env    the GPU, driver, torch/CUDA versions, and whether the tree is a git checkout
+#   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), pytest-xdist workers when installed
+#   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), our vanilla against HF
+#          generate, and FAFO against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda)
+#   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
+#          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
+#          skipped when a stage is run again over the same OUT)
+# Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
+# Every stage has its own time limit (GPU_<STAGE>_S seconds) and the next one runs when one fails;
+# OUT/summary.txt lists each stage's exit status and seconds, OUT/<stage>.log its output, OUT/bench the
+# benchmark outputs (results/bench/<device-slug>/ once committed). PY picks the interpreter.
+set -uo pipefail
+out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|bench|sweep ...]}"
+shift
+cd "$(dirname "$0")/.."
+PY="${PY:-python3}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+export PYTHONUNBUFFERED=1 HARNESS_BENCH_OUT="$out/bench"
+export out PY
+
+stage() {  # stage NAME LIMIT_S: run NAME_stage under its limit, log it, record rc and seconds
+  local name=$1 limit=$2 start=$SECONDS rc
+  echo "== $name (limit ${limit}s, $(date -u +%T))" | tee -a "$out/summary.txt"
+  timeout -k 10 "$limit" bash -c "${name}_stage" >>"$out/$name.log" 2>&1
+  rc=$?
+  echo "   $name: rc=$rc in $((SECONDS - start))s$([[ $rc == 124 ]] && echo ' (time limit)')" |
+    tee -a "$out/summary.txt"
+}
+
+env_stage() {
+  nvidia-smi || true
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  "$PY" -m pip list 2>/dev/null | grep -i -E "^(torch|transformers|tokenizers|triton|hydra-core|flash.attn|pandas) "
+  git rev-parse HEAD 2>&1 || echo "not a git checkout: code version from HARNESS_CODE_VERSION=${HARNESS_CODE_VERSION:-unset}"
+  grep -m1 "model name" /proc/cpuinfo
+  nproc
+}
+
+test_stage() {
+  local workers=()
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-6}")
+  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" \
+    --junitxml "$out/test-gpu.xml" $(cat tests/gpu_suites.txt)
+}
+
+bench_stage() {
+  local rc=0
+  for dtype in bfloat16 float32; do
+    "$PY" -m benchmarks.block_cost --device cuda --dtype "$dtype" --linear aten --reps 10 || rc=1
+  done
+  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 || rc=1
+  "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --repeats 2 || rc=1
+  return $rc
+}
+
+sweep_stage() {
+  local rec=(scale=paper_slice8 "run.out_dir=$out/records")
+  "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_table1 "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_figure1 "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
+}
+
+export -f env_stage test_stage bench_stage sweep_stage
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
+for name in "${stages[@]}"; do  # checked before anything runs
+  case "$name" in
+    env | test | bench | sweep) ;;
+    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, bench, sweep)" >&2; exit 2 ;;
+  esac
+done
+declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [bench]="${GPU_BENCH_S:-180}"
+  [sweep]="${GPU_SWEEP_S:-240}")
+for name in "${stages[@]}"; do
+  stage "$name" "${LIMIT[$name]}"
+done
