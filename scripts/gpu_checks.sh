@@ -8,17 +8,27 @@
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
 # Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
+# On a leased machine without network, scripts/gpu_lease.sh packs what must travel and prints the calls.
 # Every stage has its own time limit (GPU_<STAGE>_S seconds) and the next one runs when one fails;
 # OUT/summary.txt lists each stage's exit status and seconds, OUT/<stage>.log its output, OUT/bench the
-# benchmark outputs (results/bench/<device-slug>/ once committed). PY picks the interpreter.
+# benchmark outputs (results/bench/<device-slug>/ once committed), OUT/cost_cache the measured cost
+# curves. PY picks the interpreter.
 set -uo pipefail
 out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|bench|sweep ...]}"
 shift
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
+for name in "${stages[@]}"; do  # checked before anything is written
+  case "$name" in
+    env | test | bench | sweep) ;;
+    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, bench, sweep)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-export PYTHONUNBUFFERED=1 HARNESS_BENCH_OUT="$out/bench"
+export PYTHONUNBUFFERED=1 HARNESS_BENCH_OUT="$out/bench" HARNESS_COST_CACHE="$out/cost_cache"
 export out PY
 
 stage() {  # stage NAME LIMIT_S: run NAME_stage under its limit, log it, record rc and seconds
@@ -42,37 +52,33 @@ env_stage() {
 test_stage() {
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-6}")
-  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -q -m "not slow" -p no:cacheprovider "${workers[@]}" \
+  "$PY" -c "import pytest_timeout" 2>/dev/null && workers+=(--timeout "${GPU_TEST_TIMEOUT_S:-120}")
+  # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed
+  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "not slow" -p no:cacheprovider "${workers[@]}" \
     --junitxml "$out/test-gpu.xml" $(cat tests/gpu_suites.txt)
 }
 
-bench_stage() {
+bench_stage() {  # quickest first: a stage stopped at its limit keeps what finished
   local rc=0
-  for dtype in bfloat16 float32; do
-    "$PY" -m benchmarks.block_cost --device cuda --dtype "$dtype" --linear aten --reps 10 || rc=1
-  done
+  "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --reps 10 || rc=1
   "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 || rc=1
-  "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --repeats 2 || rc=1
+  "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --only paper,baseline ||
+    rc=1
+  "$PY" -m benchmarks.block_cost --device cuda --dtype float32 --linear aten --reps 10 || rc=1
   return $rc
 }
 
-sweep_stage() {
+sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), then the rest
   local rec=(scale=paper_slice8 "run.out_dir=$out/records")
-  "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
+  "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
 export -f env_stage test_stage bench_stage sweep_stage
-stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
-for name in "${stages[@]}"; do  # checked before anything runs
-  case "$name" in
-    env | test | bench | sweep) ;;
-    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, bench, sweep)" >&2; exit 2 ;;
-  esac
-done
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [bench]="${GPU_BENCH_S:-180}"
   [sweep]="${GPU_SWEEP_S:-240}")
 for name in "${stages[@]}"; do

@@ -77,7 +77,7 @@ def test_every_row_sees_a_causal_chain(tiny_lm, lens, n_guess):
     for r in range(n):
         rows = lay.block_mask[r].nonzero().flatten()
         assert rows[0] == 0 and rows[-1] == r  # every row sees the root and itself
-        assert torch.equal(lay.offsets[rows], torch.arange(len(rows)))  # a contiguous run p..p+len-1
+        assert torch.equal(lay.offsets[rows], torch.arange(len(rows), device=eng.device))  # p..p+len-1
         eng.reset(p + len(rows) + 1)
         ref = eng.prefill(prompt[:-1] + tokens[rows].tolist())
         torch.testing.assert_close(logits[r], ref, atol=1e-4, rtol=1e-4)

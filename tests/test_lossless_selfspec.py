@@ -164,7 +164,7 @@ def test_topk_keeps_the_most_attended_entries(refs):
     prompt = cases[0][0]
     eng.reset(len(prompt) + 4)
     eng.prefill(prompt)
-    q = torch.randn(eng.w.n_heads, 1, eng.w.head_dim)
+    q = torch.randn(eng.w.n_heads, 1, eng.w.head_dim, device=eng.device)
     k = eng.cache.k[1, :, : eng.length]
     sel = pol.select(1, q, k, eng.length)
     att = (q.reshape(k.shape[0], -1, k.shape[-1]) @ k.transpose(1, 2) * eng.scale).softmax(-1).sum(1)
@@ -268,7 +268,7 @@ def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_
     assert counts.kv_rebuilds == counts.forwards
     p = len(prompt)
     assert pol.built_len == p and 0 not in pol._means and set(pol._means) == set(range(1, eng.w.n_layers))
-    pos = torch.arange(p)
+    pos = torch.arange(p, device=eng.device)
     for layer, kbar in pol._means.items():
         keys = pol.gather_keys(layer, eng.cache.k[layer], pos)
         torch.testing.assert_close(kbar, chunk_means(keys, 4))

@@ -134,7 +134,7 @@ def test_evict_rerotates_keys_to_their_slot_positions(tiny_lm):
     eng.reset(48)
     eng.prefill(toks)
     eng.evict(4, 20)
-    assert eng.length == 24 and torch.equal(eng.cache.slot_pos[:24], torch.arange(24))
+    assert eng.length == 24 and torch.equal(eng.cache.slot_pos[:24], torch.arange(24, device=eng.device))
     fresh = Engine(tiny_lm.model)
     fresh.reset(48)
     fresh.prefill(toks[:4] + toks[20:])

