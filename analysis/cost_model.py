@@ -169,18 +169,25 @@ def predicted_speedup(
         return float("nan")
     if "draft_model" in steps.columns and steps["draft_model"].astype(bool).any():
         return float("nan")
-    prompt = samples.drop_duplicates(["sample_id", "turn"]).set_index(["sample_id", "turn"])["prompt_tokens"]
-    vanilla = method = 0.0
-    for (sid, turn), turn_steps in steps.groupby(["sample_id", "turn"], sort=False):
-        ctx = float(prompt.loc[(sid, turn)])
-        committed = 0
-        for row in turn_steps.sort_values("step").itertuples(index=False):
-            full = ctx + committed
-            seen = row.kv_attended / n_layers if sparse else full
-            method += cost(int(row.block_tokens), seen)
-            if not row.draft:
-                committed += int(row.committed)
-        vanilla += sum(cost(1, ctx + j) for j in range(committed))
+    turn = ["sample_id", "turn"]
+    prompt = samples.drop_duplicates(turn)[[*turn, "prompt_tokens"]]
+    st = steps.sort_values([*turn, "step"]).merge(prompt, on=turn, how="left", validate="many_to_one")
+    # tokens committed before each forward of its turn (a separate draft's forwards commit nothing)
+    made = st["committed"].where(~st["draft"].astype(bool), 0).astype("int64")
+    before = made.groupby([st["sample_id"], st["turn"]], sort=False).cumsum() - made
+    ctx = st["prompt_tokens"].astype(float)
+    seen = (st["kv_attended"] / n_layers) if sparse else ctx + before
+    method = sum(cost(int(b), float(c)) for b, c in zip(st["block_tokens"].to_numpy(), seen.to_numpy()))
+    totals = (
+        st.assign(made=made)
+        .groupby(turn, sort=False)
+        .agg(ctx=("prompt_tokens", "first"), made=("made", "sum"))
+    )
+    vanilla = sum(
+        cost(1, float(c) + j)
+        for c, n in zip(totals["ctx"].to_numpy(), totals["made"].to_numpy())
+        for j in range(n)
+    )
     return vanilla / method if method > 0 else float("nan")
 
 
