@@ -16,32 +16,16 @@ interleaved one (per prompt, every method in turn) in one process, one table eac
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from benchmarks.bench_block_auto import curve_here, methods, prompts_of
-from benchmarks.timing import timed_generate
+from benchmarks.timing import StepClock, timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
 from runners.runner import stop_ids_for
-
-
-class StepClock:
-    """Wraps `engine.step`: records (rows, cache length, seconds) of every forward."""
-
-    def __init__(self, eng: Engine) -> None:
-        self.eng, self.inner, self.calls = eng, eng.step, []
-        eng.step = self  # type: ignore[method-assign]
-
-    def __call__(self, tokens, position_ids, view, *args, **kwargs):
-        length = self.eng.length
-        t0 = time.perf_counter()
-        out = self.inner(tokens, position_ids, view, *args, **kwargs)
-        self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
-        return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,8 @@
 # The checks only a CUDA GPU can make, in stages sized for a short lease (about 10 minutes in all):
 #   env    the GPU, driver, torch/CUDA versions, and whether the tree is a git checkout
 #   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), pytest-xdist workers when installed
-#   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), our vanilla against HF
+#   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), where decoders' step
+#          time goes (benchmarks.profile_decoder, 1 and 16 CPU threads), our vanilla against HF
 #          generate, and FAFO against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda)
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
@@ -61,6 +62,8 @@ test_stage() {
 bench_stage() {  # quickest first: a stage stopped at its limit keeps what finished
   local rc=0
   "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --reps 10 || rc=1
+  "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --decoders vanilla pld lookahead fafo-paper \
+    --threads 1 16 --new 32 || rc=1
   "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 || rc=1
   "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --only paper,baseline ||
     rc=1

@@ -170,7 +170,7 @@ def test_needle_probe_top_keys_and_share():
 
 
 def test_step_clock_records_every_forward_and_returns_its_logits(tiny_lm):
-    from benchmarks.forward_prices import StepClock
+    from benchmarks.timing import StepClock
     from core.types import Counts
     from decoders.vanilla import Vanilla
 
@@ -232,7 +232,8 @@ def test_block_auto_repeat_runs_each_method_over_all_prompts_rotating_the_first(
 def test_forward_prices_orders_time_the_same_forwards(tiny_lm):
     """forward_prices: the grouped and interleaved orders run the same (method, prompt) pairs, so each
     method's decode forwards are the same (rows, cache length) pairs in both."""
-    from benchmarks.forward_prices import StepClock, run_order
+    from benchmarks.forward_prices import run_order
+    from benchmarks.timing import StepClock
     from decoders.pld import PromptLookup
     from decoders.vanilla import Vanilla
 
@@ -382,3 +383,14 @@ def test_bench_longspec_selects_methods_and_names_the_output_apart():
         selected(makers, ["nothing"])  # type: ignore[arg-type]
     assert output_name([]) == "bench_longspec"
     assert output_name(["--methods", "lookup"]) == "bench_longspec-selected"
+
+
+def test_profile_decoder_splits_step_time_and_restores_the_engine(tiny_lm, capsys):
+    from benchmarks.profile_decoder import profile_one
+
+    eng = Engine(tiny_lm.model)
+    prompt = list(range(10, 40)) * 2
+    profile_one("lookahead", eng, [prompt[:20], prompt], 12, set(), top=5)
+    out = capsys.readouterr().out
+    assert "#### lookahead:" in out and "% inside Engine.step" in out and "aten::" in out
+    assert "step" not in vars(eng)  # the clock is gone: Engine.step again
