@@ -241,6 +241,7 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
                 peak_mem_mb=run["peak_mem_mb"].max(),
                 match_rate=run["matches_vanilla"].dropna().astype(float).mean(),
+                match_or_tie_rate=match_or_tie_rate(run, str(first.get("dtype"))),
                 kv_mb_per_token=run["kv_read_mb"].sum() / run["new_tokens"].sum()
                 if "kv_read_mb" in run.columns
                 else float("nan"),
@@ -253,6 +254,30 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
         means = scores.pivot_table(index="run_id", columns="metric", values="value", aggfunc="mean")
         table = table.merge(means.add_prefix("score."), left_on="run_id", right_index=True, how="left")
     return table
+
+
+# Vanilla's top-2 logit gap at a first divergence within which the two runs differ only by rounding:
+# fp32, the block-versus-row accumulation order (~1e-4 on logits ~1e1); bf16 and fp16, two units in
+# the last place of a logit between 16 and 32 (the logits are rounded to the model's dtype, and a
+# multi-row forward rounds differently from a 1-row one).
+TIE_GAP = {"float32": 1e-4, "bfloat16": 0.25, "float16": 0.03}
+
+
+def divergences_at_ties(samples: pd.DataFrame, dtype: str) -> tuple[int, int]:
+    """(audited turns that diverged from vanilla, how many of them at a numerical tie for `dtype`)."""
+    audited = samples[samples["matches_vanilla"].notna()]
+    diverged = audited[~audited["matches_vanilla"].astype(bool)]
+    tol = TIE_GAP.get(dtype)
+    if tol is None or diverged.empty:
+        return len(diverged), 0
+    return len(diverged), int((diverged["divergence_gap"].astype(float) <= tol).sum())
+
+
+def match_or_tie_rate(samples: pd.DataFrame, dtype: str) -> float:
+    """Share of audited turns that equal vanilla's output or first differ at a numerical tie."""
+    audited = int(samples["matches_vanilla"].notna().sum())
+    diverged, ties = divergences_at_ties(samples, dtype)
+    return (audited - diverged + ties) / audited if audited else float("nan")
 
 
 def reference_run(root: Path | str, run_id: str) -> Path | None:

@@ -42,6 +42,7 @@ COLUMNS = [
     "pred_speedup",
     "pred_H100",
     "match_rate",
+    "match_or_tie_rate",
     "peak_mem_mb",
     "note",
 ]

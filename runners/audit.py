@@ -6,7 +6,8 @@ prefill_chunk, torch/transformers versions, and a digest of the code that comput
 per (prompt, max_new_tokens, stop ids), so a sweep computes each reference once and never reuses one
 computed under other numerics. At the first divergence the
 audit records vanilla's top-2 logit gap there: a gap below ~1e-4 means a numerical near-tie
-(floating-point non-associativity between block and single-token forwards), not a bug.
+(floating-point non-associativity between block and single-token forwards), not a bug;
+`analysis.metrics.TIE_GAP` holds that tolerance per dtype.
 """
 
 from __future__ import annotations

@@ -50,6 +50,28 @@ def kv_note(runs: pd.Series, samples: pd.DataFrame, summary: dict[str, float]) -
     )
 
 
+def divergence_note(runs: pd.Series, samples: pd.DataFrame) -> str | None:
+    """One line when audited turns diverged from vanilla: how many at a numerical tie (vanilla's top-2
+    logit gap within the dtype's rounding, `analysis.metrics.TIE_GAP`) and how many beyond it."""
+    from analysis.metrics import TIE_GAP, divergences_at_ties
+
+    ok = samples[samples["error"].isna()]
+    dtype = str(runs.get("dtype"))
+    diverged, ties = divergences_at_ties(ok, dtype)
+    if not diverged:
+        return None
+    tol = TIE_GAP.get(dtype)
+    if tol is None:
+        return f"note: {diverged} turn(s) diverge from vanilla; no tie tolerance is known for {dtype}"
+    line = (
+        f"note: {diverged} turn(s) diverge from vanilla, {ties} of them first where vanilla's top-2 logits "
+        f"are within {dtype} rounding (gap <= {tol:g}: a numerical tie, not a decoding error)"
+    )
+    if ties < diverged:
+        line += f"; {diverged - ties} beyond it: compare in float32 (samples.parquet: divergence_gap)"
+    return line
+
+
 CPU_BLOCK_HINT = 64  # rows per forward above which a CPU pays for a block row by row
 
 
@@ -123,9 +145,9 @@ def print_summary(run_path: Path) -> None:
     print(pd.DataFrame([row]).to_string(index=False))
     if s["failed"]:
         print(f"FAILED: {int(s['failed'])} sample(s) have errors (column `error` of samples.parquet)")
-    note = kv_note(runs, samples, s)
-    if note:
-        print(note)
+    for note in (kv_note(runs, samples, s), divergence_note(runs, samples)):
+        if note:
+            print(note)
     for line in comparison_lines(run_path, runs, samples):
         print(line)
     print(f"records: {run_path}/{{runs,samples,steps,scores}}.parquet")

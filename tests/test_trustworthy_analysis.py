@@ -209,3 +209,25 @@ def test_figure_stays_readable_with_nine_tasks_and_long_names(tmp_path):
 
     h, w = mpimg.imread(path).shape[:2]
     assert w <= 1600 and h <= 2000  # a 3-column grid, not 9 panels side by side
+
+
+def test_divergences_at_a_numerical_tie_are_told_apart_from_real_ones():
+    """bf16 runs diverge from vanilla where its top-2 logits tie within bf16 rounding (a multi-row
+    forward rounds differently): the run report and the summary say so, and flag a larger gap."""
+    from analysis.metrics import divergences_at_ties, match_or_tie_rate
+    from runners.report import divergence_note
+
+    samples = pd.DataFrame(
+        {
+            "error": [None] * 5,
+            "matches_vanilla": [True, False, False, False, None],
+            "divergence_gap": [None, 0.0, 0.125, 0.5, None],
+        }
+    )
+    assert divergences_at_ties(samples, "bfloat16") == (3, 2)
+    assert divergences_at_ties(samples, "float32") == (3, 1)  # only the exact tie is within 1e-4
+    assert match_or_tie_rate(samples, "bfloat16") == pytest.approx(3 / 4)
+    note = divergence_note(pd.Series({"dtype": "bfloat16"}), samples)
+    assert "3 turn(s) diverge" in note and "2 of them" in note and "1 beyond it" in note
+    assert "no tie tolerance" in divergence_note(pd.Series({"dtype": "int8"}), samples)
+    assert divergence_note(pd.Series({"dtype": "bfloat16"}), samples.iloc[[0, 4]]) is None
