@@ -51,6 +51,7 @@ def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.Da
         run.setdefault("experiment", "")  # the experiment file that started the run ("" = none)
         run.setdefault("scale", "paper")  # runs recorded before conf/scale/ existed
         run.setdefault("linear", "aten")  # runs recorded before run.linear existed
+        run.setdefault("cuda_graphs", False)  # runs recorded before run.cuda_graphs existed
         run["path"] = str(path.parent)
         rows.append(run)
     return pd.DataFrame(rows)

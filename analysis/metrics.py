@@ -29,6 +29,7 @@ SETUP = [
     "model_name",
     "dtype",
     "linear",
+    "cuda_graphs",  # one-row decode steps replayed as a CUDA graph (run.cuda_graphs)
     "device_name",
     "threads",
     "prefill_chunk",

@@ -46,7 +46,13 @@ def onednn_applies(model: torch.nn.Module) -> bool:
 class Engine:
     """Owns the model weights and the KV cache for batch size 1."""
 
-    def __init__(self, model: torch.nn.Module, prefill_chunk: int = 1024, linear: str = "aten") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prefill_chunk: int = 1024,
+        linear: str = "aten",
+        cuda_graphs: bool = False,
+    ) -> None:
         self.model = model
         self.w: DecoderWeights = extract_weights(model)
         cfg = self.w
@@ -62,6 +68,13 @@ class Engine:
             self._pack_onednn()
         elif linear != "aten":
             raise ValueError(f"linear must be 'aten' or 'onednn', got {linear!r}")
+        self.decode_graph = None  # one-row CausalView steps replayed as a CUDA graph (core/decode_graph.py)
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
+            from core.decode_graph import StaticDecode
+
+            self.decode_graph = StaticDecode(self, capture=True)
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):
@@ -114,17 +127,50 @@ class Engine:
         hooks: Sequence = (),
     ) -> torch.Tensor:
         """One forward over a block. Returns float logits for `logits_rows` (all rows if None)."""
-        w = self.w
+        if (
+            self.decode_graph is not None
+            and tokens.numel() == 1
+            and type(view) is CausalView
+            and logits_rows is None
+            and not hooks
+        ):
+            return self.decode_graph(tokens, position_ids)
         cache = self.cache
         tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
-        n = tokens.numel()
         cache.stage_positions(position_ids)
+        cache_len = cache.length
+
+        def attend(
+            li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor
+        ) -> torch.Tensor:
+            k_all, v_all = cache.write(li, k, v)
+            for hook in hooks:  # a hook with `wants_input` also gets the layer's attention input x
+                if getattr(hook, "wants_input", False):
+                    hook(li, q, k_all, cache_len, x)
+                else:
+                    hook(li, q, k_all, cache_len)
+            return view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
+
+        h = self.layers_forward(tokens, position_ids, attend)
+        if logits_rows is not None:
+            rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
+            h = h.index_select(0, rows)
+        return self.lm_logits(self.w.final_norm(h))
+
+    def layers_forward(
+        self, tokens: torch.Tensor, position_ids: torch.Tensor, attend: Callable
+    ) -> torch.Tensor:
+        """The decoder layers over a block (embedding in, last hidden states out, before the final
+        norm). `attend(layer, q [H, n, d], k [H_kv, n, d], v [H_kv, n, d], x)` stores the block's K/V
+        and returns the attention output `[1, H, n, d]`: the one place a forward's cache layout and
+        visibility enter (`step`'s cache slices and view, `StaticDecode`'s fixed-shape slots)."""
+        w = self.w
+        n = tokens.numel()
         cos, sin = rope_cos_sin(self.model, position_ids, self.dtype)
         cos, sin_signed = cos.unsqueeze(1), _signed_sin(sin).unsqueeze(1)  # [n, 1, d]: every head
         h = w.embed(tokens)  # [n, hidden]
         H, Hkv, d = w.n_heads, w.n_kv_heads, w.head_dim
         q_size, kv_size = H * d, Hkv * d
-        cache_len = cache.length
         for li, layer in enumerate(w.layers):
             x = layer.norm1(h)
             qkv = self._lin(x, layer.wqkv, layer.bqkv)
@@ -133,22 +179,13 @@ class Engine:
             q = qk[:, :H].transpose(0, 1)
             k = qk[:, H:].transpose(0, 1)
             v = qkv[:, q_size + kv_size :].view(n, Hkv, d).transpose(0, 1)
-            k_all, v_all = cache.write(li, k, v)
-            for hook in hooks:  # a hook with `wants_input` also gets the layer's attention input x
-                if getattr(hook, "wants_input", False):
-                    hook(li, q, k_all, cache_len, x)
-                else:
-                    hook(li, q, k_all, cache_len)
-            o = view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
+            o = attend(li, q, k, v, x)
             h = h + self._lin(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
             x = layer.norm2(h)
             gu = self._lin(x, layer.wgu)
             g, u = gu.chunk(2, dim=-1)
             h = h + self._lin(w.act(g) * u, layer.wdown)
-        if logits_rows is not None:
-            rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
-            h = h.index_select(0, rows)
-        return self.lm_logits(w.final_norm(h))
+        return h
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float logits of normed hidden states `h` through the LM head (prepacked when the engine
@@ -181,6 +218,7 @@ class Engine:
         sub.w = dataclasses.replace(self.w, layers=self.w.layers[:n_layers], n_layers=n_layers)
         w = sub.w
         sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)
+        sub.decode_graph = None  # the parent's graph holds the parent's layers and cache
         return sub
 
     @torch.inference_mode()

@@ -92,3 +92,16 @@ def resolve_linear(choice: str | None, lm) -> str:
     if choice == "onednn" and not onednn_applies(lm.model):
         raise HarnessError("run.linear=onednn needs an fp32 model on an x86 CPU; use run.linear=auto")
     return choice
+
+
+def resolve_cuda_graphs(choice, lm) -> bool:
+    """`run.cuda_graphs`: true replays one-row decode steps as a CUDA graph (core/decode_graph.py)."""
+    if choice in (None, False):
+        return False
+    if choice is not True:
+        raise HarnessError(f"run.cuda_graphs must be true or false, got {choice!r}")
+    if lm.device.type != "cuda":
+        raise HarnessError(
+            f"run.cuda_graphs=true needs the model on a CUDA device (it is on {lm.device.type})"
+        )
+    return True

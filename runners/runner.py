@@ -41,6 +41,7 @@ from runners.config import (
     group_params,
     pin_threads,
     positive_int,
+    resolve_cuda_graphs,
     resolve_linear,
     stop_ids_for,
 )
@@ -78,7 +79,8 @@ class Runner:
         torch.manual_seed(int(run.seed))
         self.lm = build(cfg.model, "model")
         linear = resolve_linear(run.get("linear"), self.lm)
-        self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear)
+        graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
+        self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear, cuda_graphs=graphs)
         self.device_name = provenance.device_name(self.lm.device)
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=int(run.seed))
@@ -152,6 +154,8 @@ class Runner:
         }
         if stratify:  # absent = the first `limit` samples (keeps earlier runs' ids)
             self.identity["stratify"] = True
+        if graphs:  # absent = no CUDA graphs (keeps earlier runs' ids)
+            self.identity["cuda_graphs"] = True
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         self.code_version = provenance.git_sha(REPO)
@@ -177,6 +181,7 @@ class Runner:
                 "prefill_chunk": self.identity["prefill_chunk"],
                 "torch": self.versions.get("torch"),
                 "transformers": self.versions.get("transformers"),
+                **({"cuda_graphs": True} if self.engine.decode_graph is not None else {}),
             },
             REPO,
         )
@@ -447,6 +452,7 @@ class Runner:
             "model_name": self.lm.name,
             "dtype": self.identity["dtype"],
             "linear": self.engine.linear,
+            "cuda_graphs": self.engine.decode_graph is not None,
             "decoder": self.names["decoder"],
             "decoder_params": json.dumps(self.identity["decoder_params"]),
             "lossless": bool(self.decoder.lossless),

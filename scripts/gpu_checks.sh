@@ -65,6 +65,8 @@ bench_stage() {  # quickest first: a stage stopped at its limit keeps what finis
   "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --decoders vanilla pld lookahead fafo-paper \
     --threads 1 16 --new 32 || rc=1
   "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 || rc=1
+  # the same with CUDA-graph decode beside it (its output replaces the one above only when it succeeds)
+  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 --cuda-graphs || rc=1
   "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --only paper,baseline ||
     rc=1
   "$PY" -m benchmarks.block_cost --device cuda --dtype float32 --linear aten --reps 10 || rc=1
@@ -74,6 +76,7 @@ bench_stage() {  # quickest first: a stage stopped at its limit keeps what finis
 sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), then the rest
   local rec=(scale=paper_slice8 "run.out_dir=$out/records")
   "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld run.cuda_graphs=true "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 "${rec[@]}" &&

@@ -136,3 +136,91 @@ def test_split_decode_attention_applies_only_where_it_gains():
     assert not split_applies(q, k[:, :, :-1])  # a short cache: SDPA
     assert not split_applies(torch.randn(1, 4, 2, 8), k)  # a block of rows
     assert not split_applies(q.bfloat16(), k.bfloat16())  # bf16 keeps SDPA's float32 accumulation
+
+
+# --- fixed-shape one-row decode (core/decode_graph.py): eager here, captured as a CUDA graph on a GPU --
+def _vanilla_with_steps(eng, prompt, n):
+    """Greedy ids and every step's logits of vanilla on `eng`."""
+    eng.reset(len(prompt) + n + 1)
+    logits = eng.prefill(prompt)
+    out, rows = [int(logits.argmax())], [logits]
+    for i in range(n - 1):
+        tok = torch.tensor([out[-1]], device=eng.device)
+        pos = torch.tensor([len(prompt) + i], device=eng.device)
+        step = eng.step(tok, pos, CausalView(eng.scale))
+        eng.commit([0])
+        rows.append(step[0])
+        out.append(int(step[0].argmax()))
+    return out, torch.stack(rows)
+
+
+def test_static_decode_equals_the_regular_one_row_step(tiny_lm):
+    """The fixed-shape forward (device-index cache write, attention over the whole allocation with the
+    unused slots masked) gives the regular step's logits, tokens and cache contents."""
+    from core.decode_graph import StaticDecode
+
+    prompt = list(range(3, 40))
+    plain = Engine(tiny_lm.model)
+    ref_ids, ref_logits = _vanilla_with_steps(plain, prompt, 24)
+    static = Engine(tiny_lm.model)
+    static.decode_graph = StaticDecode(static, capture=False)
+    ids, logits = _vanilla_with_steps(static, prompt, 24)
+    assert ids == ref_ids
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    n = plain.length
+    assert static.length == n
+    torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
+    assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
+
+
+def test_static_decode_is_only_for_plain_one_row_steps(tiny_lm):
+    """Blocks, other views, hooks and the layer-truncated self-draft take the regular forward; CUDA
+    graphs are refused off a CUDA device."""
+
+    class Spy:
+        calls = 0
+
+        def __call__(self, tokens, position_ids):
+            Spy.calls += 1
+            raise AssertionError("the fixed-shape path took a step it must not")
+
+    eng = Engine(tiny_lm.model)
+    eng.decode_graph = Spy()
+    eng.reset(64)
+    eng.prefill(list(range(3, 20)))
+    dev = eng.device
+    two = torch.tensor([5, 6], device=dev)
+    eng.step(two, torch.tensor([17, 18], device=dev), CausalView(eng.scale))
+    eng.crop(17)
+    mask = torch.ones(1, 18, dtype=torch.bool, device=dev)
+    eng.step(torch.tensor([5], device=dev), torch.tensor([17], device=dev), MaskView(mask, eng.scale))
+    eng.crop(17)
+    eng.step(
+        torch.tensor([5], device=dev),
+        torch.tensor([17], device=dev),
+        CausalView(eng.scale),
+        hooks=[lambda *a: None],
+    )
+    assert Spy.calls == 0 and eng.truncated(1).decode_graph is None
+    if dev.type != "cuda":
+        with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+            Engine(tiny_lm.model, cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
+def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_lm):
+    if tiny_lm.device.type != "cuda":
+        pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
+    prompt = list(range(3, 40))
+    ref_ids, ref_logits = _vanilla_with_steps(Engine(tiny_lm.model), prompt, 24)
+    eng = Engine(tiny_lm.model, cuda_graphs=True)
+    ids, logits = _vanilla_with_steps(eng, prompt, 24)
+    assert ids == ref_ids and eng.decode_graph.captures == 1
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    _vanilla_with_steps(eng, prompt, 24)  # same allocation: the graph is replayed, not captured again
+    assert eng.decode_graph.captures == 1
+    ids, _ = _vanilla_with_steps(eng, prompt * 3, 24)  # a larger cache: captured again
+    assert (
+        eng.decode_graph.captures == 2
+        and ids == _vanilla_with_steps(Engine(tiny_lm.model), prompt * 3, 24)[0]
+    )

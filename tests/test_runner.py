@@ -166,6 +166,21 @@ def test_engine_linear_choice(tmp_path):
         Runner(make_cfg(tmp_path, "model.dtype=bfloat16", "run.linear=onednn"))
 
 
+def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
+    """run.cuda_graphs=false (the default) keeps earlier runs' ids and records False; true on a CPU
+    model is one clear error."""
+    from core.types import HarnessError
+
+    plain = Runner(make_cfg(tmp_path, "model.dtype=float32"))
+    assert plain.engine.decode_graph is None and "cuda_graphs" not in plain.identity
+    assert Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=false")).run_id == plain.run_id
+    assert bool(pd.read_parquet(plain.run() / "runs.parquet")["cuda_graphs"].iloc[0]) is False
+    with pytest.raises(HarnessError, match="run.cuda_graphs=true needs the model on a CUDA device"):
+        Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=true"))
+    with pytest.raises(HarnessError, match="must be true or false"):
+        Runner(make_cfg(tmp_path, "run.cuda_graphs=maybe"))
+
+
 def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
     """A scale=cpu run records scale=cpu, resolves the preset's KV budget fraction into its identity
     and takes its samples round-robin over categories: never the same run id as the paper protocol."""
