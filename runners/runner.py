@@ -54,6 +54,7 @@ from tasks.base import Task
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
+GPU_WARMUP_S = 20.0  # default seconds of untimed warm-up generations on CUDA (Runner.warmup_seconds)
 
 
 # run-record columns that must not change within one run (a resume by anything else is refused), with
@@ -332,13 +333,28 @@ class Runner:
         extra = self.decoder.max_block() + 1
         return min(int(bound * 1.1) + extra, self.engine.max_positions + extra)
 
-    def _warmup(self, sample: Sample) -> None:
-        """One untimed generation on the longest prompt; over the whole length when the attention
-        backend compiles per shape (so the timed samples reuse what it compiled)."""
+    def _warmup(self, sample: Sample) -> int:
+        """Untimed generations on the longest prompt: one, over the whole length when the attention
+        backend compiles per shape (so the timed samples reuse what it compiled), then more until
+        `warmup_seconds()` have passed. Returns how many ran."""
         ids = self.task.prompt_ids(sample, 0, [], self.lm.tokenizer)
         max_new = self.task.max_new_tokens
         n = max_new if self.decoder.compiles_attention() else min(WARMUP_TOKENS, max_new)
-        self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
+        start, runs = time.perf_counter(), 0
+        while runs == 0 or time.perf_counter() - start < self.warmup_seconds():
+            self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
+            runs += 1
+        return runs
+
+    def warmup_seconds(self) -> float:
+        """`run.warmup_s`, or by default GPU_WARMUP_S on CUDA and 0 elsewhere. A GPU that sat idle
+        (loading the model) may run its first seconds of launch-bound work at low clocks: on the H200
+        lease the first MT-Bench question of every run was up to 4x slower per forward than the rest
+        (results/gpu/2026-11-26-nvidia-h200/; the clocks were not read)."""
+        chosen = self.cfg.run.get("warmup_s")
+        if chosen is None:
+            return GPU_WARMUP_S if self.engine.device.type == "cuda" else 0.0
+        return float(chosen)
 
     def _seed_for(self, sample_id: str, turn: int) -> int:
         h = hashlib.sha1(f"{self.cfg.run.seed}-{sample_id}-{turn}".encode()).hexdigest()

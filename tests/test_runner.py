@@ -181,6 +181,16 @@ def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
         Runner(make_cfg(tmp_path, "run.cuda_graphs=maybe"))
 
 
+def test_warmup_repeats_until_its_seconds_have_passed(tmp_path):
+    """One untimed warm-up generation on a CPU by default; run.warmup_s=S repeats it until S seconds
+    have passed (the GPU default, before clocks settle); neither changes the run's id."""
+    runner = Runner(make_cfg(tmp_path))
+    sample = runner.task.load()[0]
+    assert runner.warmup_seconds() == 0.0 and runner._warmup(sample) == 1
+    longer = Runner(make_cfg(tmp_path, "run.warmup_s=0.5"))
+    assert longer.run_id == runner.run_id and longer._warmup(sample) > 1
+
+
 def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
     """A scale=cpu run records scale=cpu, resolves the preset's KV budget fraction into its identity
     and takes its samples round-robin over categories: never the same run id as the paper protocol."""
