@@ -105,3 +105,12 @@ def resolve_cuda_graphs(choice, lm) -> bool:
             f"run.cuda_graphs=true needs the model on a CUDA device (it is on {lm.device.type})"
         )
     return True
+
+
+def resolve_warmup_s(choice, device: torch.device, gpu_default: float) -> float:
+    """`run.warmup_s`: seconds of untimed warm-up generations; null = `gpu_default` on CUDA, 0 elsewhere."""
+    if choice is None:
+        return gpu_default if device.type == "cuda" else 0.0
+    if isinstance(choice, bool) or not isinstance(choice, (int, float)) or choice < 0:
+        raise HarnessError(f"run.warmup_s must be a number of seconds >= 0 or null, got {choice!r}")
+    return float(choice)

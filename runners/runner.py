@@ -43,6 +43,7 @@ from runners.config import (
     positive_int,
     resolve_cuda_graphs,
     resolve_linear,
+    resolve_warmup_s,
     stop_ids_for,
 )
 from runners.lock import RunLock
@@ -54,7 +55,7 @@ from tasks.base import Task
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
-GPU_WARMUP_S = 20.0  # default seconds of untimed warm-up generations on CUDA (Runner.warmup_seconds)
+GPU_WARMUP_S = 20.0  # default seconds of untimed warm-up generations on CUDA (Runner._warmup)
 
 
 # run-record columns that must not change within one run (a resume by anything else is refused), with
@@ -83,6 +84,7 @@ class Runner:
         graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
         self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear, cuda_graphs=graphs)
         self.device_name = provenance.device_name(self.lm.device)
+        self.warmup_s = resolve_warmup_s(run.get("warmup_s"), self.engine.device, GPU_WARMUP_S)
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=int(run.seed))
         self.kv = build(cfg.kv, "kv")
@@ -336,25 +338,19 @@ class Runner:
     def _warmup(self, sample: Sample) -> int:
         """Untimed generations on the longest prompt: one, over the whole length when the attention
         backend compiles per shape (so the timed samples reuse what it compiled), then more until
-        `warmup_seconds()` have passed. Returns how many ran."""
+        `run.warmup_s` seconds have passed. Returns how many ran. By default a CUDA device warms up
+        for GPU_WARMUP_S: a GPU that sat idle (loading the model) may run its first seconds of
+        launch-bound work at low clocks (on the H200 lease the first MT-Bench question of every run
+        was up to 4x slower per forward than the rest, results/gpu/2026-11-26-nvidia-h200/; the
+        clocks were not read)."""
         ids = self.task.prompt_ids(sample, 0, [], self.lm.tokenizer)
         max_new = self.task.max_new_tokens
         n = max_new if self.decoder.compiles_attention() else min(WARMUP_TOKENS, max_new)
         start, runs = time.perf_counter(), 0
-        while runs == 0 or time.perf_counter() - start < self.warmup_seconds():
+        while runs == 0 or time.perf_counter() - start < self.warmup_s:
             self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
             runs += 1
         return runs
-
-    def warmup_seconds(self) -> float:
-        """`run.warmup_s`, or by default GPU_WARMUP_S on CUDA and 0 elsewhere. A GPU that sat idle
-        (loading the model) may run its first seconds of launch-bound work at low clocks: on the H200
-        lease the first MT-Bench question of every run was up to 4x slower per forward than the rest
-        (results/gpu/2026-11-26-nvidia-h200/; the clocks were not read)."""
-        chosen = self.cfg.run.get("warmup_s")
-        if chosen is None:
-            return GPU_WARMUP_S if self.engine.device.type == "cuda" else 0.0
-        return float(chosen)
 
     def _seed_for(self, sample_id: str, turn: int) -> int:
         h = hashlib.sha1(f"{self.cfg.run.seed}-{sample_id}-{turn}".encode()).hexdigest()
@@ -469,6 +465,7 @@ class Runner:
             "dtype": self.identity["dtype"],
             "linear": self.engine.linear,
             "cuda_graphs": self.engine.decode_graph is not None,
+            "warmup_s": self.warmup_s,
             "decoder": self.names["decoder"],
             "decoder_params": json.dumps(self.identity["decoder_params"]),
             "lossless": bool(self.decoder.lossless),

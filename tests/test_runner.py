@@ -184,11 +184,16 @@ def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
 def test_warmup_repeats_until_its_seconds_have_passed(tmp_path):
     """One untimed warm-up generation on a CPU by default; run.warmup_s=S repeats it until S seconds
     have passed (the GPU default, before clocks settle); neither changes the run's id."""
+    from core.types import HarnessError
+
     runner = Runner(make_cfg(tmp_path))
     sample = runner.task.load()[0]
-    assert runner.warmup_seconds() == 0.0 and runner._warmup(sample) == 1
+    assert runner.warmup_s == 0.0 and runner._warmup(sample) == 1
     longer = Runner(make_cfg(tmp_path, "run.warmup_s=0.5"))
     assert longer.run_id == runner.run_id and longer._warmup(sample) > 1
+    for bad in ("-1", "soon"):
+        with pytest.raises(HarnessError, match="run.warmup_s must be"):
+            Runner(make_cfg(tmp_path, f"run.warmup_s={bad}"))
 
 
 def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
