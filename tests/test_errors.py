@@ -26,7 +26,7 @@ CASES = [
     (["sampling.top_p=2"], "sampling.top_p must be a number in (0, 1]"),
     (["sampling.top_k=-3"], "sampling.top_k must be an integer >= 0"),
     (["model=hf"], "model.name is required"),
-    (["run.limitt=2"], "unknown key run.limitt; run has: audit, keep_steps, limit,"),
+    (["run.limitt=2"], "unknown key run.limitt; run has: audit, cuda_graphs, keep_steps, limit,"),
     (["+run.limitt=2"], "unknown key run.limitt; run has:"),
     (["+sampling.temp=1"], "unknown key sampling.temp; sampling has: temperature, top_k, top_p"),
     (
