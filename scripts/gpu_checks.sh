@@ -52,7 +52,7 @@ env_stage() {
 
 test_stage() {
   local workers=()
-  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-6}")
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-12}")
   "$PY" -c "import pytest_timeout" 2>/dev/null && workers+=(--timeout "${GPU_TEST_TIMEOUT_S:-120}")
   # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed
   HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "not slow" -p no:cacheprovider "${workers[@]}" \
