@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks only a CUDA GPU can make, in stages sized for a short lease (about 10 minutes in all):
 #   env    the GPU, driver, torch/CUDA versions, and whether the tree is a git checkout
-#   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), pytest-xdist workers when installed
+#   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), with pytest-xdist
+#          workers when it is installed
 #   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), where decoders' step
 #          time goes (benchmarks.profile_decoder, 1 and 16 CPU threads), our vanilla against HF
 #          generate, and FAFO against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda)
@@ -25,10 +26,10 @@ for name in "${stages[@]}"; do  # checked before anything is written
     *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, bench, sweep)" >&2; exit 2 ;;
   esac
 done
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"  # OUT as the caller named it, before moving to the repository root
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
 export PYTHONUNBUFFERED=1 HARNESS_BENCH_OUT="$out/bench" HARNESS_COST_CACHE="$out/cost_cache"
 export out PY
 
