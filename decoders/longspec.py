@@ -179,6 +179,7 @@ class LongSpec(BaseDecoder):
         block: str = "fixed",
         draft_module: Any = None,
         lookup: int = 0,
+        beam_temperature: float = 1.0,
     ) -> None:
         """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
         model), "random" (untrained, seeded by `seed`), or a released LongSpec draft (`sail/longspec-*`
@@ -191,7 +192,11 @@ class LongSpec(BaseDecoder):
         the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless).
         `block`: "fixed" verifies the whole drafted tree; "auto" sizes it by cost
         (`decoders.longspec_auto`). `lookup`: 0 = the paper's tree; N = up to N prompt-lookup tokens
-        join the tree as one more branch from the root (ours; module docstring)."""
+        join the tree as one more branch from the root (ours; module docstring). `beam_temperature`:
+        the draft's logits are divided by it before the beam ranks nodes by cumulative log-prob (1.0:
+        the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours,
+        `benchmarks.probe_longspec_temperature` compares values on held-out prompts). Drafting only:
+        verification, hence losslessness, does not change."""
         if tree_attention not in BACKENDS:
             raise HarnessError(
                 f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
@@ -203,6 +208,13 @@ class LongSpec(BaseDecoder):
             )
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise HarnessError(f"decoder=longspec: lookup must be a non-negative integer, got {lookup!r}")
+        if (
+            isinstance(beam_temperature, bool)
+            or not isinstance(beam_temperature, (int, float))
+            or not (beam_temperature > 0)
+        ):
+            raise HarnessError(f"decoder=longspec: beam_temperature must be > 0, got {beam_temperature!r}")
+        self.beam_temperature = float(beam_temperature)
         self.block = block
         self.lookup = lookup
         self.lookup_stats = AcceptanceStats()  # block=auto: the lookup chain's acceptance by place
@@ -275,6 +287,7 @@ class LongSpec(BaseDecoder):
             "draft_vocab": self.draft_vocab,
             "block": self.block,
             "lookup": self.lookup,
+            "beam_temperature": self.beam_temperature,
         }
 
     def identity_extra(self) -> dict:
@@ -320,7 +333,10 @@ class LongSpec(BaseDecoder):
                 visible[i, [window + draft_row[a] for a in tree.path(row)]] = True
             tokens = torch.tensor([tree.tokens[r] for r in beam], dtype=torch.long, device=dev)
             positions = torch.full((len(beam),), length + d - 1, dtype=torch.long, device=dev)
-            logp = torch.log_softmax(draft.step(tokens, positions, visible, length), dim=-1).cpu()
+            logits = draft.step(tokens, positions, visible, length)
+            if self.beam_temperature != 1.0:
+                logits = logits / self.beam_temperature
+            logp = torch.log_softmax(logits, dim=-1).cpu()
             counts.draft_model_step(len(beam), window)
             width = self.widths[d - 1]
             top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)

@@ -127,6 +127,15 @@ def test_greedy_equals_vanilla_tiny(refs, tiny_lm, tree, draft):
         assert total.tau > 1.5 and total.tau > 0.6 * (TREES[tree][0] + 1)
 
 
+def test_beam_temperature_changes_the_tree_not_the_output(refs, tiny_lm):
+    """decoder.beam_temperature (ours) reranks the beam; verification is unchanged, so the output is
+    vanilla's."""
+    eng, cases = refs
+    dec = make(eng, "paper", "target", tiny_lm, beam_temperature=3.0)
+    for prompt, ref in cases:
+        check_lossless(eng, prompt, ref, dec.generate(prompt, N_NEW, set(), Counts()))
+
+
 def test_cache_ends_exactly_as_vanilla(refs, tiny_lm):
     eng, cases = refs
     for prompt, ref in cases[:3]:
@@ -220,6 +229,7 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
         "draft_vocab": None,
         "block": "fixed",
         "lookup": 0,
+        "beam_temperature": 1.0,
     }
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
@@ -294,6 +304,8 @@ def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
         (dict(checkpoint=str(tmp_path / "missing")), "no LongSpec draft checkpoint at"),
         (dict(checkpoint="random", kv=build_policy("streaming", budget=24)), "use kv=full"),
         (dict(checkpoint="random", tree_attention="flash"), "tree_attention must be one of hybrid, masked"),
+        (dict(checkpoint="random", beam_temperature=0), "beam_temperature must be > 0"),
+        (dict(checkpoint="random", beam_temperature="hot"), "beam_temperature must be > 0"),
     ]
     for kw, message in cases:
         with pytest.raises(HarnessError, match=message) as exc:
@@ -314,15 +326,17 @@ def test_params_and_block_size(tiny_lm):
         "draft_vocab": None,
         "block": "fixed",
         "lookup": 0,
+        "beam_temperature": 1.0,
     }
 
 
-def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm):
-    """Depth d keeps the top-w_d children (by cumulative draft log-prob) over every beam node's top-w_d
-    proposals (brute force: the draft run over each parent's root path alone); the tree holds exactly
-    sum(widths) nodes, each at its parent's depth + 1."""
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm, temperature):
+    """Depth d keeps the top-w_d children (by cumulative draft log-prob of logits / beam_temperature)
+    over every beam node's top-w_d proposals (brute force: the draft run over each parent's root path
+    alone); the tree holds exactly sum(widths) nodes, each at its parent's depth + 1."""
     eng = Engine(tiny_lm.model)
-    dec = make(eng, "small", "random")
+    dec = make(eng, "small", "random", beam_temperature=temperature)
     draft = dec.draft
     prompt = list(b"beam search")
     eng.reset(64)
@@ -341,7 +355,7 @@ def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm):
             vis[:, draft.cached :] = mask[path][:, path]
             pos = eng.length + torch.tensor([tree.depth[r] for r in path])
             tokens = torch.tensor([tree.tokens[r] for r in path])
-            logp = torch.log_softmax(draft.step(tokens, pos, vis, eng.length)[-1], -1)
+            logp = torch.log_softmax(draft.step(tokens, pos, vis, eng.length)[-1] / temperature, -1)
             top = logp.topk(2)
             cands += [(tree.score[p] + float(v), p, int(t)) for v, t in zip(top.values, top.indices)]
         cands.sort(key=lambda c: -c[0])
