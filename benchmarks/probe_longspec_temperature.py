@@ -1,7 +1,7 @@
 """LongSpec's tau under the paper tree for each beam temperature, on prompts held out from Table 1.
 
     python -m benchmarks.probe_longspec_temperature [--temperatures 1 1.5 2 3] [--skip 3] [--prompts 3]
-        [--context 4096] [--new 256]
+        [--context 4096] [--new 256]      (--skip 0: Table 1's own prompts, written apart)
 
 The beam keeps the nodes with the highest cumulative draft log-prob; dividing the draft's logits by a
 temperature T before the log-softmax (`decoder.beam_temperature`, ours) changes which parents' children
@@ -22,14 +22,24 @@ from core.types import Counts
 from decoders.longspec import LongSpec
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0])
     ap.add_argument("--skip", type=int, default=3, help="prompts used by LongSpec Table 1, left out")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--new", type=int, default=256)
-    args = ap.parse_args()
+    return ap
+
+
+def output_name(argv: list[str]) -> str:
+    """Held-out prompts (the default) and any other slice (e.g. `--skip 0`: Table 1's own) apart."""
+    skip = build_parser().parse_known_args(argv)[0].skip
+    return "probe_longspec_temperature" + ("" if skip == 3 else f"-skip{skip}")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     from tasks.pg19 import PG19
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
@@ -59,7 +69,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("probe_longspec_temperature"):
+    with recorded(output_name(sys.argv[1:]), module="benchmarks.probe_longspec_temperature"):
         main()

@@ -394,3 +394,10 @@ def test_profile_decoder_splits_step_time_and_restores_the_engine(tiny_lm, capsy
     out = capsys.readouterr().out
     assert "#### lookahead:" in out and "% inside Engine.step" in out and "aten::" in out
     assert "step" not in vars(eng)  # the clock is gone: Engine.step again
+
+
+def test_temperature_probe_writes_other_prompt_slices_apart():
+    from benchmarks.probe_longspec_temperature import output_name
+
+    assert output_name([]) == output_name(["--temperatures", "1", "2"]) == "probe_longspec_temperature"
+    assert output_name(["--skip", "0"]) == "probe_longspec_temperature-skip0"
