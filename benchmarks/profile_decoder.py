@@ -14,14 +14,13 @@ from its forward, and whether the CPU thread count matters.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench_lookahead import build_prompts
-from benchmarks.timing import StepClock, sync_device
+from benchmarks.timing import StepClock, timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -45,13 +44,9 @@ def profile_one(name: str, eng: Engine, prompts: list[list[int]], new: int, stop
     dec = DECODERS[name](eng)
     with torch.inference_mode():
         dec.generate(prompts[0], 16, stop, Counts(keep_steps=False))  # warm-up
-        counts = Counts(keep_steps=False)
-        sync_device(eng.device)
-        t = time.perf_counter()
         with StepClock(eng) as clock:
-            dec.generate(prompts[-1], new, stop, counts)
-        sync_device(eng.device)
-        wall = time.perf_counter() - t
+            timed = timed_generate(dec, prompts[-1], new, stop, keep_steps=False)
+        counts, wall = timed.counts, timed.wall_s
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             dec.generate(prompts[-1], new, stop, Counts(keep_steps=False))

@@ -12,10 +12,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-import torch
-
 from core.types import Counts
-from runners.timing import SampleClock
+from runners.timing import SampleClock, synchronize
 
 
 @dataclass
@@ -79,10 +77,10 @@ class StepClock:
 
     def __call__(self, tokens, position_ids, view, *args, **kwargs):
         length, device = self.engine.length, self.engine.device
-        sync_device(device)
+        synchronize(device)
         t0 = time.perf_counter()
         out = self.inner(tokens, position_ids, view, *args, **kwargs)
-        sync_device(device)
+        synchronize(device)
         self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
         return out
 
@@ -99,9 +97,3 @@ class StepClock:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def sync_device(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA); nothing to wait for on a CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
