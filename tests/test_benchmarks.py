@@ -401,3 +401,38 @@ def test_temperature_probe_writes_other_prompt_slices_apart():
 
     assert output_name([]) == output_name(["--temperatures", "1", "2"]) == "probe_longspec_temperature"
     assert output_name(["--skip", "0"]) == "probe_longspec_temperature-skip0"
+
+
+def test_induction_probe_finds_every_copy_source():
+    """A copy position is one where the earliest earlier 2-gram match predicts the next token; its
+    sources are every earlier position after that 2-gram holding that token (not those holding
+    another)."""
+    from benchmarks.probe_induction_layers import copy_sources
+
+    seq = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 7, 1, 2, 3]
+    # t = 9 ([1, 2], next 7: earliest match says 3, no copy); t = 12 ([1, 2], next 3: copy from 2 and 6,
+    # not from 10, which holds 7); t = 5 and 6 also copy (prompt starts at 5)
+    rows, sources = copy_sources(seq, 6)
+    assert rows == [5, 12]
+    assert sources[0].nonzero().flatten().tolist() == [2]
+    assert sources[1].nonzero().flatten().tolist() == [2, 6]
+    assert copy_sources([4, 5, 6], 1)[0] == []
+
+
+def test_induction_probe_attention_sums_to_one_over_the_visible_positions(tiny_lm):
+    """With every visible position marked as a source, each row's mass sums to 1 per head: the hook's
+    softmax is causal and reads the engine's own queries and keys; the predecessor column is the same
+    mask moved one position back."""
+    from benchmarks.probe_induction_layers import AttentionOnSources
+    from core.attention import CausalView
+
+    eng = Engine(tiny_lm.model)
+    seq = torch.tensor([(7 * i + 3) % 200 for i in range(24)])
+    rows = [10, 17, 23]
+    sources = torch.arange(24)[None, :] <= torch.tensor(rows)[:, None]
+    hook = AttentionOnSources(eng, rows, sources)
+    eng.reset(24)
+    eng.step(seq, torch.arange(24), CausalView(eng.scale), [23], (hook,))
+    assert torch.allclose(hook.copied, torch.full_like(hook.copied, 3.0), atol=1e-4)
+    # every position but the row's own is just before a source: 1 - (mass on the row itself)
+    assert bool((hook.predecessor < hook.copied).all())
