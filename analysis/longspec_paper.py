@@ -16,6 +16,7 @@ python -m analysis.longspec_paper [--root DIR]
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -149,7 +150,12 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
 
 
 def anchor_variant(checkpoint: str) -> str:
-    return "LongSpec w/o Anchor-Offset" if "no-anchor" in str(checkpoint) else "LongSpec w/ Anchor-Offset"
+    """The ablation row a draft belongs to, read off its folder's name: `no-anchor` was trained with plain
+    position ids; `layer<N>` reads target layer N instead of the last (ours, not in the paper's table)."""
+    name = str(checkpoint)
+    variant = "LongSpec w/o Anchor-Offset" if "no-anchor" in name else "LongSpec w/ Anchor-Offset"
+    layer = re.search(r"layer(\d+)", name)
+    return f"{variant}, target layer {layer.group(1)} (ours)" if layer else variant
 
 
 def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataFrame:
@@ -181,13 +187,19 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                 }
             )
     out = pd.DataFrame(rows)
+    layer_rows = "target layer" in " ".join(out["draft"]) if len(out) else False
     out.attrs["caption"] = (
         f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {ours_setup(df)}; "
-        "two drafts trained by "
+        f"{len(out)} drafts trained by "
         "training.longspec on the same data and schedule (~1M tokens: the first of the runs behind the "
-        "shipped draft), one with plain position ids; 4096-token PG-19 "
-        "stand-in prompts. Paper: LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the two). Same protocol, "
-        "other scale: compare shapes and orderings, not absolute numbers."
+        "shipped draft), one with plain position ids"
+        + (
+            ", and (ours, not the paper's ablation) one that reads another target layer's K/V than the last"
+            if layer_rows
+            else ""
+        )
+        + "; 4096-token PG-19 stand-in prompts. Paper: LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the "
+        "two). Same protocol, other scale: compare shapes and orderings, not absolute numbers."
     )
     return out
 

@@ -108,6 +108,21 @@ def test_table2_anchor_offset_ablation():
     assert lp.load_table2(df[df["run_id"] != "n"]).empty  # no ablation run: the report names the command
 
 
+def test_table2_names_a_draft_that_reads_another_target_layer():
+    """A draft folder named `layer<N>` is its own row, labelled ours, with no paper number beside it."""
+    paper_tree = {"decoder.widths": "[4, 16, 16, 16, 16]"}
+    df = pd.DataFrame(
+        rows("v", "vanilla", "full", 6.0, 60, 60)
+        + rows("a", "longspec", "full", 3.0, 60, 20, **paper_tree, **{"decoder.checkpoint": "x/anchor@1"})
+        + rows("l", "longspec", "full", 2.0, 60, 15, **paper_tree, **{"decoder.checkpoint": "x/layer17@3"})
+    )
+    t = lp.table2(df).set_index("draft")
+    row = t.loc["LongSpec w/ Anchor-Offset, target layer 17 (ours)"]
+    assert row["tau"] == pytest.approx(4.0) and pd.isna(row["paper_tau"])
+    assert "another target layer" in lp.table2(df).attrs["caption"]
+    assert "another target layer" not in lp.table2(df[df["run_id"] != "l"]).attrs["caption"]
+
+
 def test_table2_takes_its_own_runs_and_table1s_vanilla():
     """The shipped draft's Table 1 run is not one of the ablation's pair: Table 2 holds the runs of
     experiment=longspec_table2_cpu, against the vanilla run Table 1's experiment recorded."""
