@@ -149,7 +149,7 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     return out
 
 
-def anchor_variant(checkpoint: str) -> str:
+def ablation_variant(checkpoint: str) -> str:
     """The ablation row a draft belongs to, read off its folder's name: `no-anchor` was trained with plain
     position ids; `layer<N>` reads target layer N instead of the last (ours, not in the paper's table)."""
     name = str(checkpoint)
@@ -171,7 +171,7 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
         base = baseline_of(group)
         runs = group[group["decoder"] == "longspec"]
         for (checkpoint, widths), run in runs.groupby(["decoder.checkpoint", "decoder.widths"], sort=True):
-            variant = anchor_variant(checkpoint)
+            variant = ablation_variant(checkpoint)
             check_one_run(run, f"{variant} ({checkpoint})")
             p = paper[paper["method"] == variant]["value"]
             rows.append(
@@ -187,7 +187,7 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                 }
             )
     out = pd.DataFrame(rows)
-    layer_rows = "target layer" in " ".join(out["draft"]) if len(out) else False
+    layer_rows = any("target layer" in row["draft"] for row in rows)
     out.attrs["caption"] = (
         f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {ours_setup(df)}; "
         f"{len(out)} drafts trained by "
