@@ -28,21 +28,17 @@ import argparse
 
 import torch
 
+from benchmarks.longspec_prompts import add_prompt_arguments, continued_prompts
 from core.attention import CausalView
 from core.engine import Engine
-from core.models import load_model
 from decoders.longspec import LOOKUP_NGRAM
-from training.longspec_steps import greedy_continuation
 
 INDUCTION_SHARE = 0.5
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.probe_induction_layers", description=__doc__)
-    ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
+    add_prompt_arguments(ap)
     return ap
 
 
@@ -88,14 +84,7 @@ class AttentionOnSources:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.prompts <= 0 or args.new < 8 or args.context < 64:
-        raise SystemExit("error: --prompts must be positive, --new at least 8 and --context at least 64")
-    from tasks.pg19 import PG19
-
-    torch.set_num_threads(args.threads)
-    lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
-    eng = Engine(lm.model)
-    task = PG19(context_length=args.context, max_new_tokens=args.new, source="package", limit=args.prompts)
+    eng, continued = continued_prompts(args)
     print(
         f"# probe_induction_layers: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "
         f"{args.context} tokens x {args.new} greedy tokens (one forward)\n"
@@ -103,11 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     copied = torch.zeros(eng.w.n_layers, eng.w.n_heads)
     predecessor = torch.zeros_like(copied)
     n_rows = 0
-    for sample in task.load():
-        prompt = task.prompt_ids(sample, 0, [], lm.tokenizer)
-        seq = prompt + greedy_continuation(eng, prompt, args.new, "prompt_lookup")
-        rows, sources = copy_sources(seq, len(prompt))
-        print(f"- {sample.sample_id}: {len(rows)} copy positions of {len(seq) - len(prompt)}")
+    for sample_id, seq, first in continued:
+        rows, sources = copy_sources(seq, first)
+        print(f"- {sample_id}: {len(rows)} copy positions of {len(seq) - first}")
         if not rows:
             continue
         hook = AttentionOnSources(eng, rows, sources)

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.longspec_prompts import add_prompt_arguments, continued_prompts
 from core.engine import Engine
-from core.models import load_model
 from decoders.longspec import LOOKUP_NGRAM, SHIPPED, shipped_draft
 from decoders.longspec_draft import LongSpecDraft
 from decoders.pld import match_candidate
-from training.longspec_steps import greedy_continuation, target_view
+from training.longspec_steps import target_view
 
 LAGS = (1, 2, 3, 4, 5)
 RECENT = 8
@@ -54,10 +54,7 @@ SHORT_CONTEXT = 128
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.probe_longspec_copy", description=__doc__)
-    ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
+    add_prompt_arguments(ap)
     ap.add_argument("--draft", nargs="+", default=["auto"], help="auto (the shipped draft) or draft folders")
     return ap
 
@@ -124,25 +121,16 @@ def share(mask: torch.Tensor, where: torch.Tensor) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.prompts <= 0 or args.new < 8 or args.context < 64:
-        raise SystemExit("error: --prompts must be positive, --new at least 8 and --context at least 64")
-    from tasks.pg19 import PG19
-
-    torch.set_num_threads(args.threads)
-    lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
-    eng = Engine(lm.model)
+    eng, continued = continued_prompts(args)
     drafts = load_drafts(args.draft, eng)
-    task = PG19(context_length=args.context, max_new_tokens=args.new, source="package", limit=args.prompts)
     print(
         f"# probe_longspec_copy: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "
         f"{args.context} tokens x {args.new} greedy tokens (teacher-forced)\n"
     )
     copies: list[torch.Tensor] = []  # per prompt: prompt lookup's guess is the target's token
     agree: dict[tuple[str, int, int], list[torch.Tensor]] = {}
-    for sample in task.load():
-        prompt = task.prompt_ids(sample, 0, [], lm.tokenizer)
-        seq = prompt + greedy_continuation(eng, prompt, args.new, "prompt_lookup")
-        tok, first = torch.tensor(seq), len(prompt)
+    for sample_id, seq, first in continued:
+        tok = torch.tensor(seq)
         guesses = ngram_guesses(seq, first)
         views: dict[int, tuple] = {}
         positions = torch.arange(len(seq))
@@ -162,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
         copies.append(copy)
         rate = float(copy.float().mean())
-        print(f"- {sample.sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}")
+        print(f"- {sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}")
     copy = torch.cat(copies)
     other = ~copy
     print(

@@ -436,3 +436,12 @@ def test_induction_probe_attention_sums_to_one_over_the_visible_positions(tiny_l
     assert torch.allclose(hook.copied, torch.full_like(hook.copied, 3.0), atol=1e-4)
     # every position but the row's own is just before a source: 1 - (mass on the row itself)
     assert bool((hook.predecessor < hook.copied).all())
+
+
+def test_longspec_probes_refuse_bad_prompt_arguments_before_loading_the_model():
+    from benchmarks import probe_induction_layers, probe_longspec_copy
+
+    for probe in (probe_induction_layers, probe_longspec_copy):
+        for bad in (["--prompts", "0"], ["--new", "4"], ["--context", "32"]):
+            with pytest.raises(SystemExit, match="^error: --prompts must be positive"):
+                probe.main(bad)
