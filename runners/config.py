@@ -22,7 +22,7 @@ def group_params(node: Any) -> dict[str, Any]:
 
 
 # parameters added after runs were recorded, left out of a run's identity at their defaults so that those
-# runs keep their ids: `block` (every decoder's), `lookup` (LongSpec's)
+# runs keep their ids: `block` (every decoder's), `lookup` and `beam_temperature` (LongSpec's)
 DEFAULTS_OUT_OF_IDENTITY = {"block": "fixed", "lookup": 0, "beam_temperature": 1.0}
 
 

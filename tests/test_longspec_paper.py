@@ -93,13 +93,18 @@ def test_table1_refuses_two_setups_and_pooled_cells():
         lp.table1(pd.concat([df, again]))
 
 
+def ablation_frame(*drafts: tuple[str, float, int, str]) -> pd.DataFrame:
+    """A vanilla run (6 s, 60 forwards) and a paper-tree LongSpec run per (run id, wall s, forwards,
+    checkpoint), every run committing 60 tokens."""
+    out = rows("v", "vanilla", "full", 6.0, 60, 60)
+    for run_id, wall, forwards, checkpoint in drafts:
+        draft = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.checkpoint": checkpoint}
+        out += rows(run_id, "longspec", "full", wall, 60, forwards, **draft)
+    return pd.DataFrame(out)
+
+
 def test_table2_anchor_offset_ablation():
-    paper_tree = {"decoder.widths": "[4, 16, 16, 16, 16]"}
-    df = pd.DataFrame(
-        rows("v", "vanilla", "full", 6.0, 60, 60)
-        + rows("a", "longspec", "full", 3.0, 60, 20, **paper_tree, **{"decoder.checkpoint": "auto: x@1"})
-        + rows("n", "longspec", "full", 4.0, 60, 24, **paper_tree, **{"decoder.checkpoint": "y/no-anchor@2"})
-    )
+    df = ablation_frame(("a", 3.0, 20, "auto: x@1"), ("n", 4.0, 24, "y/no-anchor@2"))
     t = lp.table2(df).set_index("draft")
     assert t.loc["LongSpec w/ Anchor-Offset", "tau"] == pytest.approx(3.0)
     assert t.loc["LongSpec w/o Anchor-Offset", "speedup"] == pytest.approx(1.5)
@@ -110,12 +115,7 @@ def test_table2_anchor_offset_ablation():
 
 def test_table2_names_a_draft_that_reads_another_target_layer():
     """A draft folder named `layer<N>` is its own row, labelled ours, with no paper number beside it."""
-    paper_tree = {"decoder.widths": "[4, 16, 16, 16, 16]"}
-    df = pd.DataFrame(
-        rows("v", "vanilla", "full", 6.0, 60, 60)
-        + rows("a", "longspec", "full", 3.0, 60, 20, **paper_tree, **{"decoder.checkpoint": "x/anchor@1"})
-        + rows("l", "longspec", "full", 2.0, 60, 15, **paper_tree, **{"decoder.checkpoint": "x/layer17@3"})
-    )
+    df = ablation_frame(("a", 3.0, 20, "x/anchor@1"), ("l", 2.0, 15, "x/layer17@3"))
     t = lp.table2(df).set_index("draft")
     row = t.loc["LongSpec w/ Anchor-Offset, target layer 17 (ours)"]
     assert row["tau"] == pytest.approx(4.0) and pd.isna(row["paper_tau"])
