@@ -7,7 +7,8 @@ speedup vs MagicDec (the ratio of the two paired speedups), rows per verifying f
 tokens), whether every output equals vanilla's, and the paper's tau and speedup vs Vanilla FA for the
 same method as the mean and range over its 25 Table 1 cells (5 targets x 5 LongBench tasks;
 RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the Anchor-Offset ablation, two
-drafts trained on the same data and schedule, one with plain position ids.
+drafts trained on the same data and schedule, one with plain position ids. `tau_over_prompts` (ours):
+the paper tree's tau against Lookahead's, FAFO's and prompt lookup's per prompt, on more prompts.
 Tables are made within one setup, one run per cell.
 
 python -m analysis.longspec_paper [--root DIR]
@@ -41,6 +42,10 @@ DRAFTLESS = {"lookahead": "Lookahead (ours, not in the paper's table)",
              "fafo": "FAFO, fumble rows over the full cache (ours, not in the paper's table)",
              "pld": "prompt lookup (ours, not in the paper's table)"}  # fmt: skip
 TABLE2 = "longspec_table2_cpu"
+TAU_PROMPTS = "longspec_tau_prompts_cpu"
+# the tau-over-prompts table's columns: the paper tree against the draftless decoders, by decoder
+TAU_COLUMNS = {"longspec": "LongSpec (paper tree)", "lookahead": "Lookahead", "fafo": "FAFO (full cache)",
+               "pld": "prompt lookup"}  # fmt: skip
 
 
 def method_of(row: pd.Series) -> str:
@@ -204,6 +209,66 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     return out
 
 
+def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
+    """Tau per prompt of LongSpec's paper tree and of each draftless decoder on the same prompts (one
+    run each, one setup), then their pooled tau (committed / forwards over every prompt), the median
+    prompt's, the prompts on which LongSpec's tau is the higher, and whether every output equals
+    vanilla's. Refuses runs that did not all finish the same prompts."""
+    ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
+    df = one_setup(ok[ok["decoder"].isin(TAU_COLUMNS) & (ok["kv"] == "full")])
+    tau: dict[str, pd.Series] = {}
+    pooled, matches = {}, {}
+    for decoder, run in df.groupby("decoder", sort=False):
+        label = TAU_COLUMNS[str(decoder)]
+        check_one_run(run, label)
+        by_prompt = run.groupby("sample_id")[["committed", "forwards"]].sum()
+        tau[label] = by_prompt["committed"] / by_prompt["forwards"]
+        pooled[label] = float(run["committed"].sum() / run["forwards"].sum())
+        matches[label] = str(bool(run["matches_vanilla"].fillna(True).all()))
+    prompts = {label: set(series.index) for label, series in tau.items()}
+    if len({frozenset(p) for p in prompts.values()}) > 1:
+        counts = ", ".join(f"{label} {len(p)}" for label, p in prompts.items())
+        raise AnalysisError(f"tau over prompts needs every method on the same prompts (finished: {counts})")
+    labels = [c for c in TAU_COLUMNS.values() if c in tau]
+    wide = pd.DataFrame(tau)[labels].sort_index(key=lambda ids: ids.map(_prompt_order))
+    paper = TAU_COLUMNS["longspec"]
+    above = {
+        c: f"{int((wide[paper] > wide[c]).sum())}/{len(wide)}" if paper in wide and c != paper else ""
+        for c in labels
+    }
+    out = pd.concat(
+        [
+            wide.astype(object),
+            pd.DataFrame(
+                [pooled, wide.median().to_dict(), above, matches],
+                index=["pooled", "median prompt", "LongSpec higher on", "matches vanilla"],
+            )[labels],
+        ]
+    )
+    out = out.rename_axis("prompt").reset_index()
+    out.attrs["caption"] = (
+        f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table): "
+        f"LongSpec's paper tree [4, 16, 16, 16, 16] against the draftless decoders on the same prompts. "
+        f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, PG-19 stand-in windows (Paul Graham "
+        "essays held out from the draft's training text), kv=full. Pooled = committed / forwards over "
+        "every prompt, as in Table 1."
+    )
+    return out
+
+
+def _prompt_order(sample_id: str) -> tuple[str, int]:
+    """essays-10 after essays-9: a sample id's text, then its trailing number."""
+    head, _, number = str(sample_id).rpartition("-")
+    return (head, int(number)) if number.isdigit() else (str(sample_id), -1)
+
+
+def load_tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
+    """The tau-over-prompts table over its experiment's runs; empty before they exist."""
+    runs = from_experiments(samples, (TAU_PROMPTS,))
+    ran = runs.get("decoder", pd.Series(dtype=str)).astype(str) == "longspec"
+    return tau_over_prompts(runs) if ran.any() else pd.DataFrame()
+
+
 def paired_with_baselines(runs: pd.DataFrame) -> pd.DataFrame:
     """The method runs plus only those vanilla runs that share an environment with one of them (the
     experiments' own baselines, not every vanilla run in the records)."""
@@ -249,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     if table.empty:
         sys.exit("error: no LongSpec Table 1 runs (python run.py -m experiment=longspec_table1_cpu)")
     print(render(table))
+    try:
+        over_prompts = load_tau_over_prompts(samples)
+    except AnalysisError as exc:
+        sys.exit(f"error: {exc}")
+    if not over_prompts.empty:
+        print("\n" + render(over_prompts))
 
 
 if __name__ == "__main__":

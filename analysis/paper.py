@@ -184,6 +184,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         lambda s, _out: longspec.load_table2(s),
         "python run.py -m experiment=longspec_table2_cpu (needs the no-anchor-offset ablation draft)",
     ),
+    (
+        "LongSpec",
+        "Tau over prompts (ours, not a paper's table)",
+        lambda s, _out: longspec.load_tau_over_prompts(s),
+        "python run.py -m experiment=longspec_tau_prompts_cpu",
+    ),
 ]
 
 NOT_REPRODUCED: list[tuple[str, str, str]] = [

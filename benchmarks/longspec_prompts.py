@@ -1,6 +1,6 @@
-"""LongSpec Table 1's prompts for the probes that read the target's own continuations of them: the pg19
-task's offline stand-in cut to `--context` tokens (as `experiment=longspec_table1_cpu`), each followed by
-the target's greedy continuation of `--new` tokens (decoded losslessly by prompt lookup)."""
+"""LongSpec Table 1's prompts for the LongSpec probes: the pg19 task's offline stand-in cut to
+`--context` tokens (as `experiment=longspec_table1_cpu`), as they are or each followed by the target's
+greedy continuation of `--new` tokens (decoded losslessly by prompt lookup)."""
 
 from __future__ import annotations
 
@@ -14,29 +14,37 @@ from core.models import load_model
 from training.longspec_steps import greedy_continuation
 
 
-def add_prompt_arguments(ap: argparse.ArgumentParser) -> None:
+def add_prompt_arguments(ap: argparse.ArgumentParser, continued: bool = True) -> None:
+    """--context, --prompts, --threads and, for probes that read the target's continuations, --new."""
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--new", type=int, default=256)
+    if continued:
+        ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
 
 
-def continued_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int], int]]]:
-    """The fp32 SmolLM2 engine and, lazily, (sample id, prompt + greedy continuation, prompt length) per
-    prompt. Bad arguments stop here with one `error:` line, before the model loads."""
-    if args.prompts <= 0 or args.new < 8 or args.context < 64:
+def table1_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int]]]]:
+    """The fp32 SmolLM2 engine and, lazily, (sample id, prompt ids) per prompt. Bad arguments stop here
+    with one `error:` line, before the model loads."""
+    if args.prompts <= 0 or args.context < 64 or getattr(args, "new", 8) < 8:
         raise SystemExit("error: --prompts must be positive, --new at least 8 and --context at least 64")
     from tasks.pg19 import PG19
 
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model)
-    task = PG19(context_length=args.context, max_new_tokens=args.new, source="package", limit=args.prompts)
+    new = getattr(args, "new", 256)  # the task's length of a generation: unused without a continuation
+    task = PG19(context_length=args.context, max_new_tokens=new, source="package", limit=args.prompts)
+    return eng, ((s.sample_id, task.prompt_ids(s, 0, [], lm.tokenizer)) for s in task.load())
+
+
+def continued_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int], int]]]:
+    """The engine and, lazily, (sample id, prompt + greedy continuation, prompt length) per prompt."""
+    eng, prompts = table1_prompts(args)
 
     def each() -> Iterator[tuple[str, list[int], int]]:
-        for sample in task.load():
-            prompt = task.prompt_ids(sample, 0, [], lm.tokenizer)
+        for sample_id, prompt in prompts:
             continuation = greedy_continuation(eng, prompt, args.new, "prompt_lookup")
-            yield sample.sample_id, prompt + continuation, len(prompt)
+            yield sample_id, prompt + continuation, len(prompt)
 
     return eng, each()

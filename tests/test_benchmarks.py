@@ -439,9 +439,38 @@ def test_induction_probe_attention_sums_to_one_over_the_visible_positions(tiny_l
 
 
 def test_longspec_probes_refuse_bad_prompt_arguments_before_loading_the_model():
-    from benchmarks import probe_induction_layers, probe_longspec_copy
+    from benchmarks import probe_induction_layers, probe_longspec_copy, probe_longspec_positions
 
-    for probe in (probe_induction_layers, probe_longspec_copy):
+    for probe in (probe_induction_layers, probe_longspec_copy, probe_longspec_positions):
         for bad in (["--prompts", "0"], ["--new", "4"], ["--context", "32"]):
+            if probe is probe_longspec_positions and bad[0] == "--new":
+                continue  # it reads the prompts only
             with pytest.raises(SystemExit, match="^error: --prompts must be positive"):
                 probe.main(bad)
+    with pytest.raises(SystemExit, match="^error: no LongSpec draft in nowhere"):
+        probe_longspec_positions.main(["--draft", "nowhere"])
+    with pytest.raises(SystemExit, match="^error: --edges must be positive"):
+        probe_longspec_positions.main(["--edges", "0"])
+
+
+def test_positions_probe_buckets_and_scores(tiny_lm):
+    """Buckets cover 0..context once, split at the edges inside it; each query position's loss is the
+    draft's cross-entropy against the next token of the text, its top-1 compared with the target's
+    argmax at the same position."""
+    from benchmarks.probe_longspec_positions import LAG, buckets, position_scores
+    from decoders.longspec_draft import LongSpecDraft
+    from training.longspec_steps import target_view
+
+    assert buckets([1024, 2048], 4096) == [(0, 1024), (1024, 2048), (2048, 4096)]
+    assert buckets([2048, 1024, 9000, 1024], 1500) == [(0, 1024), (1024, 1500)]
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)
+    tokens, pos = torch.tensor([(7 * i + 2) % 200 for i in range(32)]), torch.arange(32)
+    k, v, logits = view = target_view(eng, tokens, pos, draft.target_layer, True)
+    where, loss, agree = position_scores(draft, tokens, view)
+    assert where.tolist() == list(range(LAG, 31))
+    with torch.no_grad():
+        row = draft.forward_train(tokens, pos, k, v, LAG)[5]  # query position LAG + 5
+    want = torch.nn.functional.cross_entropy(row[None], tokens[LAG + 6 : LAG + 7])
+    assert float(loss[5]) == pytest.approx(float(want), rel=1e-5)
+    assert bool(agree[5]) == (int(row.argmax()) == int(logits[LAG + 5].argmax()))

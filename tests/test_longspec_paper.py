@@ -140,3 +140,43 @@ def test_table2_takes_its_own_runs_and_table1s_vanilla():
     t = lp.load_table2(df).set_index("checkpoint")
     assert sorted(t.index) == ["x/anchor@1", "y/no-anchor@2"]
     assert t.loc["x/anchor@1", "speedup"] == pytest.approx(2.0)
+
+
+def tau_frame(per_prompt: dict[str, list[tuple[int, int]]]) -> pd.DataFrame:
+    """One run per decoder, (committed, forwards) per prompt essays-0, essays-1, ..."""
+    out = []
+    for decoder, cells in per_prompt.items():
+        for i, (committed, forwards) in enumerate(cells):
+            row = rows(decoder, decoder, "full", 5.0, committed, forwards)[0]
+            out.append({**row, "sample_id": f"essays-{i}", "experiment": lp.TAU_PROMPTS})
+    return pd.DataFrame(out)
+
+
+def test_tau_over_prompts_per_prompt_pooled_and_wins():
+    df = tau_frame(
+        {
+            "vanilla": [(10, 10)] * 11,
+            "longspec": [(30, 10)] * 10 + [(40, 40)],
+            "lookahead": [(20, 10)] * 10 + [(40, 10)],
+            "pld": [(40, 10)] * 11,
+        }
+    )
+    t = lp.load_tau_over_prompts(df).set_index("prompt")
+    paper, look = "LongSpec (paper tree)", "Lookahead"
+    assert list(t.columns) == [paper, look, "prompt lookup"]  # no FAFO run: no column
+    assert list(t.index[:11]) == [f"essays-{i}" for i in range(11)]  # essays-10 after essays-9
+    assert t.loc["essays-10", paper] == pytest.approx(1.0)
+    assert t.loc["pooled", paper] == pytest.approx(340 / 140)  # committed / forwards, not a mean of taus
+    assert t.loc["median prompt", look] == pytest.approx(2.0)
+    assert t.loc["LongSpec higher on", look] == "10/11"
+    assert t.loc["LongSpec higher on", "prompt lookup"] == "0/11"
+    assert t.loc["LongSpec higher on", paper] == ""
+    assert t.loc["matches vanilla", paper] == "True"
+    assert "11 prompts" in t.attrs["caption"] and "not a paper's table" in t.attrs["caption"]
+
+
+def test_tau_over_prompts_refuses_methods_on_other_prompts():
+    df = tau_frame({"longspec": [(30, 10)] * 3, "lookahead": [(20, 10)] * 2})
+    with pytest.raises(AnalysisError, match="same prompts.*LongSpec \\(paper tree\\) 3, Lookahead 2"):
+        lp.tau_over_prompts(df)
+    assert lp.load_tau_over_prompts(tau_frame({"lookahead": [(20, 10)]})).empty  # before a LongSpec run
