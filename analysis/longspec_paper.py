@@ -43,9 +43,10 @@ DRAFTLESS = {"lookahead": "Lookahead (ours, not in the paper's table)",
              "pld": "prompt lookup (ours, not in the paper's table)"}  # fmt: skip
 TABLE2 = "longspec_table2_cpu"
 TAU_PROMPTS = "longspec_tau_prompts_cpu"
-# the tau-over-prompts table's columns: the paper tree against the draftless decoders, by decoder
-TAU_COLUMNS = {"longspec": "LongSpec (paper tree)", "lookahead": "Lookahead", "fafo": "FAFO (full cache)",
-               "pld": "prompt lookup"}  # fmt: skip
+PAPER_WIDTHS = "[4, 16, 16, 16, 16]"
+# the tau-over-prompts table's short column names of the draftless decoders
+TAU_DRAFTLESS = {"lookahead": "Lookahead", "fafo": "FAFO (full cache)", "pld": "prompt lookup"}
+PAPER_TREE = "LongSpec (paper tree)"
 
 
 def method_of(row: pd.Series) -> str:
@@ -60,8 +61,8 @@ def method_of(row: pd.Series) -> str:
         restricted = vocab is not None and str(vocab) not in ("", "nan", "None", "null")
         auto = str(row.get("decoder.block", "")) == "auto"  # blocks sized by cost: ours
         lookup = _lookup_tokens(row.get("decoder.lookup"))  # prompt lookup in the tree: ours
-        if widths == "[4, 16, 16, 16, 16]" and not restricted and not auto and not lookup:
-            return "LongSpec"
+        if widths == PAPER_WIDTHS and not restricted and not auto:
+            return f"LongSpec, paper tree + prompt lookup {lookup} (ours)" if lookup else "LongSpec"
         shape = "chain" if widths == "[1, 1, 1, 1]" else f"tree {widths}"
         extras = "".join(
             [
@@ -215,12 +216,13 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     prompt's, the prompts on which LongSpec's tau is the higher, and whether every output equals
     vanilla's. Refuses runs that did not all finish the same prompts."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
-    df = one_setup(ok[ok["decoder"].isin(TAU_COLUMNS) & (ok["kv"] == "full")])
+    ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | (ok["decoder"] == "longspec")) & (ok["kv"] == "full")]
+    df = one_setup(ok)
+    df = df.assign(column=[_tau_column(r) for _, r in df.iterrows()])
     tau: dict[str, pd.Series] = {}
     pooled, matches = {}, {}
-    for decoder, run in df.groupby("decoder", sort=False):
-        label = TAU_COLUMNS[str(decoder)]
-        check_one_run(run, label)
+    for label, run in df.groupby("column", sort=False):
+        check_one_run(run, str(label))
         by_prompt = run.groupby("sample_id")[["committed", "forwards"]].sum()
         tau[label] = by_prompt["committed"] / by_prompt["forwards"]
         pooled[label] = float(run["committed"].sum() / run["forwards"].sum())
@@ -229,11 +231,13 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     if len({frozenset(p) for p in prompts.values()}) > 1:
         counts = ", ".join(f"{label} {len(p)}" for label, p in prompts.items())
         raise AnalysisError(f"tau over prompts needs every method on the same prompts (finished: {counts})")
-    labels = [c for c in TAU_COLUMNS.values() if c in tau]
+    drafted = sorted(c for c in tau if c.startswith("LongSpec") and c != PAPER_TREE)
+    labels = [c for c in (PAPER_TREE, *drafted, *TAU_DRAFTLESS.values()) if c in tau]
     wide = pd.DataFrame(tau)[labels].sort_index(key=lambda ids: ids.map(_prompt_order))
-    paper = TAU_COLUMNS["longspec"]
     above = {
-        c: f"{int((wide[paper] > wide[c]).sum())}/{len(wide)}" if paper in wide and c != paper else ""
+        c: f"{int((wide[PAPER_TREE] > wide[c]).sum())}/{len(wide)}"
+        if PAPER_TREE in wide and c != PAPER_TREE
+        else ""
         for c in labels
     }
     out = pd.concat(
@@ -248,12 +252,22 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     out = out.rename_axis("prompt").reset_index()
     out.attrs["caption"] = (
         f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table): "
-        f"LongSpec's paper tree [4, 16, 16, 16, 16] against the draftless decoders on the same prompts. "
+        f"LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders on the same prompts. "
         f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, PG-19 stand-in windows (Paul Graham "
         "essays held out from the draft's training text), kv=full. Pooled = committed / forwards over "
         "every prompt, as in Table 1."
     )
     return out
+
+
+def _tau_column(row: pd.Series) -> str:
+    """A run's column in the tau-over-prompts table: the paper tree, another LongSpec variant by its
+    Table 1 name, or a draftless decoder's short name."""
+    decoder = str(row["decoder"])
+    if decoder in TAU_DRAFTLESS:
+        return TAU_DRAFTLESS[decoder]
+    method = method_of(row)
+    return PAPER_TREE if method == "LongSpec" else method
 
 
 def _prompt_order(sample_id: str) -> tuple[str, int]:

@@ -143,11 +143,16 @@ def test_table2_takes_its_own_runs_and_table1s_vanilla():
 
 
 def tau_frame(per_prompt: dict[str, list[tuple[int, int]]]) -> pd.DataFrame:
-    """One run per decoder, (committed, forwards) per prompt essays-0, essays-1, ..."""
+    """One run per key, (committed, forwards) per prompt essays-0, essays-1, ...; `longspec` is the
+    paper tree, `longspec_lookup` the paper tree with decoder.lookup=10."""
     out = []
-    for decoder, cells in per_prompt.items():
+    for key, cells in per_prompt.items():
+        decoder, extra = key, {}
+        if key.startswith("longspec"):
+            decoder = "longspec"
+            extra = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.lookup": 10 if "lookup" in key else 0}
         for i, (committed, forwards) in enumerate(cells):
-            row = rows(decoder, decoder, "full", 5.0, committed, forwards)[0]
+            row = rows(key, decoder, "full", 5.0, committed, forwards, **extra)[0]
             out.append({**row, "sample_id": f"essays-{i}", "experiment": lp.TAU_PROMPTS})
     return pd.DataFrame(out)
 
@@ -159,11 +164,13 @@ def test_tau_over_prompts_per_prompt_pooled_and_wins():
             "longspec": [(30, 10)] * 10 + [(40, 40)],
             "lookahead": [(20, 10)] * 10 + [(40, 10)],
             "pld": [(40, 10)] * 11,
+            "longspec_lookup": [(45, 10)] * 11,
         }
     )
     t = lp.load_tau_over_prompts(df).set_index("prompt")
-    paper, look = "LongSpec (paper tree)", "Lookahead"
-    assert list(t.columns) == [paper, look, "prompt lookup"]  # no FAFO run: no column
+    paper, look, both = "LongSpec (paper tree)", "Lookahead", "LongSpec, paper tree + prompt lookup 10 (ours)"
+    assert list(t.columns) == [paper, both, look, "prompt lookup"]  # no FAFO run: no column
+    assert t.loc["pooled", both] == pytest.approx(4.5) and t.loc["LongSpec higher on", both] == "0/11"
     assert list(t.index[:11]) == [f"essays-{i}" for i in range(11)]  # essays-10 after essays-9
     assert t.loc["essays-10", paper] == pytest.approx(1.0)
     assert t.loc["pooled", paper] == pytest.approx(340 / 140)  # committed / forwards, not a mean of taus
