@@ -216,7 +216,8 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     prompt's, the prompts on which LongSpec's tau is the higher, and whether every output equals
     vanilla's. Refuses runs that did not all finish the same prompts."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
-    ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | (ok["decoder"] == "longspec")) & (ok["kv"] == "full")]
+    longspec = ok["decoder"].astype(str).str.startswith("longspec")  # longspec and its presets
+    ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | longspec) & (ok["kv"] == "full")]
     df = one_setup(ok)
     df = df.assign(column=[_tau_column(r) for _, r in df.iterrows()])
     tau: dict[str, pd.Series] = {}

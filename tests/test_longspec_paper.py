@@ -149,7 +149,7 @@ def tau_frame(per_prompt: dict[str, list[tuple[int, int]]]) -> pd.DataFrame:
     for key, cells in per_prompt.items():
         decoder, extra = key, {}
         if key.startswith("longspec"):
-            decoder = "longspec"
+            decoder = key  # a preset's records name it: longspec_lookup
             extra = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.lookup": 10 if "lookup" in key else 0}
         for i, (committed, forwards) in enumerate(cells):
             row = rows(key, decoder, "full", 5.0, committed, forwards, **extra)[0]
