@@ -8,7 +8,7 @@ tokens), whether every output equals vanilla's, and the paper's tau and speedup 
 same method as the mean and range over its 25 Table 1 cells (5 targets x 5 LongBench tasks;
 RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the Anchor-Offset ablation, two
 drafts trained on the same data and schedule, one with plain position ids. `tau_over_prompts` (ours):
-the paper tree's tau against Lookahead's, FAFO's and prompt lookup's per prompt, on more prompts.
+the paper tree's tau per prompt against Lookahead's, FAFO's, prompt lookup's and our LongSpec variants'.
 Tables are made within one setup, one run per cell.
 
 python -m analysis.longspec_paper [--root DIR]
@@ -211,10 +211,11 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
 
 
 def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
-    """Tau per prompt of LongSpec's paper tree and of each draftless decoder on the same prompts (one
-    run each, one setup), then their pooled tau (committed / forwards over every prompt), the median
-    prompt's, the prompts on which LongSpec's tau is the higher, and whether every output equals
-    vanilla's. Refuses runs that did not all finish the same prompts."""
+    """Tau per prompt of LongSpec's paper tree, of any other LongSpec variant run (by its Table 1 name)
+    and of each draftless decoder on the same prompts (one run each, one setup), then their pooled tau
+    (committed / forwards over every prompt), the median prompt's, the prompts on which the paper
+    tree's tau is the higher, and whether every output equals vanilla's. Refuses runs that did not
+    all finish the same prompts."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
     longspec = ok["decoder"].astype(str).str.startswith("longspec")  # longspec and its presets
     ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | longspec) & (ok["kv"] == "full")]
@@ -253,7 +254,8 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     out = out.rename_axis("prompt").reset_index()
     out.attrs["caption"] = (
         f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table): "
-        f"LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders on the same prompts. "
+        f"LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders (and variants of ours, "
+        "named so) on the same prompts. "
         f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, PG-19 stand-in windows (Paul Graham "
         "essays held out from the draft's training text), kv=full. Pooled = committed / forwards over "
         "every prompt, as in Table 1."
