@@ -49,6 +49,11 @@ TAU_DRAFTLESS = {"lookahead": "Lookahead", "fafo": "FAFO (full cache)", "pld": "
 PAPER_TREE = "LongSpec (paper tree)"
 
 
+def is_longspec(frame: pd.DataFrame) -> pd.Series:
+    """Per row: a run of decoder=longspec or one of its presets (longspec_small, longspec_lookup, ...)."""
+    return frame.get("decoder", pd.Series("", index=frame.index)).astype(str).str.startswith("longspec")
+
+
 def method_of(row: pd.Series) -> str:
     decoder = str(row["decoder"])
     if decoder == "selfspec" and str(row["kv"]).startswith("streaming"):
@@ -111,7 +116,7 @@ def _drafts(df: pd.DataFrame) -> str:
     col = "decoder.draft" if "decoder.draft" in df.columns else "decoder.checkpoint"
     if col not in df.columns:
         return "?"
-    labels = df.loc[df["decoder"].astype(str).str.startswith("longspec"), col].dropna().astype(str)
+    labels = df.loc[is_longspec(df), col].dropna().astype(str)
     return ", ".join(sorted(set(labels))) or "?"
 
 
@@ -217,8 +222,7 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     tree's tau is the higher, and whether every output equals vanilla's. Refuses runs that did not
     all finish the same prompts."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
-    longspec = ok["decoder"].astype(str).str.startswith("longspec")  # longspec and its presets
-    ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | longspec) & (ok["kv"] == "full")]
+    ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | is_longspec(ok)) & (ok["kv"] == "full")]
     df = one_setup(ok)
     df = df.assign(column=[_tau_column(r) for _, r in df.iterrows()])
     tau: dict[str, pd.Series] = {}
@@ -282,8 +286,7 @@ def _prompt_order(sample_id: str) -> tuple[str, int]:
 def load_tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
     """The tau-over-prompts table over its experiment's runs; empty before they exist."""
     runs = from_experiments(samples, (TAU_PROMPTS,))
-    ran = runs.get("decoder", pd.Series(dtype=str)).astype(str) == "longspec"
-    return tau_over_prompts(runs) if ran.any() else pd.DataFrame()
+    return tau_over_prompts(runs) if is_longspec(runs).any() else pd.DataFrame()
 
 
 def paired_with_baselines(runs: pd.DataFrame) -> pd.DataFrame:
@@ -310,8 +313,7 @@ def load_table2(samples: pd.DataFrame) -> pd.DataFrame:
 def load_table1(samples: pd.DataFrame) -> pd.DataFrame:
     """Table 1 over the runs of its experiments (and the vanilla baselines); empty before a LongSpec run."""
     runs = paired_with_baselines(from_experiments(samples, EXPERIMENTS))
-    ran = runs.get("decoder", pd.Series(dtype=str)).astype(str).str.startswith("longspec")  # + its presets
-    return table1(runs) if ran.any() else pd.DataFrame()
+    return table1(runs) if is_longspec(runs).any() else pd.DataFrame()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,15 +26,22 @@ def add_prompt_arguments(ap: argparse.ArgumentParser, continued: bool = True) ->
 def table1_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int]]]]:
     """The fp32 SmolLM2 engine and, lazily, (sample id, prompt ids) per prompt. Bad arguments stop here
     with one `error:` line, before the model loads."""
-    if args.prompts <= 0 or args.context < 64 or getattr(args, "new", 8) < 8:
-        raise SystemExit("error: --prompts must be positive, --new at least 8 and --context at least 64")
+    new = getattr(args, "new", None)  # None: a probe of the prompts alone (no --new)
+    if args.prompts <= 0 or args.context < 64 or (new is not None and new < 8):
+        asked = (
+            "--prompts must be positive, --new at least 8"
+            if new is not None
+            else "--prompts must be positive"
+        )
+        raise SystemExit(f"error: {asked} and --context at least 64")
     from tasks.pg19 import PG19
 
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model)
-    new = getattr(args, "new", 256)  # the task's length of a generation: unused without a continuation
-    task = PG19(context_length=args.context, max_new_tokens=new, source="package", limit=args.prompts)
+    task = PG19(  # max_new_tokens: the task's generation length, unused by a probe of the prompts alone
+        context_length=args.context, max_new_tokens=new or 256, source="package", limit=args.prompts
+    )
     return eng, ((s.sample_id, task.prompt_ids(s, 0, [], lm.tokenizer)) for s in task.load())
 
 
