@@ -216,6 +216,16 @@ def bootstrap_ratio(
     return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def forward_share(run: pd.DataFrame) -> float:
+    """The share of decode time spent inside the target's forwards (`forward_s`); the rest is the
+    decoder's own work between them. NaN for records made before `forward_s` was recorded."""
+    if "forward_s" not in run.columns:
+        return float("nan")
+    timed = run[run["forward_s"].notna()]
+    decode = timed["decode_s"].sum()
+    return float(timed["forward_s"].sum() / decode) if len(timed) and decode > 0 else float("nan")
+
+
 def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per run: tau, tok/s, KV activity, speedup vs the vanilla run of its environment."""
     ok = with_env(samples[samples["error"].isna()])
@@ -240,6 +250,7 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
                 new_tokens=int(run["new_tokens"].sum()),
                 tau=run["committed"].sum() / fw if fw else float("nan"),
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
+                forward_share=forward_share(run),
                 peak_mem_mb=run["peak_mem_mb"].max(),
                 match_rate=run["matches_vanilla"].dropna().astype(float).mean(),
                 match_or_tie_rate=match_or_tie_rate(run, str(first.get("dtype"))),

@@ -308,7 +308,9 @@ def block_auto_section(samples: pd.DataFrame) -> list[str]:
     exp = samples.get("experiment", pd.Series("", index=samples.index)).fillna("")
     if not (exp == "block_auto").any():
         return parts + ["No runs yet: `python run.py -m experiment=block_auto scale=cpu`.", ""]
-    sub = samples[exp.isin(["fafo_baselines", "block_auto"])]
+    sub = with_env(samples[exp.isin(["fafo_baselines", "block_auto"])])
+    auto_setups = set(map(tuple, sub.loc[exp == "block_auto", SETUP].drop_duplicates().to_numpy()))
+    sub = sub[[tuple(r) in auto_setups for r in sub[SETUP].to_numpy()]]  # baselines of other setups: out
     table = summarize(sub)
     table = table[table["task"].isin(sorted(set(sub.loc[exp == "block_auto", "task"])))]
     cols = ["task", "method", "samples", "tau", "decode_speedup", "speedup", "speedup_lo", "speedup_hi"]

@@ -37,6 +37,7 @@ COLUMNS = [
     "speedup_lo",
     "speedup_hi",
     "decode_speedup",
+    "forward_share",
     "kv_mb_per_token",
     "kv_bound_speedup",
     "pred_speedup",

@@ -8,12 +8,13 @@ instead of each keeping its own copy of the stamp-and-subtract pattern.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from core.types import Counts
-from runners.timing import SampleClock, synchronize
+from runners.timing import SampleClock, StepClock
+
+__all__ = ["StepClock", "Timed", "timed_generate"]
 
 
 @dataclass
@@ -65,35 +66,3 @@ def timed_generate(
     if not marked:
         raise RuntimeError(f"{type(dec).__name__}.generate never reported the end of its prefill")
     return Timed(out, counts, clock.prefill_s, clock.decode_s)
-
-
-class StepClock:
-    """Wraps `engine.step` until `close()` (or the end of a `with` block): records (rows, cache length,
-    seconds) of every forward, the device synchronised at both ends of each."""
-
-    def __init__(self, engine) -> None:
-        self.engine, self.inner, self.calls = engine, engine.step, []
-        engine.step = self
-
-    def __call__(self, tokens, position_ids, view, *args, **kwargs):
-        length, device = self.engine.length, self.engine.device
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = self.inner(tokens, position_ids, view, *args, **kwargs)
-        synchronize(device)
-        self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
-        return out
-
-    @property
-    def seconds(self) -> float:
-        return sum(s for _, _, s in self.calls)
-
-    def close(self) -> None:
-        if vars(self.engine).get("step") is self:
-            del self.engine.step  # the class's own method again
-
-    def __enter__(self) -> StepClock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

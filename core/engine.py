@@ -215,6 +215,7 @@ class Engine:
             raise ValueError(f"n_layers must be in [1, {self.w.n_layers}], got {n_layers}")
         sub = object.__new__(Engine)
         sub.__dict__.update(self.__dict__)
+        sub.__dict__.pop("step", None)  # an instance-level wrapper (a clock) times the parent's forwards only
         sub.w = dataclasses.replace(self.w, layers=self.w.layers[:n_layers], n_layers=n_layers)
         w = sub.w
         sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.metrics import forward_share
+
 
 def run_summary(samples: pd.DataFrame) -> dict[str, float]:
     ok = samples[samples["error"].isna()]
@@ -25,6 +27,9 @@ def run_summary(samples: pd.DataFrame) -> dict[str, float]:
         "peak_mem_mb": ok["peak_mem_mb"].max(),
         "match_rate": audited.astype(float).mean() if len(audited) else float("nan"),
     }
+    share = forward_share(ok)
+    if share == share:  # not NaN: the records time the forwards
+        out["forward_share"] = share
     if "restricted_frac" in ok.columns and forwards:
         weights = ok["forwards"].astype(float)
         out["restricted_frac"] = float((ok["restricted_frac"] * weights).sum() / weights.sum())
@@ -136,6 +141,7 @@ def print_summary(run_path: Path) -> None:
         "tok/s": round(s["tok_s"], 2),
         "prefill s": round(s["prefill_s"], 2),
         "decode s": round(s["decode_s"], 2),
+        **({"in forwards": f"{s['forward_share']:.0%}"} if "forward_share" in s else {}),
         "peak mem MB": round(s["peak_mem_mb"], 1),
         "matches vanilla": round(s["match_rate"], 3),
     }

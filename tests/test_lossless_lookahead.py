@@ -75,7 +75,7 @@ def test_every_row_sees_a_causal_chain(tiny_lm, lens, n_guess):
     mask = torch.cat([torch.ones(n, p, dtype=torch.bool, device=eng.device), lay.block_mask], dim=1)
     logits = eng.step(tokens, lay.offsets + p, MaskView(mask, eng.scale))
     for r in range(n):
-        rows = lay.block_mask[r].nonzero().flatten()
+        rows = lay.block_mask[r].nonzero().flatten().cpu()  # indexes the CPU tokens and the layout
         assert rows[0] == 0 and rows[-1] == r  # every row sees the root and itself
         assert torch.equal(lay.offsets[rows], torch.arange(len(rows), device=eng.device))  # p..p+len-1
         eng.reset(p + len(rows) + 1)

@@ -13,7 +13,15 @@ from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 
 
 def write_run(
-    root, run_id: str, decoder: str, kv: str, experiment: str, wall: float, steps=(), **params
+    root,
+    run_id: str,
+    decoder: str,
+    kv: str,
+    experiment: str,
+    wall: float,
+    steps=(),
+    device: str = "cpu: test",
+    **params,
 ) -> None:
     rd = RunDir(root / "runs", run_id)
     rd.path.mkdir(parents=True)
@@ -29,7 +37,7 @@ def write_run(
             "model": "smollm2-135m",
             "model_name": "smollm2-135m",
             "dtype": "float32",
-            "device_name": "cpu: test",
+            "device_name": device,
             "threads": 2,
             "max_new_tokens": 64,
             "seed": 0,
@@ -171,6 +179,10 @@ def test_block_auto_section_pairs_auto_runs_with_the_fixed_baselines(tmp_path):
     assert "| pg19 | pld_auto+full |" in text and "| pg19 | pld+full |" in text
     assert "| pg19 | vanilla+full | 2 | 1 | 1 |" in text
     assert "| pg19 | pld_auto+full | 2 | 3.94 | 2.25 |" in text  # 63 tokens / 16 forwards; 9 s / 4 s
+    # the baselines of a setup with no auto runs (a GPU lease's) stay out of the table and its caption
+    write_run(root, "g", "vanilla", "full", "fafo_baselines", 10.0, device="NVIDIA H100")
+    text = "\n".join(paper.block_auto_section(load_samples(root)))
+    assert text.count("| pg19 | vanilla+full |") == 1 and "H100" not in text
 
 
 def test_figures_are_filed_by_setup_label_and_stale_ones_removed(tmp_path):

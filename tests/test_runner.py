@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from core.attention import CausalView
 from core.types import HarnessError
 from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS
 from runners.runner import Runner
@@ -43,6 +44,8 @@ def test_records_schema(tmp_path):
     assert (samples["new_tokens"] == 6).all() and (samples["tau"] == 1.0).all()
     assert (samples["forwards"] == 5).all() and samples["matches_vanilla"].all()
     assert (samples["prefill_s"] > 0).all() and (samples["decode_s"] > 0).all()
+    # the decode forwards' own seconds: part of the decode time, the rest is the decoder's work
+    assert ((samples["forward_s"] > 0) & (samples["forward_s"] < samples["decode_s"])).all()
     steps = pd.read_parquet(path / "steps.parquet")
     assert list(steps.columns) == list(STEP_COLUMNS) and len(steps) == 6 * 5
     scores = pd.read_parquet(path / "scores.parquet")
@@ -234,3 +237,27 @@ def test_block_auto_gets_a_cost_curve_measured_once(tmp_path, monkeypatch):
     assert pd.read_parquet(fixed.run() / "runs.parquet").loc[0, "cost_curve"] == ""
     with pytest.raises(HarnessError, match="block must be one of"):
         Runner(make_cfg(tmp_path, "decoder=pld", "decoder.block=big"))
+
+
+def test_forward_clock_times_decode_forwards_only_and_unwraps(tmp_path):
+    """forward_s sums the target forwards after the prefill mark (not the prefill's), and the engine's
+    own step is back once the generation ends; a layer-truncated draft made meanwhile is not wrapped."""
+    import torch
+
+    from core.engine import Engine
+    from core.models import load_model
+    from runners.timing import StepClock
+
+    lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=1)
+    eng = Engine(lm.model)
+    eng.reset(32)
+    with StepClock(eng) as clock:
+        eng.prefill([1, 2, 3, 4])
+        clock.mark()
+        assert eng.truncated(1).step.__func__ is Engine.step
+        for pos in (4, 5):
+            eng.step(torch.tensor([7]), torch.tensor([pos]), CausalView(eng.scale))
+            eng.commit([0])
+    assert [rows for rows, _, _ in clock.calls] == [4, 1, 1]
+    assert clock.seconds_since_mark == pytest.approx(sum(s for _, _, s in clock.calls[1:]))
+    assert "step" not in vars(eng)
