@@ -1,69 +1,146 @@
-"""The one-row decode forward with fixed shapes, replayed as a CUDA graph (`run.cuda_graphs=true`).
+"""Decode forwards with fixed shapes, replayed as CUDA graphs (`run.cuda_graphs=true`).
 
 On a GPU a small model's forward is bound by kernel launches, not by the GPU: SmolLM2-135M's ~1300
-operators take ~11 ms per forward on an H200, against ~0.06 ms to read its weights
-(results/gpu/2026-11-26-nvidia-h200/). A CUDA graph replays the whole forward as one launch, which
-needs every shape and address fixed when it is captured. So this forward reads its token, position
-and cache length from device buffers, writes the new entry at slot `length` through a device index (not
-a Python slice), and attends over the whole allocated cache with the slots past `length` masked out.
-The graph is captured once per cache allocation (`KVCache.reset` reallocates only to grow) and
-replayed for every step.
+operators take 12-16 ms per eager forward on an H100 and 2.6 ms as one replayed graph
+(results/gpu/2026-11-26-nvidia-h100/). A CUDA graph replays the whole forward as one launch, which
+needs every shape and address fixed when it is captured. So these forwards read their tokens,
+positions, cache length and visibility from device buffers, write the block's entries at slots
+`length + i` through a device index (not a Python slice), and attend over the whole allocated cache
+through a boolean visibility of every slot.
 
-`Engine(cuda_graphs=True)` sends one-row steps under a plain `CausalView` with no hooks here (vanilla's
-steps, and a speculative decoder's one-row steps over the full cache); blocks, KV-policy views and the
-prefill take the regular forward. `StaticDecode(engine, capture=False)` runs the same forward eagerly:
-the CPU tests check it against `Engine.step`, and `make test-gpu` checks the captured graph.
+A block of n rows runs padded to the next power of two (one graph per padded size and cache
+allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see only
+their own slot, are never committed, and their logits are dropped. `Engine(cuda_graphs=True)` sends
+here every decode step under a plain `CausalView` or a two-dimensional `MaskView`, with no hooks,
+whose padded block fits the cache: vanilla's steps and every verification over the full cache (PLD's
+chains, Lookahead's and FAFO's blocks when no KV policy restricts them). The prefill, KV-policy and
+tree views, per-head masks and hooks take the regular forward.
+
+`StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
+them against `Engine.step`, and `make test-gpu` checks the captured graphs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from core.attention import sdpa
+from core.attention import CausalView, MaskView, sdpa
 
 
-class StaticDecode:
-    """One-row decode steps of `engine` through fixed-shape buffers (captured as a CUDA graph when
-    `capture`). Called like `Engine.step(tokens, position_ids, view)` for one row; stages the row."""
+def padded_rows(n: int) -> int:
+    """The block size a graph runs `n` rows in: the next power of two."""
+    return 1 << (n - 1).bit_length()
+
+
+class StaticForwards:
+    """The fixed-shape forwards of `engine`, one per padded block size (captured as CUDA graphs when
+    `capture`). `applies` says whether a step can take them; calling it runs one like `Engine.step`."""
 
     def __init__(self, engine, capture: bool) -> None:
         self.engine, self.capture = engine, capture
+        self.by_rows: dict[int, StaticForward] = {}
+
+    @property
+    def captures(self) -> int:
+        return sum(f.captures for f in self.by_rows.values())
+
+    def applies(self, n: int, view) -> bool:
+        cache = self.engine.cache
+        if cache.length + padded_rows(n) > cache.capacity:
+            return False
+        if type(view) is MaskView:  # one visibility for every head, over exactly [cache | block]
+            return tuple(view.mask.shape) == (n, cache.length + n)
+        return type(view) is CausalView
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        view,
+        logits_rows: Sequence[int] | torch.Tensor | None,
+    ) -> torch.Tensor:
+        rows = padded_rows(tokens.numel())
+        if rows not in self.by_rows:
+            self.by_rows[rows] = StaticForward(self.engine, rows, self.capture)
+        return self.by_rows[rows](tokens, position_ids, view, logits_rows)
+
+
+class StaticForward:
+    """Blocks of up to `rows` rows through fixed-shape buffers. Called like `Engine.step`; stages the
+    padded block (commit block-relative rows of the real ones only)."""
+
+    def __init__(self, engine, rows: int, capture: bool) -> None:
+        self.engine, self.rows, self.capture = engine, rows, capture
         dev = engine.device
-        self.token = torch.zeros(1, dtype=torch.long, device=dev)
-        self.position = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.position = torch.zeros(rows, dtype=torch.long, device=dev)
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
+        self.row = torch.arange(rows, device=dev)
+        self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
+        self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_key: tuple[int, int] | None = None  # (cache storage address, capacity) it was captured on
         self.logits: torch.Tensor | None = None  # the graph's output buffer
         self.captures = 0
 
-    def __call__(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        cache = self.engine.cache
-        position_ids = position_ids.to(self.engine.device)
-        cache.stage_positions(position_ids)  # the capacity check and the slot's position, as step does
-        self.token.copy_(tokens.reshape(1))
-        self.position.copy_(position_ids.reshape(1))
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        view,
+        logits_rows: Sequence[int] | torch.Tensor | None,
+    ) -> torch.Tensor:
+        eng, cache, n = self.engine, self.engine.cache, tokens.numel()
+        tokens, position_ids = tokens.to(eng.device).reshape(n), position_ids.to(eng.device).reshape(n)
+        self.token[:n].copy_(tokens)
+        self.position[:n].copy_(position_ids)
+        self.position[n:].copy_(position_ids[-1:].expand(self.rows - n))
+        cache.stage_positions(self.position)  # the capacity check and the slots' positions, as step does
         self.length.fill_(cache.length)
+        self._stage_visibility(view, n, cache.length, cache.capacity)
         if not self.capture:
-            return self.forward()
-        key = (cache.k.data_ptr(), cache.capacity)
-        if self.graph is None or key != self.graph_key:
-            self._capture()
-            self.graph_key = key
-        self.graph.replay()
-        return self.logits.clone()
+            logits = self.forward()
+        else:
+            key = (cache.k.data_ptr(), cache.capacity)
+            if self.graph is None or key != self.graph_key:
+                self._capture()
+                self.graph_key = key
+            self.graph.replay()
+            logits = self.logits
+        if logits_rows is None:
+            return logits[:n].clone()
+        return logits.index_select(0, torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device))
+
+    def _stage_visibility(self, view, n: int, length: int, capacity: int) -> None:
+        """Which slots each row sees: the view's visibility over [cache | block] (block row j is slot
+        `length + j`), nothing past the block, and each pad row its own slot only."""
+        if self.visible.shape != (self.rows, capacity):
+            self.visible = torch.zeros(self.rows, capacity, dtype=torch.bool, device=self.engine.device)
+            self.slots = torch.arange(capacity, device=self.engine.device)
+        if type(view) is CausalView:
+            torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
+        else:
+            self.visible.zero_()
+            self.visible[:n, : length + n].copy_(view.mask)
+        if n < self.rows:
+            pad = self.row[n:]
+            self.visible[n:] = False
+            self.visible[pad, length + pad] = True
 
     def forward(self) -> torch.Tensor:
-        """Float logits `[1, vocab]` of the row in the buffers; its K/V land in slot `length`."""
+        """Float logits `[rows, vocab]` of the rows in the buffers; their K/V land in slots
+        `length + row`."""
         eng, cache = self.engine, self.engine.cache
-        slots = torch.arange(cache.capacity, device=eng.device)
-        visible = (slots <= self.length).view(1, 1, 1, -1)  # committed entries and the new one
+        slots = self.length + self.row
+        visible = self.visible.view(1, 1, self.rows, -1)
 
         def attend(
             li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor
         ) -> torch.Tensor:
-            cache.k[li].index_copy_(1, self.length, k)
-            cache.v[li].index_copy_(1, self.length, v)
+            cache.k[li].index_copy_(1, slots, k)
+            cache.v[li].index_copy_(1, slots, v)
             return sdpa(
                 q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), visible, eng.scale
             )
@@ -73,7 +150,7 @@ class StaticDecode:
 
     def _capture(self) -> None:
         """Warm up on a side stream (allocator, kernel selection), then record one forward. Both write
-        the staged slot only, which the replay that follows writes again."""
+        the staged slots only, which the replay that follows writes again."""
         side = torch.cuda.Stream(self.engine.device)
         side.wait_stream(torch.cuda.current_stream(self.engine.device))
         with torch.cuda.stream(side):

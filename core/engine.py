@@ -68,13 +68,13 @@ class Engine:
             self._pack_onednn()
         elif linear != "aten":
             raise ValueError(f"linear must be 'aten' or 'onednn', got {linear!r}")
-        self.decode_graph = None  # one-row CausalView steps replayed as a CUDA graph (core/decode_graph.py)
+        self.graphs = None  # plain decode steps replayed as CUDA graphs (core/decode_graph.py)
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
-            from core.decode_graph import StaticDecode
+            from core.decode_graph import StaticForwards
 
-            self.decode_graph = StaticDecode(self, capture=True)
+            self.graphs = StaticForwards(self, capture=True)
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):
@@ -112,7 +112,7 @@ class Engine:
         for lo in range(0, ids.numel(), self.prefill_chunk):
             chunk = ids[lo : lo + self.prefill_chunk]
             pos = torch.arange(lo, lo + chunk.numel(), device=self.device)
-            logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=hooks)
+            logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=hooks, replay=False)
             self.cache.commit(torch.arange(chunk.numel()))
         assert logits is not None
         return logits[0]
@@ -125,16 +125,13 @@ class Engine:
         view,
         logits_rows: Sequence[int] | torch.Tensor | None = None,
         hooks: Sequence = (),
+        replay: bool = True,
     ) -> torch.Tensor:
-        """One forward over a block. Returns float logits for `logits_rows` (all rows if None)."""
-        if (
-            self.decode_graph is not None
-            and tokens.numel() == 1
-            and type(view) is CausalView
-            and logits_rows is None
-            and not hooks
-        ):
-            return self.decode_graph(tokens, position_ids)
+        """One forward over a block. Returns float logits for `logits_rows` (all rows if None).
+        With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
+        `replay=False` (the prefill: its chunks have every size)."""
+        if replay and self.graphs is not None and not hooks and self.graphs.applies(tokens.numel(), view):
+            return self.graphs(tokens, position_ids, view, logits_rows)
         cache = self.cache
         tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
         cache.stage_positions(position_ids)
@@ -163,7 +160,7 @@ class Engine:
         """The decoder layers over a block (embedding in, last hidden states out, before the final
         norm). `attend(layer, q [H, n, d], k [H_kv, n, d], v [H_kv, n, d], x)` stores the block's K/V
         and returns the attention output `[1, H, n, d]`: the one place a forward's cache layout and
-        visibility enter (`step`'s cache slices and view, `StaticDecode`'s fixed-shape slots)."""
+        visibility enter (`step`'s cache slices and view, `StaticForward`'s fixed-shape slots)."""
         w = self.w
         n = tokens.numel()
         cos, sin = rope_cos_sin(self.model, position_ids, self.dtype)
@@ -219,7 +216,7 @@ class Engine:
         sub.w = dataclasses.replace(self.w, layers=self.w.layers[:n_layers], n_layers=n_layers)
         w = sub.w
         sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)
-        sub.decode_graph = None  # the parent's graph holds the parent's layers and cache
+        sub.graphs = None  # the parent's graphs hold the parent's layers and cache
         return sub
 
     @torch.inference_mode()

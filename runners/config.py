@@ -95,7 +95,8 @@ def resolve_linear(choice: str | None, lm) -> str:
 
 
 def resolve_cuda_graphs(choice, lm) -> bool:
-    """`run.cuda_graphs`: true replays one-row decode steps as a CUDA graph (core/decode_graph.py)."""
+    """`run.cuda_graphs`: true replays plain decode steps (one row or a verification block over the
+    full cache) as CUDA graphs (core/decode_graph.py)."""
     if choice in (None, False):
         return False
     if choice is not True:

@@ -184,7 +184,7 @@ class Runner:
                 "prefill_chunk": self.identity["prefill_chunk"],
                 "torch": self.versions.get("torch"),
                 "transformers": self.versions.get("transformers"),
-                **({"cuda_graphs": True} if self.engine.decode_graph is not None else {}),
+                **({"cuda_graphs": True} if self.engine.graphs is not None else {}),
             },
             REPO,
         )
@@ -337,15 +337,17 @@ class Runner:
 
     def _warmup(self, sample: Sample) -> int:
         """Untimed generations on the longest prompt: one, over the whole length when the attention
-        backend compiles per shape (so the timed samples reuse what it compiled), then more until
-        `run.warmup_s` seconds have passed. Returns how many ran. By default a CUDA device warms up
-        for GPU_WARMUP_S: a GPU that sat idle (loading the model) may run its first seconds of
-        launch-bound work at low clocks (on the H200 lease the first MT-Bench question of every run
-        was up to 4x slower per forward than the rest, results/gpu/2026-11-26-nvidia-h200/; the
-        clocks were not read)."""
+        backend compiles per shape or CUDA graphs are captured per block size (so the timed samples
+        reuse what it made), then more until `run.warmup_s` seconds have passed. Returns how many ran.
+        By default a CUDA device warms up for GPU_WARMUP_S: on both GPU leases the first MT-Bench
+        question of a run decoded up to 4x slower per forward than the rest, once after an 8 s warm-up
+        too (results/gpu/2026-11-26-nvidia-h100/); idle GPU clocks are suspected, not established."""
         ids = self.task.prompt_ids(sample, 0, [], self.lm.tokenizer)
         max_new = self.task.max_new_tokens
-        n = max_new if self.decoder.compiles_attention() else min(WARMUP_TOKENS, max_new)
+        # a backend that compiles per shape, or CUDA graphs captured per block size, warms up over the
+        # whole length so the timed samples reuse what it made
+        whole = self.decoder.compiles_attention() or self.engine.graphs is not None
+        n = max_new if whole else min(WARMUP_TOKENS, max_new)
         start, runs = time.perf_counter(), 0
         while runs == 0 or time.perf_counter() - start < self.warmup_s:
             self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
@@ -471,7 +473,7 @@ class Runner:
             "model_name": self.lm.name,
             "dtype": self.identity["dtype"],
             "linear": self.engine.linear,
-            "cuda_graphs": self.engine.decode_graph is not None,
+            "cuda_graphs": self.engine.graphs is not None,
             "warmup_s": self.warmup_s,
             "decoder": self.names["decoder"],
             "decoder_params": json.dumps(self.identity["decoder_params"]),

@@ -81,12 +81,14 @@ bench_stage() {  # what no lease has finished first: a stage stopped at its limi
   return $rc
 }
 
-sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), then the rest
+sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), eager then as CUDA graphs
   local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}")
   "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld run.cuda_graphs=true "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld,lookahead run.cuda_graphs=true \
+      "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_table1 decoder=fafo run.cuda_graphs=true "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1 "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"

@@ -138,7 +138,7 @@ def test_split_decode_attention_applies_only_where_it_gains():
     assert not split_applies(q.bfloat16(), k.bfloat16())  # bf16 keeps SDPA's float32 accumulation
 
 
-# --- fixed-shape one-row decode (core/decode_graph.py): eager here, captured as a CUDA graph on a GPU --
+# --- fixed-shape decode forwards (core/decode_graph.py): eager here, captured as CUDA graphs on a GPU --
 def _vanilla_with_steps(eng, prompt, n):
     """Greedy ids and every step's logits of vanilla on `eng`."""
     eng.reset(len(prompt) + n + 1)
@@ -154,18 +154,23 @@ def _vanilla_with_steps(eng, prompt, n):
     return out, torch.stack(rows)
 
 
-def test_static_decode_equals_the_regular_one_row_step(tiny_lm):
-    """The fixed-shape forward (device-index cache write, attention over the whole allocation with the
-    unused slots masked) gives the regular step's logits, tokens and cache contents."""
-    from core.decode_graph import StaticDecode
+def _static(tiny_lm) -> Engine:
+    from core.decode_graph import StaticForwards
 
+    eng = Engine(tiny_lm.model)
+    eng.graphs = StaticForwards(eng, capture=False)
+    return eng
+
+
+def test_static_decode_equals_the_regular_one_row_step(tiny_lm):
+    """The fixed-shape forward (device-index cache write, attention over the whole allocation through
+    a visibility of every slot) gives the regular step's logits, tokens and cache contents."""
     prompt = list(range(3, 40))
     plain = Engine(tiny_lm.model)
     ref_ids, ref_logits = _vanilla_with_steps(plain, prompt, 24)
-    static = Engine(tiny_lm.model)
-    static.decode_graph = StaticDecode(static, capture=False)
+    static = _static(tiny_lm)
     ids, logits = _vanilla_with_steps(static, prompt, 24)
-    assert ids == ref_ids
+    assert ids == ref_ids and set(static.graphs.by_rows) == {1}
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
     n = plain.length
     assert static.length == n
@@ -173,27 +178,96 @@ def test_static_decode_equals_the_regular_one_row_step(tiny_lm):
     assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
 
 
-def test_static_decode_is_only_for_plain_one_row_steps(tiny_lm):
-    """Blocks, other views, hooks and the layer-truncated self-draft take the regular forward; CUDA
-    graphs are refused off a CUDA device."""
+def _block_step(eng, prompt, tokens, view_of, keep, logits_rows=None):
+    """Prefill `prompt`, run one block of `tokens` under `view_of(eng)`, commit `keep`; the logits."""
+    eng.reset(len(prompt) + 16)
+    eng.prefill(prompt)
+    p, dev = len(prompt), eng.device
+    depth = torch.tensor([0, 1, 2, 1, 2], device=dev)[: len(tokens)]
+    logits = eng.step(torch.tensor(tokens, device=dev), p + depth, view_of(eng), logits_rows=logits_rows)
+    eng.commit(keep)
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["causal", "tree"])
+def test_static_block_equals_the_regular_block(tiny_lm, kind):
+    """A padded block (5 rows in 8) under a causal view or a tree mask gives the regular step's
+    logits (selected rows too), and the committed rows' cache entries; the pad rows stay uncommitted."""
+    prompt = list(range(3, 30))
+    tokens = [7, 9, 11, 13, 15]
+    if kind == "causal":
+        view_of, keep = (lambda e: CausalView(e.scale)), [0, 1, 2]
+    else:  # root, a chain of two, and a second chain of two: rows 3-4 do not see rows 1-2
+        block = torch.tensor(
+            [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 1, 1]],
+            dtype=torch.bool,
+        )
+
+        def view_of(e):
+            mask = torch.cat([torch.ones(5, len(prompt), dtype=torch.bool), block], dim=1)
+            return MaskView(mask.to(e.device), e.scale)
+
+        keep = [0, 3, 4]
+    plain, static = Engine(tiny_lm.model), _static(tiny_lm)
+    for rows in (None, [0, 2, 4]):
+        ref = _block_step(plain, prompt, tokens, view_of, keep, rows)
+        got = _block_step(static, prompt, tokens, view_of, keep, rows)
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        n = plain.length
+        assert static.length == n == len(prompt) + 3 and set(static.graphs.by_rows) == {8}
+        torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
+        assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
+
+
+def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
+    """PLD, Lookahead and FAFO (kv=full) verify through the fixed-shape forwards and give vanilla's
+    tokens; their blocks took the padded sizes."""
+    from core.types import Counts
+    from decoders.fafo import FAFO
+    from decoders.lookahead import Lookahead
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6] * 3, list(range(40, 70)), [9, 8, 7, 9, 8, 7, 1, 2] * 2]
+    plain = Engine(tiny_lm.model)
+    refs = [Vanilla(plain).generate(p, 32, set(), Counts()) for p in prompts]
+    for make in (
+        lambda e: PromptLookup(e, num_tokens=5),
+        lambda e: Lookahead(e, N=3, W=4, G=2),
+        lambda e: FAFO(e, k=2, n=4),
+    ):
+        static = _static(tiny_lm)
+        dec = make(static)
+        assert [dec.generate(p, 32, set(), Counts()) for p in prompts] == refs, type(dec).__name__
+        assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
+
+
+def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
+    """The prefill, per-head masks, hooks, a block whose padded size overflows the cache and the
+    layer-truncated self-draft take the regular forward; CUDA graphs are refused off a CUDA device."""
 
     class Spy:
         calls = 0
 
-        def __call__(self, tokens, position_ids):
+        def applies(self, n, view):
+            from core.decode_graph import StaticForwards
+
+            return StaticForwards.applies(self, n, view)
+
+        def __call__(self, *args):
             Spy.calls += 1
             raise AssertionError("the fixed-shape path took a step it must not")
 
     eng = Engine(tiny_lm.model)
-    eng.decode_graph = Spy()
-    eng.reset(64)
-    eng.prefill(list(range(3, 20)))
+    spy = Spy()
+    spy.engine = eng
+    eng.graphs = spy
+    eng.reset(24)
+    eng.prefill(list(range(3, 20)))  # 17 rows: a 32-row padded block would not fit, nor is it replayed
     dev = eng.device
-    two = torch.tensor([5, 6], device=dev)
-    eng.step(two, torch.tensor([17, 18], device=dev), CausalView(eng.scale))
-    eng.crop(17)
-    mask = torch.ones(1, 18, dtype=torch.bool, device=dev)
-    eng.step(torch.tensor([5], device=dev), torch.tensor([17], device=dev), MaskView(mask, eng.scale))
+    per_head = torch.ones(tiny_lm.model.config.num_attention_heads, 1, 18, dtype=torch.bool, device=dev)
+    eng.step(torch.tensor([5], device=dev), torch.tensor([17], device=dev), MaskView(per_head, eng.scale))
     eng.crop(17)
     eng.step(
         torch.tensor([5], device=dev),
@@ -201,7 +275,10 @@ def test_static_decode_is_only_for_plain_one_row_steps(tiny_lm):
         CausalView(eng.scale),
         hooks=[lambda *a: None],
     )
-    assert Spy.calls == 0 and eng.truncated(1).decode_graph is None
+    eng.crop(17)
+    five = torch.arange(5, 10, device=dev)
+    eng.step(five, torch.arange(17, 22, device=dev), CausalView(eng.scale))  # 8 padded rows > 7 free
+    assert Spy.calls == 0 and eng.truncated(1).graphs is None
     if dev.type != "cuda":
         with pytest.raises(ValueError, match="needs the model on a CUDA device"):
             Engine(tiny_lm.model, cuda_graphs=True)
@@ -215,12 +292,27 @@ def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_
     ref_ids, ref_logits = _vanilla_with_steps(Engine(tiny_lm.model), prompt, 24)
     eng = Engine(tiny_lm.model, cuda_graphs=True)
     ids, logits = _vanilla_with_steps(eng, prompt, 24)
-    assert ids == ref_ids and eng.decode_graph.captures == 1
+    assert ids == ref_ids and eng.graphs.captures == 1
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     _vanilla_with_steps(eng, prompt, 24)  # same allocation: the graph is replayed, not captured again
-    assert eng.decode_graph.captures == 1
+    assert eng.graphs.captures == 1
     ids, _ = _vanilla_with_steps(eng, prompt * 3, 24)  # a larger cache: captured again
-    assert (
-        eng.decode_graph.captures == 2
-        and ids == _vanilla_with_steps(Engine(tiny_lm.model), prompt * 3, 24)[0]
-    )
+    assert eng.graphs.captures == 2 and ids == _vanilla_with_steps(Engine(tiny_lm.model), prompt * 3, 24)[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
+def test_cuda_graph_blocks_equal_eager(tiny_lm):
+    """Captured block graphs: a tree block's logits, and PLD and Lookahead's tokens, as eager."""
+    if tiny_lm.device.type != "cuda":
+        pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
+    from core.types import Counts
+    from decoders.lookahead import Lookahead
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
+    ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
+    for make in (lambda e: PromptLookup(e, num_tokens=5), lambda e: Lookahead(e, N=3, W=4, G=2)):
+        eng = Engine(tiny_lm.model, cuda_graphs=True)
+        assert make(eng).generate(prompt, 48, set(), Counts()) == ref
+        assert eng.graphs.captures >= 2 and max(eng.graphs.by_rows) > 1

@@ -175,7 +175,7 @@ def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
     from core.types import HarnessError
 
     plain = Runner(make_cfg(tmp_path, "model.dtype=float32"))
-    assert plain.engine.decode_graph is None and "cuda_graphs" not in plain.identity
+    assert plain.engine.graphs is None and "cuda_graphs" not in plain.identity
     assert Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=false")).run_id == plain.run_id
     assert bool(pd.read_parquet(plain.run() / "runs.parquet")["cuda_graphs"].iloc[0]) is False
     with pytest.raises(HarnessError, match="run.cuda_graphs=true needs the model on a CUDA device"):
@@ -197,6 +197,16 @@ def test_warmup_repeats_until_its_seconds_have_passed(tmp_path):
     for bad in ("-1", "soon"):
         with pytest.raises(HarnessError, match="run.warmup_s must be"):
             Runner(make_cfg(tmp_path, f"run.warmup_s={bad}"))
+    # with CUDA graphs (captured per block size) the warm-up runs the task's whole length
+    from core.decode_graph import StaticForwards
+
+    lengths = []
+    long = Runner(make_cfg(tmp_path, "run.max_new_tokens=40"))  # longer than the usual warm-up
+    long.decoder.generate = lambda ids, n, *rest: lengths.append(n) or [0]
+    long._warmup(sample)
+    long.engine.graphs = StaticForwards(long.engine, capture=False)
+    long._warmup(sample)
+    assert lengths == [16, 40]
 
 
 def test_scale_cpu_run_is_its_own_run_and_labelled(tmp_path):
