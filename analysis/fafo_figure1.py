@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.fafo_paper import PAPER_SETTING, TASKS, _caption, _num, aggregate, hold
+from analysis.metrics import ENV
 
 
 def figure1(
@@ -33,6 +34,7 @@ def figure1(
     if len(out):
         out["guesses"] = out["guesses"].astype(float)
         out = out.sort_values(["method", "guesses"], ignore_index=True)
+        out = out.drop(columns=[c for c in ENV if c in out.columns])  # one setup: its caption names it
     out.attrs["caption"] = _caption(
         f"Figure 1 ({TASKS.get(task, task)}; the paper plots it without numbers)",
         samples,

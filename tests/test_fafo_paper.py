@@ -184,6 +184,7 @@ def test_figure1(samples, tmp_path):
     assert cell(t, "tau", method="FAFO-Stream", guesses=20.0) == pytest.approx(1.5)
     assert set(t["method"]) == {"FAFO-Stream", "FAFO-Quest", "Lookahead"}
     assert "Figure 1" in fp.render(t)
+    assert "dtype" not in t.columns and "model" not in t.columns  # the caption names the one setup
 
 
 def test_failed_samples_are_dropped(samples):
