@@ -57,7 +57,8 @@ test_stage() {  # test_stage [pytest -m expression]
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-12}")
   "$PY" -c "import pytest_timeout" 2>/dev/null && workers+=(--timeout "${GPU_TEST_TIMEOUT_S:-120}")
-  # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed
+  # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed;
+  # tests/gpu_suites.txt lists test_sparse_attention.py first: its compiled FlexAttention cases take minutes
   HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "${1:-not slow}" -p no:cacheprovider \
     "${workers[@]}" --junitxml "$out/test-gpu${1:+-smollm}.xml" $(cat tests/gpu_suites.txt)
 }
