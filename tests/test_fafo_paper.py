@@ -169,6 +169,12 @@ def test_orderings_check_the_papers_claims(samples):
     assert t.loc["MT-Bench: FAFO-Stream >= FAFO-Quest by speedup", "verdict"] == "same"
     assert t.loc["MT-Bench: the k sweep's tau peaks at k=8", "ours"] == "holds"
     assert t.loc["MT-Bench: the n sweep's tau peaks at n=40", "verdict"] == "same"
+    # a sweep of one point (the paper's setting alone) gives no verdict on where the peak is
+    only_k6 = samples[samples["decoder.k"].isna() | (samples["decoder.k"] == 6)]
+    row = fafo_orderings(only_k6).set_index("claim").loc["MT-Bench: the k sweep's tau peaks at k=8"]
+    assert (row["ours"], row["verdict"]) == ("-", "incomplete sweep") and "swept only 6" in row[
+        "values (ours / paper)"
+    ]
     assert fafo_orderings(samples[samples["task"] == "pg19"]).empty  # nothing of ours: no claims shown
     slow = samples.copy()
     slow.loc[slow["decoder"] == "fafo", "wall_s"] *= 10  # FAFO slower than Lookahead in wall-clock
