@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-qwen paper-runs-qwen15 train-longspec
+.PHONY: demo test test-slow test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-slice8 paper-runs-qwen paper-runs-qwen15 train-longspec
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -94,6 +94,13 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	for e in longspec_table1_cpu longspec_table1_magicdec_cpu longspec_table1_draftless_cpu \
 	  longspec_table2_cpu longspec_tau_prompts_cpu; do $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
+	$(PY) -m analysis.paper
+
+SLICE8 := scale=paper_slice8 model.dtype=float32 $(RECORDS)
+paper-runs-slice8: ## FAFO Table 1 and Figure 1's n sweep at the paper's own settings on 8 MT-Bench questions, exact in fp32 on this CPU (~75 min on 2 cores; resumable)
+	$(PY) run.py -m experiment=fafo_baselines task=mtbench $(SLICE8)
+	$(PY) run.py -m experiment=fafo_table1 $(SLICE8)
+	$(PY) run.py -m experiment=fafo_figure1 $(SLICE8)
 	$(PY) -m analysis.paper
 
 QWEN := model=qwen25-coder-0.5b $(RECORDS)
