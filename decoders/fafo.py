@@ -342,6 +342,9 @@ class FAFO2Forward(FAFO):
             view_a = self.views.compressed(lay_a, cache_len)
             logits = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:])
             eng.commit([])
+            # a forward of the target over the policy's selection that commits nothing: a draft forward
+            # (counted apart, as self-speculation's are; tau counts the verification forwards)
+            counts.draft_step(view_a.kv_read(cache_len), block_tokens=lay_a.size)
             self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
             # forward B: verification against the full cache
             cands, block_cands = self._candidates(pool, seq)
@@ -351,11 +354,5 @@ class FAFO2Forward(FAFO):
             preds = logits.argmax(dim=-1).cpu() if self.sampler.greedy else logits[:, 0]
             verdict = self._verify(lay_b, logits, preds, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
-            counts.step(
-                lay_a.size + lay_b.size,
-                cands.numel(),
-                verdict.accepted,
-                n_new,
-                view_a.kv_read(cache_len) + cache_len,
-            )
+            counts.step(lay_b.size, cands.numel(), verdict.accepted, n_new, cache_len)
             base = self._next_base(base, len(seq) - 1)

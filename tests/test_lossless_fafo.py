@@ -163,6 +163,19 @@ def test_stop_token_and_length(references):
     assert FAFO(eng, k=3, n=6).generate(prompt, 5, set(), Counts()) == ref[:5]
 
 
+def test_two_forward_counts_its_fumble_forward_as_a_draft_forward(references):
+    """FAFO-2forward's forward A (the fumble rows over the compressed view, nothing committed) is a
+    draft forward: one per verification, with its own rows, outside tau; the steps alternate."""
+    eng, refs = references
+    counts = Counts()
+    got = FAFO2Forward(eng, kv=SinkRecent(), k=3, n=4).generate(refs[0][0], 24, set(), counts)
+    assert counts.draft_forwards == counts.forwards and counts.committed == len(got) - 1
+    assert [s.draft for s in counts.steps] == [True, False] * counts.forwards
+    fumble, verify = counts.steps[0], counts.steps[1]
+    assert fumble.committed == 0 and fumble.block_tokens == 1 + 3 * 4  # x_last + the k*n stream rows
+    assert verify.kv_attended == len(refs[0][0])  # the first verification reads the whole prompt's cache
+
+
 def test_fumble_rows_are_the_restricted_rows(references):
     """The policy is asked only about the n*k stream rows; verification rows are never restricted."""
     eng, refs = references
