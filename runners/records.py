@@ -19,9 +19,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from runners.timing import Timed
 
 # nullable ints: a failed (sample, turn) row has an error and no measurements
 SAMPLE_COLUMNS = {
@@ -75,6 +78,42 @@ STEP_COLUMNS = {
     "draft_model": "bool",
 }
 SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
+
+
+def measurements(
+    prompt_tokens: int, timed: Timed, forward_s: float, bytes_per_entry: int, capacity: int, peak_mb: float
+) -> dict[str, Any]:
+    """The measured columns of one (sample, turn) row of `samples` (SAMPLE_COLUMNS): lengths, times,
+    counts and tau, rates, memory, KV traffic and the KV policy's activity."""
+    counts, n_new = timed.counts, len(timed.output)
+    activity = counts.kv_activity
+    return {
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": n_new,
+        "prefill_s": timed.prefill_s,
+        "decode_s": timed.decode_s,
+        "forward_s": forward_s,
+        "wall_s": timed.wall_s,
+        "forwards": counts.forwards,
+        "draft_forwards": counts.draft_forwards,
+        "draft_model_forwards": counts.draft_model_forwards,
+        "drafted_l1": counts.drafted_l1,
+        "accepted_l1": counts.accepted_l1,
+        "slow_steps": counts.slow_steps,
+        "kv_rebuilds": counts.kv_rebuilds,
+        "drafted": counts.drafted,
+        "accepted": counts.accepted,
+        "committed": counts.committed,
+        "tau": counts.tau if counts.forwards else 1.0,
+        "tok_s": n_new / timed.wall_s,
+        "decode_tok_s": (n_new - 1) / timed.decode_s if n_new > 1 and timed.decode_s > 0 else float("nan"),
+        "peak_mem_mb": peak_mb,
+        "kv_cache_mb": capacity * bytes_per_entry / 2**20,
+        "kv_read_mb": counts.kv_attended * bytes_per_entry / 2**20,
+        "kv_budget": counts.kv_budget,
+        "restricted_frac": activity.restricted_frac if activity else 0.0,
+        "visible_frac": activity.visible_frac if activity else 1.0,
+    }
 
 
 def typed_frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:

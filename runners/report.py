@@ -3,6 +3,7 @@ samples, a KV policy that restricted nothing, and how the run compares with vani
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +29,7 @@ def run_summary(samples: pd.DataFrame) -> dict[str, float]:
         "match_rate": audited.astype(float).mean() if len(audited) else float("nan"),
     }
     share = forward_share(ok)
-    if share == share:  # not NaN: the records time the forwards
+    if not math.isnan(share):  # the records time the forwards
         out["forward_share"] = share
     if "restricted_frac" in ok.columns and forwards:
         weights = ok["forwards"].astype(float)

@@ -47,9 +47,9 @@ from runners.config import (
     stop_ids_for,
 )
 from runners.lock import RunLock
-from runners.records import RunDir, run_id_for
+from runners.records import RunDir, measurements, run_id_for
 from runners.report import print_summary
-from runners.timing import SampleClock, StepClock, peak_memory_mb
+from runners.timing import StepClock, peak_memory_mb, timed_generate
 from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
@@ -399,20 +399,20 @@ class Runner:
 
     def _generate(self, prompt: list[int]) -> tuple[dict, Counts, list[int]]:
         eng = self.engine
-        clock = SampleClock(eng.device)
         self.sampler.reseed(self._seed_for(digest(prompt), 0))
         max_new = self.task.max_new_tokens
+        keep_steps = bool(self.cfg.run.keep_steps)
         with StepClock(eng) as forwards:  # the target's forwards, to tell their time from the decoder's
-
-            def prefill_done() -> None:
-                clock.prefill_done()
-                forwards.mark()
-
-            counts = Counts(on_prefill_done=prefill_done, keep_steps=bool(self.cfg.run.keep_steps))
-            clock.start()
-            out = self.decoder.generate(prompt, max_new, self.stop_ids, counts)
-            clock.stop()
+            timed = timed_generate(
+                self.decoder,
+                prompt,
+                max_new,
+                self.stop_ids,
+                keep_steps=keep_steps,
+                on_prefill_done=forwards.mark,
+            )
         peak = peak_memory_mb(eng.device)
+        out = timed.output
         matches = first_div = gap = None
         if self.audit is not None:
             if self.is_reference:
@@ -420,37 +420,11 @@ class Runner:
                 matches = True
             else:
                 matches, first_div, gap = self.audit.compare(prompt, out, max_new, self.stop_ids)
-        n_new = len(out)
-        per_entry = eng.cache.bytes_per_entry()
-        activity = counts.kv_activity
+        cache = eng.cache
         row = {
-            "prompt_tokens": len(prompt),
-            "new_tokens": n_new,
-            "prefill_s": clock.prefill_s,
-            "decode_s": clock.decode_s,
-            "forward_s": forwards.seconds_since_mark,
-            "wall_s": clock.wall_s,
-            "forwards": counts.forwards,
-            "draft_forwards": counts.draft_forwards,
-            "draft_model_forwards": counts.draft_model_forwards,
-            "drafted_l1": counts.drafted_l1,
-            "accepted_l1": counts.accepted_l1,
-            "slow_steps": counts.slow_steps,
-            "kv_rebuilds": counts.kv_rebuilds,
-            "drafted": counts.drafted,
-            "accepted": counts.accepted,
-            "committed": counts.committed,
-            "tau": counts.tau if counts.forwards else 1.0,
-            "tok_s": n_new / clock.wall_s,
-            "decode_tok_s": (n_new - 1) / clock.decode_s
-            if n_new > 1 and clock.decode_s > 0
-            else float("nan"),
-            "peak_mem_mb": peak,
-            "kv_cache_mb": eng.cache.capacity * per_entry / 2**20,
-            "kv_read_mb": counts.kv_attended * per_entry / 2**20,
-            "kv_budget": counts.kv_budget,
-            "restricted_frac": activity.restricted_frac if activity else 0.0,
-            "visible_frac": activity.visible_frac if activity else 1.0,
+            **measurements(
+                len(prompt), timed, forwards.seconds_since_mark, cache.bytes_per_entry(), cache.capacity, peak
+            ),
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
             "output_ids": out,
@@ -459,7 +433,7 @@ class Runner:
             "divergence_gap": gap,
             "error": None,
         }
-        return row, counts, out
+        return row, timed.counts, out
 
     def _run_row(self, status: str, started: str) -> dict[str, Any]:
         return {
