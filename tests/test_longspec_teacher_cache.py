@@ -135,7 +135,9 @@ def test_an_interrupted_cached_run_resumes_to_the_same_weights(tmp_path, monkeyp
         ("autocast=fp8", "autocast must be none or bf16"),
         ("teacher_topk=0", "teacher_topk must be >= 1"),
         ("position_seed=random", "position_seed must be stage or content"),
-        ("continuations=beam", "continuations must be greedy or prompt_lookup"),
+        ("continuations=beam", "continuations must be greedy, prompt_lookup or batched"),
+        ("gen_batch=0", "gen_batch >= 1"),
+        ("max_minutes=-1", "max_minutes must be >= 0"),
     ],
 )
 def test_bad_values_are_one_line(tmp_path, capsys, bad, words):
@@ -157,3 +159,18 @@ def test_prompt_lookup_continuations_are_the_greedy_ones(tiny_lm, seed):
         plain = steps.greedy_continuation(eng, prompt, 40)
         assert steps.greedy_continuation(eng, prompt, 40, "prompt_lookup") == plain
         assert len(plain) == 40
+
+
+def test_batched_continuations_are_the_greedy_ones(tiny_lm):
+    """continuations=batched: five prompts decoded together through the model's own code give each
+    prompt's plain greedy continuation (fp32, tiny models: no near-ties there); prompts of unequal
+    length are refused (no padding)."""
+    eng = Engine(tiny_lm.model)
+    gen = torch.Generator().manual_seed(4)
+    phrase = torch.randint(0, 250, (6,), generator=gen).tolist()
+    prompts = [phrase * 4] + [torch.randint(0, 250, (24,), generator=gen).tolist() for _ in range(4)]
+    together = steps.continuations(eng, prompts, 30, "batched")
+    assert together == [steps.greedy_continuation(eng, p, 30) for p in prompts]
+    assert steps.continuations(eng, prompts[:2], 30, "greedy") == together[:2]
+    with pytest.raises(ValueError, match="one length"):
+        steps.batched_continuations(eng, [prompts[0], prompts[1][:-1]], 4)

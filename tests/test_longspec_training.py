@@ -231,3 +231,23 @@ def test_generated_continuations_copied_from_another_run(tmp_path, capsys):
     assert train.main(tiny_args(other, "seed=5")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not continue this run's prompt 0" in err
+
+
+def test_a_time_limited_invocation_continues_to_the_same_weights(tmp_path, capsys):
+    """max_minutes stops after the optimizer step that passes it, saves, exports a draft marked unfinished;
+    the same command without the limit continues to an uninterrupted run's weights (the limit is not
+    part of the run's identity). Continuations decoded in batches are the run's generated sequences."""
+    args = ("continuations=batched", "gen_batch=3")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train.main(tiny_args(whole, *args)) == 0
+    assert len(train.load_sequences(whole / "generated.json")) == 2
+    assert train.main(tiny_args(cut, *args, "max_minutes=1e-9")) == 0
+    assert "reached at optimizer step 1 of 4" in capsys.readouterr().err
+    summary = json.loads((cut / "draft" / "training.json").read_text())
+    assert summary["optimizer_steps"] == 1 and summary["finished"] is False
+    assert train.main(tiny_args(cut, *args)) == 0
+    a = torch.load(whole / "state.pt", weights_only=False)
+    b = torch.load(cut / "state.pt", weights_only=False)
+    for key in a["draft"]:
+        torch.testing.assert_close(a["draft"][key], b["draft"][key], rtol=0, atol=0)
+    assert json.loads((cut / "draft" / "training.json").read_text())["finished"] is True

@@ -61,7 +61,7 @@ from decoders.longspec_draft import WEIGHTS, LongSpecDraft, resolve_layer, weigh
 from training.longspec_config import Stage, TrainConfig, parse
 from training.longspec_data import build_sequences, load_sequences, save_sequences
 from training.longspec_outputs import plot_loss, write_csv
-from training.longspec_steps import evaluate, greedy_continuation, lr_at, positions_for, sequence_loss
+from training.longspec_steps import continuations, evaluate, lr_at, positions_for, sequence_loss
 from training.teacher_cache import TeacherCache
 
 
@@ -186,15 +186,15 @@ class Trainer:
         if len(generated) < n_gen:
             from tqdm import tqdm
 
-            for seq in tqdm(prompts[len(generated) :], desc="target continuations", file=sys.stderr):
-                prompt = seq[: cfg.gen_prompt]
-                generated.append(
-                    prompt
-                    + greedy_continuation(
-                        self.engine, prompt, cfg.seq_len - cfg.gen_prompt, cfg.continuations
-                    )
-                )
-                save_sequences(gen_file, generated)  # each one kept: an interrupted run loses at most one
+            per_call = cfg.gen_batch if cfg.continuations == "batched" else 1
+            bar = tqdm(total=n_gen, initial=len(generated), desc="target continuations", file=sys.stderr)
+            while len(generated) < n_gen:
+                chunk = [s[: cfg.gen_prompt] for s in prompts[len(generated) : len(generated) + per_call]]
+                new = continuations(self.engine, chunk, cfg.seq_len - cfg.gen_prompt, cfg.continuations)
+                generated += [p + c for p, c in zip(chunk, new, strict=True)]
+                save_sequences(gen_file, generated)  # kept per call: an interrupted run loses at most one
+                bar.update(len(chunk))
+            bar.close()
         self.generated = generated
 
     def schedule(self) -> list[tuple[Stage, int, list[int], int]]:
@@ -219,7 +219,10 @@ class Trainer:
 
     # --- checkpoints ----------------------------------------------------------------------------
     def _config_json(self) -> str:
-        return json.dumps(asdict(self.cfg), indent=2, sort_keys=True) + "\n"
+        """The run's identity: its config less `max_minutes` (how long one invocation may run)."""
+        config = asdict(self.cfg)
+        del config["max_minutes"]
+        return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
     def resume(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +260,7 @@ class Trainer:
         from tqdm import tqdm
 
         cfg = self.cfg
+        started = time.monotonic()
         self.resume()
         self.prepare_data()
         plan = self.schedule()
@@ -311,9 +315,20 @@ class Trainer:
                 self._evaluate(tokens_done, st.name)
             if self.step % cfg.checkpoint_every == 0 or stage_end:
                 self.save_state()
+            if (
+                cfg.max_minutes
+                and time.monotonic() - started > 60 * cfg.max_minutes
+                and self.step < len(batches)
+            ):
+                print(
+                    f"max_minutes={cfg.max_minutes:g} reached at optimizer step {self.step} of "
+                    f"{len(batches)}: state saved, draft exported; the same command continues",
+                    file=sys.stderr,
+                )
+                break
         bar.close()
         self.save_state()
-        return self.export()
+        return self.export(finished=self.step == len(batches))
 
     def _sequence_seed(self, stage: Stage, index: int, tokens: list[int]) -> str:
         if self.cfg.position_seed == "content":
@@ -328,7 +343,7 @@ class Trainer:
             file=sys.stderr,
         )
 
-    def export(self) -> Path:
+    def export(self, finished: bool = True) -> Path:
         folder = self.out / "draft"
         self.draft.config.target_model = Path(self.draft.config.target_model).name or self.cfg.model
         self.draft.save(folder, dtype=torch.bfloat16)
@@ -343,6 +358,7 @@ class Trainer:
             "data": data,
             "generated_sequences": len(self.generated),
             "optimizer_steps": self.step,
+            "finished": finished,  # False: stopped by max_minutes, the rest of the plan not yet trained
             "training_tokens": self.tokens_before + sum(r["tokens"] for r in self.log),
             "continued_from": self.init_from or None,  # init=<folder>: the draft this run started from
             "final_loss": self.log[-1]["loss"] if self.log else None,

@@ -50,12 +50,18 @@ class TrainConfig:
     max_chars_per_source: int = 2_000_000
     gen_prompt: int = 512  # held-out tokens before a generated continuation
     # how the target's greedy continuations are decoded: greedy (one row per step) | prompt_lookup (the
-    # same greedy tokens by decoders.pld, lossless; fast where the target repeats itself)
+    # same greedy tokens by decoders.pld, lossless; fast where the target repeats itself) | batched
+    # (`gen_batch` prompts per forward through the model's own code: fast on a GPU; a near-tie can
+    # resolve to the other token, as batched GEMMs round differently)
     continuations: str = "greedy"
+    gen_batch: int = 16
     validation: int = 2  # held-out sequences for validation loss and tau
     eval_every: int = 60  # optimizer steps between evaluations (and at every stage end)
     eval_new_tokens: int = 48
     checkpoint_every: int = 20  # optimizer steps between resumable checkpoints
+    # stop this invocation after the optimizer step that passes this many minutes (0: no limit): the
+    # state is saved and the draft exported; the same command continues (not part of the run's identity)
+    max_minutes: float = 0.0
     # a folder keeping the target's view of each sequence (`training.teacher_cache`): later epochs and
     # later runs over the same data skip the target forward; soft labels become the target's top-k
     teacher_cache: str = ""
@@ -146,10 +152,13 @@ def check(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.autocast not in ("none", "bf16"):
         raise HarnessError(f"training.longspec: autocast must be none or bf16, got {cfg.autocast!r}")
-    if cfg.continuations not in ("greedy", "prompt_lookup"):
+    if cfg.continuations not in ("greedy", "prompt_lookup", "batched") or cfg.gen_batch < 1:
         raise HarnessError(
-            f"training.longspec: continuations must be greedy or prompt_lookup, got {cfg.continuations!r}"
+            "training.longspec: continuations must be greedy, prompt_lookup or batched and gen_batch "
+            f">= 1, got {cfg.continuations!r}, {cfg.gen_batch}"
         )
+    if cfg.max_minutes < 0:
+        raise HarnessError(f"training.longspec: max_minutes must be >= 0, got {cfg.max_minutes}")
     if cfg.position_seed not in ("stage", "content"):
         raise HarnessError(
             f"training.longspec: position_seed must be stage or content, got {cfg.position_seed!r}"

@@ -114,6 +114,34 @@ def greedy_continuation(engine: Engine, prompt: list[int], n_new: int, method: s
     return out
 
 
+@torch.no_grad()
+def batched_continuations(engine: Engine, prompts: list[list[int]], n_new: int) -> list[list[int]]:
+    """The target's greedy continuations of equal-length `prompts`, decoded together: one forward of the
+    model's own (transformers) code per step for all of them, with its KV cache. Batched GEMMs round
+    differently from one-row ones, so where the top two logits nearly tie a token can differ from
+    `greedy_continuation`'s; these are training text, never a decoder's output."""
+    from transformers import DynamicCache
+
+    if len({len(p) for p in prompts}) > 1:
+        raise ValueError("batched_continuations needs prompts of one length (no padding)")
+    ids = torch.tensor(prompts, dtype=torch.long, device=engine.device)
+    cache = DynamicCache()
+    logits = engine.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    out = [logits[:, -1].argmax(-1)]
+    while len(out) < n_new:
+        step = engine.model(out[-1][:, None], past_key_values=cache, use_cache=True).logits
+        out.append(step[:, -1].argmax(-1))
+    return torch.stack(out, dim=1).tolist()
+
+
+def continuations(engine: Engine, prompts: list[list[int]], n_new: int, method: str) -> list[list[int]]:
+    """`n_new` greedy tokens after each prompt: `batched` decodes the prompts together, `greedy` and
+    `prompt_lookup` one after another (`greedy_continuation`)."""
+    if method == "batched":
+        return batched_continuations(engine, prompts, n_new)
+    return [greedy_continuation(engine, p, n_new, method) for p in prompts]
+
+
 def lr_at(step_in_stage: int, steps_in_stage: int, peak: float, warmup: int) -> float:
     if step_in_stage < warmup:
         return peak * (step_in_stage + 1) / warmup
