@@ -29,6 +29,9 @@ renormalised. With `position_seed=content` a sequence's anchor offset
 follows from its tokens, so a later run over the same text, whatever its stages, hits the cache.
 `autocast=bf16` runs the draft's forward and backward in bfloat16 autocast (fast where
 the CPU has avx512_bf16 or AMX, and on CUDA); the weights and the optimizer stay float32.
+`continuations=batched` decodes `gen_batch` continuations per forward (the GPU's way; faster on a CPU
+too, `benchmarks.bench_longspec_continuations`). `max_minutes` bounds one invocation (a lease, a session):
+it stops after the optimizer step past the limit, saves and exports, and the same command continues.
 
 The configuration and its checks live in `training.longspec_config`, the pieces of one step
 (positions, the target's view, the loss, continuations, validation) in `training.longspec_steps`.
@@ -192,7 +195,7 @@ class Trainer:
                 chunk = [s[: cfg.gen_prompt] for s in prompts[len(generated) : len(generated) + per_call]]
                 new = continuations(self.engine, chunk, cfg.seq_len - cfg.gen_prompt, cfg.continuations)
                 generated += [p + c for p, c in zip(chunk, new, strict=True)]
-                save_sequences(gen_file, generated)  # kept per call: an interrupted run loses at most one
+                save_sequences(gen_file, generated)  # kept per call: an interruption loses one call's at most
                 bar.update(len(chunk))
             bar.close()
         self.generated = generated
