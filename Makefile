@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-slow test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-slice8 paper-runs-qwen paper-runs-qwen15 train-longspec
+.PHONY: demo test test-slow test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-slice8 paper-runs-qwen paper-runs-qwen15 train-longspec train-longspec-next
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -47,6 +47,14 @@ LONGSPEC_SELF2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_ever
 LONGSPEC_SELF3 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
   continuations=prompt_lookup "stages=[{name: selfdistill_3, sequences: 960, generated: 800, labels: soft, lr: 3e-4, epochs: 3}]"
 LONGSPEC_LAST := outputs/longspec_train_selfdistill_3
+# The next run on top of the shipped draft (not shipped yet): self-distillation on 320 continuations of
+# fresh text (HotpotQA rows no earlier run read; decoded 32 per forward, committed in
+# checkpoints/longspec/continuations/ so a fresh machine skips the ~35 min of decoding them) beside 480
+# data sequences, three passes (~2.4M tokens; ~55 min on 2 cores, resumable, `max_minutes` for slices)
+LONGSPEC_NEXT := outputs/longspec_train_selfdistill_4
+LONGSPEC_SELF4 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
+  continuations=batched gen_batch=32 "extra_sources=[hotpotqa_more]" \
+  "stages=[{name: selfdistill_4, sequences: 800, generated: 320, labels: soft, lr: 3e-4, epochs: 3}]"
 # a run's continuations start as a copy of the previous run's (the trainer checks they continue its prompts)
 reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1)/generated.json $(2)/; }
 train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 5.5 hours in six runs; rerun resumes) and ship it
@@ -71,6 +79,11 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	cp outputs/longspec_train_selfdistill/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
 	cp outputs/longspec_train_selfdistill_2/config.json $(LONGSPEC_DRAFT)/train_config_continued_4.json
 	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_5.json
+
+train-longspec-next:  ## the next training run on top of the shipped draft into outputs/ (EXTRA=max_minutes=M bounds it)
+	mkdir -p $(LONGSPEC_NEXT)
+	[ -e $(LONGSPEC_NEXT)/generated.json ] || cp checkpoints/longspec/continuations/selfdistill_4.json $(LONGSPEC_NEXT)/generated.json
+	$(PY) -m training.longspec out=$(LONGSPEC_NEXT) threads=2 init=$(LONGSPEC_DRAFT) $(LONGSPEC_SELF4) $(EXTRA)
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper
