@@ -47,7 +47,8 @@ LONGSPEC_SELF2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_ever
 LONGSPEC_SELF3 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
   continuations=prompt_lookup "stages=[{name: selfdistill_3, sequences: 960, generated: 800, labels: soft, lr: 3e-4, epochs: 3}]"
 LONGSPEC_LAST := outputs/longspec_train_selfdistill_3
-# The next run on top of the shipped draft (not shipped yet): self-distillation on 320 continuations of
+# The next run on top of the shipped draft (measured below it on the essay prompts, not shipped; see the
+# README): self-distillation on 320 continuations of
 # fresh text (HotpotQA rows no earlier run read; decoded 32 per forward, committed in
 # checkpoints/longspec/continuations/ so a fresh machine skips the ~35 min of decoding them) beside 480
 # data sequences, three passes (~2.4M tokens; ~55 min on 2 cores, resumable, `max_minutes` for slices)
