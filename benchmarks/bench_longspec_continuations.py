@@ -21,6 +21,7 @@ import torch
 
 from core.engine import Engine
 from core.models import load_model
+from runners.timing import synchronize
 from training.longspec_config import TrainConfig
 from training.longspec_data import build_sequences
 from training.longspec_steps import continuations
@@ -39,14 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def timed(engine: Engine, prompts: list[list[int]], new: int, method: str, per_call: int):
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(engine.device)
     start = time.perf_counter()
     out = []
     for i in range(0, len(prompts), per_call):
         out += continuations(engine, prompts[i : i + per_call], new, method)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(engine.device)
     return out, time.perf_counter() - start
 
 
