@@ -46,19 +46,26 @@ LONGSPEC_SELF2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_ever
   continuations=prompt_lookup "stages=[{name: selfdistill_more, sequences: 960, generated: 640, labels: soft, lr: 3e-4, epochs: 3}]"
 LONGSPEC_SELF3 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
   continuations=prompt_lookup "stages=[{name: selfdistill_3, sequences: 960, generated: 800, labels: soft, lr: 3e-4, epochs: 3}]"
-LONGSPEC_LAST := outputs/longspec_train_selfdistill_3
-# The next run on top of the shipped draft (measured below it on the essay prompts, not shipped; see the
-# README): self-distillation on 320 continuations of
-# fresh text (HotpotQA rows no earlier run read; decoded 32 per forward, committed in
-# checkpoints/longspec/continuations/ so a fresh machine skips the ~35 min of decoding them) beside 480
-# data sequences, three passes (~2.4M tokens; ~55 min on 2 cores, resumable, `max_minutes` for slices)
-LONGSPEC_NEXT := outputs/longspec_train_selfdistill_4
-LONGSPEC_SELF4 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=200 position_seed=content \
-  continuations=batched gen_batch=32 "extra_sources=[hotpotqa_more]" \
-  "stages=[{name: selfdistill_4, sequences: 800, generated: 320, labels: soft, lr: 3e-4, epochs: 3}]"
+LONGSPEC_SELF3_OUT := outputs/longspec_train_selfdistill_3
+# Run 7: self-distillation on the essays alone (in-domain for the PG-19 stand-in prompts, whose windows
+# come from the essays before `ESSAYS_HELD_OUT`): 192 of the target's continuations of essay text cut at
+# a new place (384 held-out tokens, then 640 it generates; decoded 64 per forward, committed in
+# checkpoints/longspec/continuations/ since they take ~29 min to decode here) beside 96 essay sequences,
+# three passes at peak LR 1e-4 (~0.9M tokens, ~23 min of training). The shipped run continued
+# checkpoints/longspec/smollm2-135m as it was then: run 6's draft (weights digest 39dd15b24f).
+LONGSPEC_ESSAYS := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=100 position_seed=content \
+  continuations=batched gen_batch=64 gen_prompt=384 "sources=[essays]" \
+  "stages=[{name: selfdistill_essays, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
+LONGSPEC_LAST := outputs/longspec_train_essays
+# The next run on top of the shipped draft (not measured yet): run 7's recipe once more, its continuations
+# cut at yet another place (256 held-out tokens, then 768 generated), so the target's text is new again
+LONGSPEC_NEXT := outputs/longspec_train_essays_2
+LONGSPEC_ESSAYS2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=100 position_seed=content \
+  continuations=batched gen_batch=64 gen_prompt=256 "sources=[essays]" \
+  "stages=[{name: selfdistill_essays_2, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
 # a run's continuations start as a copy of the previous run's (the trainer checks they continue its prompts)
 reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1)/generated.json $(2)/; }
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 5.5 hours in six runs; rerun resumes) and ship it
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 6.5 hours in seven runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
 	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
@@ -69,9 +76,12 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	$(call reuse_continuations,outputs/longspec_train_selfdistill,outputs/longspec_train_selfdistill_2)
 	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill_2 threads=2 \
 	  init=outputs/longspec_train_selfdistill/draft $(LONGSPEC_SELF2)
-	$(call reuse_continuations,outputs/longspec_train_selfdistill_2,$(LONGSPEC_LAST))
-	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=outputs/longspec_train_selfdistill_2/draft \
+	$(call reuse_continuations,outputs/longspec_train_selfdistill_2,$(LONGSPEC_SELF3_OUT))
+	$(PY) -m training.longspec out=$(LONGSPEC_SELF3_OUT) threads=2 init=outputs/longspec_train_selfdistill_2/draft \
 	  $(LONGSPEC_SELF3)
+	mkdir -p $(LONGSPEC_LAST)
+	[ -e $(LONGSPEC_LAST)/generated.json ] || cp checkpoints/longspec/continuations/essays_1.json $(LONGSPEC_LAST)/generated.json
+	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=$(LONGSPEC_SELF3_OUT)/draft $(LONGSPEC_ESSAYS)
 	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r $(LONGSPEC_LAST)/draft $(LONGSPEC_DRAFT)
 	cp $(LONGSPEC_LAST)/log.csv $(LONGSPEC_LAST)/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
@@ -79,12 +89,11 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	cp outputs/longspec_train_cached/config.json $(LONGSPEC_DRAFT)/train_config_continued_2.json
 	cp outputs/longspec_train_selfdistill/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
 	cp outputs/longspec_train_selfdistill_2/config.json $(LONGSPEC_DRAFT)/train_config_continued_4.json
-	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_5.json
+	cp $(LONGSPEC_SELF3_OUT)/config.json $(LONGSPEC_DRAFT)/train_config_continued_5.json
+	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_6.json
 
 train-longspec-next:  ## the next training run on top of the shipped draft into outputs/ (EXTRA=max_minutes=M bounds it)
-	mkdir -p $(LONGSPEC_NEXT)
-	[ -e $(LONGSPEC_NEXT)/generated.json ] || cp checkpoints/longspec/continuations/selfdistill_4.json $(LONGSPEC_NEXT)/generated.json
-	$(PY) -m training.longspec out=$(LONGSPEC_NEXT) threads=2 init=$(LONGSPEC_DRAFT) $(LONGSPEC_SELF4) $(EXTRA)
+	$(PY) -m training.longspec out=$(LONGSPEC_NEXT) threads=2 init=$(LONGSPEC_DRAFT) $(LONGSPEC_ESSAYS2) $(EXTRA)
 
 paper:           ## results/paper/REPORT.md (+ figures) from the committed records: no model, no network
 	$(PY) -m analysis.paper
