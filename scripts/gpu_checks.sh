@@ -99,13 +99,13 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-train_stage() {  # `make train-longspec`'s last run again from the shipped draft, longer (the runs on the default
-  # sources raised tau on the essay prompts; a run on fresh HotpotQA text lowered it: README)
+train_stage() {  # `make train-longspec`'s last run (self-distillation on essay text, which raised tau on the essay
+  # prompts where fresh HotpotQA text lowered it: README) again from the shipped draft, on twice the continuations
   "$PY" -m benchmarks.bench_longspec_continuations --device cuda --prompts 64 --new 64 --gen-batch 64 || true
   "$PY" -m training.longspec out="$out/longspec_train" init="${GPU_LONGSPEC_INIT:-checkpoints/longspec/smollm2-135m}" \
-    continuations=batched gen_batch="${GPU_TRAIN_GEN_BATCH:-256}" autocast=bf16 position_seed=content \
-    eval_every=500 checkpoint_every=200 max_minutes="${GPU_TRAIN_MIN:-6}" \
-    "stages=[{name: selfdistill_gpu, sequences: 1120, generated: 800, labels: soft, lr: 3e-4, epochs: 6}]"
+    continuations=batched gen_batch="${GPU_TRAIN_GEN_BATCH:-128}" gen_prompt=256 "sources=[essays]" autocast=bf16 \
+    position_seed=content eval_every=200 checkpoint_every=100 max_minutes="${GPU_TRAIN_MIN:-6}" \
+    "stages=[{name: selfdistill_essays_gpu, sequences: 428, generated: 384, labels: soft, lr: 1e-4, epochs: 3}]"
 }
 
 export -f env_stage test_stage smollm_stage bench_stage sweep_stage train_stage
