@@ -53,18 +53,19 @@ LONGSPEC_SELF3_OUT := outputs/longspec_train_selfdistill_3
 # checkpoints/longspec/continuations/ since they take ~29 min to decode here) beside 96 essay sequences,
 # three passes at peak LR 1e-4 (~0.9M tokens, ~23 min of training). The shipped run continued
 # checkpoints/longspec/smollm2-135m as it was then: run 6's draft (weights digest 39dd15b24f).
-LONGSPEC_ESSAYS := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=100 position_seed=content \
-  continuations=batched gen_batch=64 gen_prompt=384 "sources=[essays]" \
+LONGSPEC_ESSAY_RUN := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=100 position_seed=content \
+  continuations=batched gen_batch=64 "sources=[essays]"
+LONGSPEC_ESSAYS := $(LONGSPEC_ESSAY_RUN) gen_prompt=384 \
   "stages=[{name: selfdistill_essays, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
 LONGSPEC_LAST := outputs/longspec_train_essays
 # The next run on top of the shipped draft (not measured yet): run 7's recipe once more, its continuations
 # cut at yet another place (256 held-out tokens, then 768 generated), so the target's text is new again
 LONGSPEC_NEXT := outputs/longspec_train_essays_2
-LONGSPEC_ESSAYS2 := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_every=100 position_seed=content \
-  continuations=batched gen_batch=64 gen_prompt=256 "sources=[essays]" \
+LONGSPEC_ESSAYS2 := $(LONGSPEC_ESSAY_RUN) gen_prompt=256 \
   "stages=[{name: selfdistill_essays_2, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
-# a run's continuations start as a copy of the previous run's (the trainer checks they continue its prompts)
-reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1)/generated.json $(2)/; }
+# a run's continuations start as a copy of file $(1), the previous run's or a committed one (the trainer
+# checks they continue its prompts)
+reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1) $(2)/generated.json; }
 train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 6.5 hours in seven runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
@@ -73,14 +74,13 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	  $(LONGSPEC_CACHED)
 	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill threads=2 init=outputs/longspec_train_cached/draft \
 	  $(LONGSPEC_SELF)
-	$(call reuse_continuations,outputs/longspec_train_selfdistill,outputs/longspec_train_selfdistill_2)
+	$(call reuse_continuations,outputs/longspec_train_selfdistill/generated.json,outputs/longspec_train_selfdistill_2)
 	$(PY) -m training.longspec out=outputs/longspec_train_selfdistill_2 threads=2 \
 	  init=outputs/longspec_train_selfdistill/draft $(LONGSPEC_SELF2)
-	$(call reuse_continuations,outputs/longspec_train_selfdistill_2,$(LONGSPEC_SELF3_OUT))
+	$(call reuse_continuations,outputs/longspec_train_selfdistill_2/generated.json,$(LONGSPEC_SELF3_OUT))
 	$(PY) -m training.longspec out=$(LONGSPEC_SELF3_OUT) threads=2 init=outputs/longspec_train_selfdistill_2/draft \
 	  $(LONGSPEC_SELF3)
-	mkdir -p $(LONGSPEC_LAST)
-	[ -e $(LONGSPEC_LAST)/generated.json ] || cp checkpoints/longspec/continuations/essays_1.json $(LONGSPEC_LAST)/generated.json
+	$(call reuse_continuations,checkpoints/longspec/continuations/essays_1.json,$(LONGSPEC_LAST))
 	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=$(LONGSPEC_SELF3_OUT)/draft $(LONGSPEC_ESSAYS)
 	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r $(LONGSPEC_LAST)/draft $(LONGSPEC_DRAFT)
 	cp $(LONGSPEC_LAST)/log.csv $(LONGSPEC_LAST)/eval.csv $(LONGSPEC_DRAFT)/
