@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import fafo_paper as fafo
+from analysis import longspec_figure4 as longspec_fig4
 from analysis import longspec_paper as longspec
 from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
@@ -207,9 +208,6 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
     ("TriForce", "Table 6", "LWM-Text 256K/512K: models far beyond the embedded model's 8k context"),
     ("SFI", "Tables 1-3, 5", "vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 models "
      "(Figure 4's trend is reproduced in shape above)"),
-    ("LongSpec", "Figure 4", "training loss with and without Anchor-Offset on long data at 7B scale; the "
-     "training curves of our two drafts (with and without it; 1k-token sequences, CPU budget) are in "
-     "checkpoints/longspec/smollm2-135m/loss.png and checkpoints/longspec/ablations/*/loss.png"),
     ("LongSpec", "Tables 3-4, Figures 3, 5-7", "EAGLE baseline, latency breakdown, T=1 speedups, QwQ-32B on "
      "AIME24, batch sizes: GPU kernels, 7B-32B targets and their released drafts (decoder.checkpoint="
      "sail/longspec-* loads them for users with the hub)"),
@@ -328,6 +326,20 @@ def block_auto_section(samples: pd.DataFrame) -> list[str]:
     return parts
 
 
+def longspec_figure4_section(out: Path, folder: Path = longspec_fig4.FOLDER) -> list[str]:
+    """LongSpec Figure 4 from its two training runs (`make longspec-figure4`), not from run records."""
+    parts = ["### LongSpec Figure 4", ""]
+    png = out / "figures" / "longspec_figure4.png"
+    try:
+        table = longspec_fig4.figure4(folder, png)
+    except AnalysisError as exc:
+        return parts + [f"Not made from these runs: {exc}", ""]
+    if table.empty:
+        return parts + ["No runs yet: `make longspec-figure4`.", ""]
+    rel = png.relative_to(out).as_posix()
+    return parts + [table.attrs["caption"], "", markdown(table), "", f"![LongSpec Figure 4]({rel})", ""]
+
+
 def figure_folder(out: Path, setup_label: str) -> Path:
     """Where the figures of one setup go: `out/figures/<setup label as a file name>` (named by what
     sets the setup apart, so a new setup in the records does not rename the others' folders)."""
@@ -386,6 +398,7 @@ def build_report(root: Path, out: Path) -> str:
             parts += [f"Not made from these records: {why}", ""]
         if not made and not refused:
             parts += [f"No runs yet: `{command}`.", ""]
+    parts += longspec_figure4_section(out)  # LongSpec is REPRODUCED's last paper: its section goes on
     if len(samples):
         parts += block_auto_section(samples)
     parts += cost_section(root)
