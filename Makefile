@@ -57,16 +57,22 @@ LONGSPEC_ESSAY_RUN := teacher_cache=outputs/longspec_teacher autocast=bf16 eval_
   continuations=batched gen_batch=64 "sources=[essays]"
 LONGSPEC_ESSAYS := $(LONGSPEC_ESSAY_RUN) gen_prompt=384 \
   "stages=[{name: selfdistill_essays, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
-LONGSPEC_LAST := outputs/longspec_train_essays
-# The next run on top of the shipped draft (not measured yet): run 7's recipe once more, its continuations
-# cut at yet another place (256 held-out tokens, then 768 generated), so the target's text is new again
-LONGSPEC_NEXT := outputs/longspec_train_essays_2
+LONGSPEC_ESSAYS_OUT := outputs/longspec_train_essays
+# Run 8: run 7's recipe once more on top of its draft, the continuations cut at yet another place (256
+# held-out tokens, then 768 generated; committed too, ~29 min to decode here), so the target's text is new
+# again (~0.9M tokens, ~20 min of training). The shipped run continued run 7's draft (digest aa6134a4a2).
 LONGSPEC_ESSAYS2 := $(LONGSPEC_ESSAY_RUN) gen_prompt=256 \
   "stages=[{name: selfdistill_essays_2, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
+LONGSPEC_LAST := outputs/longspec_train_essays_2
+# The next run on top of the shipped draft (not measured yet): the same recipe, the continuations cut at
+# 128 held-out tokens (then 896 generated)
+LONGSPEC_NEXT := outputs/longspec_train_essays_3
+LONGSPEC_ESSAYS3 := $(LONGSPEC_ESSAY_RUN) gen_prompt=128 \
+  "stages=[{name: selfdistill_essays_3, sequences: 288, generated: 192, labels: soft, lr: 1e-4, epochs: 3}]"
 # a run's continuations start as a copy of file $(1), the previous run's or a committed one (the trainer
 # checks they continue its prompts)
 reuse_continuations = mkdir -p $(2) && { [ -e $(2)/generated.json ] || cp $(1) $(2)/generated.json; }
-train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 6.5 hours in seven runs; rerun resumes) and ship it
+train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about 7.5 hours in eight runs; rerun resumes) and ship it
 	scripts/install.sh
 	$(PY) -m training.longspec out=outputs/longspec_train threads=2
 	$(PY) -m training.longspec out=outputs/longspec_train_more threads=2 init=outputs/longspec_train/draft $(LONGSPEC_MORE)
@@ -80,8 +86,10 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	$(call reuse_continuations,outputs/longspec_train_selfdistill_2/generated.json,$(LONGSPEC_SELF3_OUT))
 	$(PY) -m training.longspec out=$(LONGSPEC_SELF3_OUT) threads=2 init=outputs/longspec_train_selfdistill_2/draft \
 	  $(LONGSPEC_SELF3)
-	$(call reuse_continuations,checkpoints/longspec/continuations/essays_1.json,$(LONGSPEC_LAST))
-	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=$(LONGSPEC_SELF3_OUT)/draft $(LONGSPEC_ESSAYS)
+	$(call reuse_continuations,checkpoints/longspec/continuations/essays_1.json,$(LONGSPEC_ESSAYS_OUT))
+	$(PY) -m training.longspec out=$(LONGSPEC_ESSAYS_OUT) threads=2 init=$(LONGSPEC_SELF3_OUT)/draft $(LONGSPEC_ESSAYS)
+	$(call reuse_continuations,checkpoints/longspec/continuations/essays_2.json,$(LONGSPEC_LAST))
+	$(PY) -m training.longspec out=$(LONGSPEC_LAST) threads=2 init=$(LONGSPEC_ESSAYS_OUT)/draft $(LONGSPEC_ESSAYS2)
 	rm -rf $(LONGSPEC_DRAFT) && mkdir -p $(dir $(LONGSPEC_DRAFT)) && cp -r $(LONGSPEC_LAST)/draft $(LONGSPEC_DRAFT)
 	cp $(LONGSPEC_LAST)/log.csv $(LONGSPEC_LAST)/eval.csv $(LONGSPEC_DRAFT)/
 	cp outputs/longspec_train/config.json $(LONGSPEC_DRAFT)/train_config.json
@@ -90,10 +98,11 @@ train-longspec:  ## train the embedded model's LongSpec draft (2-core CPU: about
 	cp outputs/longspec_train_selfdistill/config.json $(LONGSPEC_DRAFT)/train_config_continued_3.json
 	cp outputs/longspec_train_selfdistill_2/config.json $(LONGSPEC_DRAFT)/train_config_continued_4.json
 	cp $(LONGSPEC_SELF3_OUT)/config.json $(LONGSPEC_DRAFT)/train_config_continued_5.json
-	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_6.json
+	cp $(LONGSPEC_ESSAYS_OUT)/config.json $(LONGSPEC_DRAFT)/train_config_continued_6.json
+	cp $(LONGSPEC_LAST)/config.json $(LONGSPEC_DRAFT)/train_config_continued_7.json
 
 train-longspec-next:  ## the next training run on top of the shipped draft into outputs/ (EXTRA=max_minutes=M bounds it)
-	$(PY) -m training.longspec out=$(LONGSPEC_NEXT) threads=2 init=$(LONGSPEC_DRAFT) $(LONGSPEC_ESSAYS2) $(EXTRA)
+	$(PY) -m training.longspec out=$(LONGSPEC_NEXT) threads=2 init=$(LONGSPEC_DRAFT) $(LONGSPEC_ESSAYS3) $(EXTRA)
 
 # LongSpec Figure 4 at our scale: the Anchor-Offset ablation pair (1024-token pretraining with and without
 # it) trained alike on 4096-token essay sequences with plain positions; the target's view of each sequence
