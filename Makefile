@@ -107,8 +107,8 @@ train-longspec-next:  ## the next training run on top of the shipped draft into 
 # LongSpec Figure 4 at our scale: the Anchor-Offset ablation pair (1024-token pretraining with and without
 # it) trained alike on 4096-token essay sequences with plain positions; the target's view of each sequence
 # is cached, so the second run skips its forwards
-LONGSPEC_FIG4 := threads=2 seq_len=4096 "sources=[essays]" teacher_cache=outputs/longspec_teacher eval_every=4 \
-  "stages=[{name: long_data, sequences: 64, labels: data, positions: vanilla, lr: 5e-4}]"
+LONGSPEC_FIG4 := threads=2 seq_len=4096 "sources=[essays]" teacher_cache=outputs/longspec_teacher eval_every=5 \
+  "stages=[{name: long_data, sequences: 40, labels: data, positions: vanilla, lr: 5e-4}]"
 LONGSPEC_FIG4_RUNS := results/paper/training/longspec_figure4
 longspec-figure4:  ## LongSpec Figure 4 (loss on long data with and without Anchor-Offset): two training runs, their logs committed
 	for v in anchor-offset no-anchor-offset; do \
