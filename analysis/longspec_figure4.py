@@ -72,7 +72,7 @@ def _shared_config(summaries: dict[str, dict]) -> dict:
     configs = {
         v: {k: x for k, x in s["config"].items() if k not in RUN_SPECIFIC} for v, s in summaries.items()
     }
-    first, *rest = configs.values()
+    first = next(iter(configs.values()))
     for v, cfg in configs.items():
         differ = sorted(k for k in first.keys() | cfg.keys() if first.get(k) != cfg.get(k))
         if differ:
@@ -115,10 +115,10 @@ def figure4(folder: Path = FOLDER, png: Path | None = None) -> pd.DataFrame:
         f"trained on {stage['sequences']} sequences of {cfg['seq_len']} tokens of {sources} "
         f"with plain positions ({stage['labels']} labels, peak LR {stage['lr']:g}, batch {cfg['batch']}, "
         f"lag in [1, {cfg['max_lag']}]; the same sequences, order and lags). loss_first/loss_last: the "
-        f"training loss, mean of the first/last {SMOOTH} steps; val_loss: the {cfg['validation']} held-out "
-        f"long sequences before and after; steps_to_same_loss: how many times fewer steps the Anchor-Offset "
-        f"draft needs to first reach the loss both reach (below 1: it needs more). Paper: 7B drafts, "
-        f"SlimPajama then Prolong-64k, {PAPER_SPEEDUP}x."
+        f"training loss, mean of the first/last {SMOOTH} steps; val_loss: the run's "
+        f"{cfg['validation']} validation long sequences before and after; steps_to_same_loss: how many "
+        f"times fewer steps the Anchor-Offset draft needs to first reach the loss both reach (below 1: it "
+        f"needs more). Paper: 7B drafts, SlimPajama then Prolong-64k, {PAPER_SPEEDUP}x."
     )
     if png is not None:
         plot(loss, png)
