@@ -35,16 +35,16 @@ def smoothed(loss: pd.Series, window: int = SMOOTH) -> pd.Series:
 
 
 def first_step_at(curve: pd.Series, level: float) -> int | None:
-    """The first optimizer step (1-based) whose smoothed loss is at or below `level`."""
-    hit = curve[curve <= level]
-    return int(hit.index[0]) + 1 if len(hit) else None
+    """The first optimizer step (1-based, by position) whose smoothed loss is at or below `level`."""
+    hits = (curve.to_numpy() <= level).nonzero()[0]
+    return int(hits[0]) + 1 if len(hits) else None
 
 
 def steps_to_same_loss(anchor: pd.Series, plain: pd.Series) -> float:
     """How many times fewer steps the Anchor-Offset curve needs than the plain one to first reach the
     loss level both reach (the higher of their final smoothed losses): > 1 when Anchor-Offset gets
     there first (the paper's 3.93x), < 1 when it gets there later."""
-    a, p = smoothed(anchor.reset_index(drop=True)), smoothed(plain.reset_index(drop=True))
+    a, p = smoothed(anchor), smoothed(plain)
     if a.dropna().empty or p.dropna().empty:
         raise AnalysisError(f"LongSpec Figure 4: fewer than {SMOOTH} steps per run")
     level = max(a.iloc[-1], p.iloc[-1])
@@ -96,7 +96,7 @@ def figure4(folder: Path = FOLDER, png: Path | None = None) -> pd.DataFrame:
     rows = []
     for v, (log, summary) in runs.items():
         evals, init = own_evals(summary), summary.get("continued_from") or {}
-        curve = smoothed(log["loss"].reset_index(drop=True))
+        curve = smoothed(log["loss"])
         rows.append(
             {"pretrained": v, "init_tokens": init.get("training_tokens"),
              "init_digest": str(init.get("weights_digest", ""))[:10], "steps": len(log),
@@ -134,7 +134,7 @@ def plot(loss: dict[str, pd.Series], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for v, series in loss.items():
         steps = range(1, len(series) + 1)
-        line = ax.plot(steps, smoothed(series.reset_index(drop=True)), label=f"pretrained {v}")[0]
+        line = ax.plot(steps, smoothed(series), label=f"pretrained {v}")[0]
         ax.plot(steps, series, color=line.get_color(), alpha=0.25, linewidth=0.8)
     ax.set_xlabel("optimizer step on long sequences")
     ax.set_ylabel(f"training loss (faint: per step; line: mean of {SMOOTH})")
