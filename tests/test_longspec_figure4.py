@@ -53,6 +53,14 @@ def test_steps_to_same_loss_both_ways():
     assert fig4.steps_to_same_loss(slow, slow) == 1
 
 
+def test_paired_gap_pairs_the_same_steps():
+    plain = pd.Series([5.0, 5.4, 4.8, 5.2])
+    anchor = plain - pd.Series([0.02, 0.01, -0.01, 0.02])  # lower at three of the four batches
+    gap, lower = fig4.paired_gap(anchor, plain)
+    assert gap == pytest.approx(0.01) and lower == 3
+    assert fig4.paired_gap(plain, plain) == (0.0, 0)
+
+
 def test_first_step_at_is_one_based_on_the_smoothed_curve():
     curve = fig4.smoothed(pd.Series([4.0, 4.0, 4.0, 4.0, 0.0]))
     assert fig4.first_step_at(curve, 4.0) == 4  # defined from the 4th step on
@@ -72,6 +80,7 @@ def test_figure4_table_and_plot(tmp_path):
     assert anchor["val_loss_start"] == 6.0  # this run's own start, not the continued draft's
     assert anchor["loss_last"] == pytest.approx(sum(descending(6.0, 0.2)[-4:]) / 4, abs=1e-3)
     assert anchor["tokens"] == 1200 and anchor["init_digest"] == "abcdef0123"
+    assert anchor["steps_lower"] == "11/12" and anchor["paired_loss_gap"] == pytest.approx(0.55, abs=1e-3)
     assert "4096 tokens of essays" in table.attrs["caption"]
     assert png.stat().st_size > 0
 
