@@ -220,6 +220,22 @@ class LongSpecDraft(torch.nn.Module):
                 getattr(draft, name).weight.copy_(weight)
         return draft
 
+    def retarget(self, layer: int) -> None:
+        """Read target layer `layer` from now on (ours: a trained draft moved to another layer). The
+        cross-attention (its norm, query and output projections) starts over as a copy of that layer's
+        attention, whose cached keys/values it will read; the rest of the block is kept."""
+        c, w = self.config, self.engine.w
+        layer = resolve_layer(layer, w.n_layers)
+        source, q_size = w.layers[layer], c.n_heads * c.head_dim
+        with torch.no_grad():
+            self.cross_norm.weight.copy_(source.ln1.weight)
+            self.cross_q_proj.weight.copy_(source.wqkv[:q_size])
+            self.cross_o_proj.weight.copy_(source.wo)
+            if self.cross_q_proj.bias is not None:
+                bias = source.bqkv[:q_size] if source.bqkv is not None else 0.0
+                self.cross_q_proj.bias.copy_(torch.as_tensor(bias).expand(q_size))
+        c.target_layer = self.target_layer = layer
+
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         """Write the block's weights (in `dtype`, default their own) and its config to folder `path`."""
 

@@ -140,6 +140,25 @@ def test_continue_from_a_saved_draft(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "set them to the draft's" in err
     assert not (tmp_path / "other").exists()
+    assert train.main(tiny_args(tmp_path / "other", f"init={first / 'draft'}", "target_layer=0")) == 2
+    assert "retarget=true" in capsys.readouterr().err and not (tmp_path / "other").exists()
+
+
+def test_retarget_moves_a_draft_to_another_layer(tmp_path, tiny_lm):
+    """retarget=true: the continued draft reads target_layer, its cross-attention a copy of that layer's
+    attention, the rest of its block as saved; the run records the layer it read before."""
+    first = tmp_path / "first"
+    LongSpecDraft.init_for(Engine(tiny_lm.model), target_layer=-1, window=512, seed=2).save(first)
+    args = tiny_args(tmp_path / "moved", f"init={first}", "target_layer=0", "retarget=true")
+    trainer = train.Trainer(train.parse(args))
+    start, moved = LongSpecDraft.load(first, trainer.engine), trainer.draft
+    attn = trainer.engine.model.model.layers[0].self_attn
+    assert moved.target_layer == moved.config.target_layer == 0 != start.target_layer
+    assert torch.equal(moved.cross_q_proj.weight, attn.q_proj.weight)
+    assert torch.equal(moved.cross_o_proj.weight, attn.o_proj.weight)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj", "self_norm", "final_norm"):
+        assert torch.equal(getattr(moved, name).weight, getattr(start, name).weight)
+    assert trainer.init_from["target_layer"] == start.target_layer
 
 
 def test_overrides():
@@ -161,6 +180,8 @@ def test_bad_input(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: training.longspec: bad override")
     assert train.main([f"out={tmp_path / 'a'}", "init=zeros"]) == 2
     assert "init must be layer, random or a draft folder" in capsys.readouterr().err
+    assert train.main([f"out={tmp_path / 'a'}", "retarget=true"]) == 2
+    assert "retarget=true moves a trained draft" in capsys.readouterr().err
     for bad in (["batch=abc"], ["stages.0.positions"], ["stages.0.labels=guess"]):
         assert train.main([f"out={tmp_path / 'a'}", *bad]) == 2
         err = capsys.readouterr().err

@@ -132,11 +132,14 @@ class Trainer:
         cfg = self.cfg
         draft = LongSpecDraft.load(folder, self.engine)
         layer = resolve_layer(cfg.target_layer, self.engine.w.n_layers)
+        read_before = draft.target_layer
+        if cfg.retarget and read_before != layer:
+            draft.retarget(layer)
         if draft.target_layer != layer or draft.window != cfg.window:
             raise HarnessError(
                 f"training.longspec: the draft at {folder} reads target layer {draft.target_layer} with "
                 f"window {draft.window}; this run has target_layer={cfg.target_layer} ({layer}), "
-                f"window={cfg.window}: set them to the draft's"
+                f"window={cfg.window}: set them to the draft's (or retarget=true to move it to the layer)"
             )
         summary = folder / "training.json"
         saved = json.loads(summary.read_text()) if summary.is_file() else {}
@@ -146,6 +149,7 @@ class Trainer:
             "folder": folder.as_posix(),
             "weights_digest": weights_digest(folder / WEIGHTS),
             "training_tokens": self.tokens_before,
+            "target_layer": read_before,
         }
         return draft
 

@@ -36,6 +36,9 @@ class TrainConfig:
     # random: normal(0, 0.02) | layer: the block starts as a copy of the target's last layer | a draft
     # folder (`LongSpecDraft.save`, e.g. checkpoints/longspec/smollm2-135m): continue training that draft
     init: str = "random"
+    # with init=<draft folder> reading another layer than target_layer: move it to target_layer, its
+    # cross-attention started over from that layer's attention (`LongSpecDraft.retarget`; ours)
+    retarget: bool = False
     seq_len: int = 1024
     anchors: int = 4  # anchored positions at the start of each sequence (paper: 4)
     max_offset: int = -1  # anchor offset o in [0, max_offset]; -1: the target's context - seq_len
@@ -126,6 +129,8 @@ def check(cfg: TrainConfig) -> TrainConfig:
             f"training.longspec: init must be layer, random or a draft folder (with config.json), "
             f"got {cfg.init!r}"
         )
+    if cfg.retarget and cfg.init in ("layer", "random"):
+        raise HarnessError("training.longspec: retarget=true moves a trained draft: set init=<draft folder>")
     if cfg.seq_len < cfg.anchors + cfg.max_lag + 2 or cfg.batch < 1 or cfg.max_lag < 1:
         raise HarnessError(
             "training.longspec: need batch >= 1, max_lag >= 1, seq_len >= anchors + max_lag + 2"
