@@ -1,7 +1,7 @@
 """Where does the LongSpec draft lose to prompt lookup? A probe on LongSpec Table 1's prompts.
 
     python -m benchmarks.probe_longspec_copy [--context 4096] [--prompts 3] [--new 256]
-        [--draft auto <draft folder> ...]
+        [--draft auto <draft folder> ...] [--tag TAG]
 
 Per prompt (the pg19 task's offline stand-in cut to `--context` tokens, as
 `experiment=longspec_table1_cpu`), the target's greedy continuation (`--new` tokens, decoded
@@ -56,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.probe_longspec_copy", description=__doc__)
     add_prompt_arguments(ap)
     ap.add_argument("--draft", nargs="+", default=["auto"], help="auto (the shipped draft) or draft folders")
+    ap.add_argument("--tag", default="", help="written apart, as probe_longspec_copy-TAG")
     return ap
+
+
+def output_name(argv: list[str]) -> str:
+    tag = build_parser().parse_known_args(argv)[0].tag
+    return "probe_longspec_copy" + (f"-{tag}" if tag else "")
 
 
 def ngram_guesses(seq: list[int], first: int) -> list[int | None]:
@@ -183,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("probe_longspec_copy", module="benchmarks.probe_longspec_copy"):
+    with recorded(output_name(sys.argv[1:]), module="benchmarks.probe_longspec_copy"):
         main()

@@ -449,6 +449,8 @@ def test_longspec_probes_refuse_bad_prompt_arguments_before_loading_the_model():
                 probe.main(bad)
     with pytest.raises(SystemExit, match="^error: no LongSpec draft in nowhere"):
         probe_longspec_positions.main(["--draft", "nowhere"])
+    assert probe_longspec_copy.output_name(["--draft", "auto"]) == "probe_longspec_copy"
+    assert probe_longspec_copy.output_name(["--tag", "layer17"]) == "probe_longspec_copy-layer17"
     with pytest.raises(SystemExit, match="^error: --edges must be positive"):
         probe_longspec_positions.main(["--edges", "0"])
 
