@@ -220,17 +220,19 @@ class LongSpecDraft(torch.nn.Module):
                 getattr(draft, name).weight.copy_(weight)
         return draft
 
-    def retarget(self, layer: int) -> None:
+    def retarget(self, layer: int, zero_output: bool = False) -> None:
         """Read target layer `layer` from now on (ours: a trained draft moved to another layer). The
         cross-attention (its norm, query and output projections) starts over as a copy of that layer's
-        attention, whose cached keys/values it will read; the rest of the block is kept."""
+        attention, whose cached keys/values it will read; the rest of the block is kept. `zero_output`:
+        its output projection starts at zero instead, so the moved draft starts as the draft without
+        its cross-attention."""
         c, w = self.config, self.engine.w
         layer = resolve_layer(layer, w.n_layers)
         source, q_size = w.layers[layer], c.n_heads * c.head_dim
         with torch.no_grad():
             self.cross_norm.weight.copy_(source.ln1.weight)
             self.cross_q_proj.weight.copy_(source.wqkv[:q_size])
-            self.cross_o_proj.weight.copy_(source.wo)
+            self.cross_o_proj.weight.copy_(source.wo * (not zero_output))
             if self.cross_q_proj.bias is not None:
                 bias = source.bqkv[:q_size] if source.bqkv is not None else 0.0
                 self.cross_q_proj.bias.copy_(torch.as_tensor(bias).expand(q_size))

@@ -159,6 +159,9 @@ def test_retarget_moves_a_draft_to_another_layer(tmp_path, tiny_lm):
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj", "self_norm", "final_norm"):
         assert torch.equal(getattr(moved, name).weight, getattr(start, name).weight)
     assert trainer.init_from["target_layer"] == start.target_layer
+    zeroed = train.Trainer(train.parse([*args, "retarget_output=zero"])).draft
+    assert torch.equal(zeroed.cross_q_proj.weight, attn.q_proj.weight)
+    assert not zeroed.cross_o_proj.weight.any()
 
 
 def test_overrides():
@@ -182,6 +185,8 @@ def test_bad_input(tmp_path, capsys):
     assert "init must be layer, random or a draft folder" in capsys.readouterr().err
     assert train.main([f"out={tmp_path / 'a'}", "retarget=true"]) == 2
     assert "retarget=true moves a trained draft" in capsys.readouterr().err
+    assert train.main([f"out={tmp_path / 'a'}", "retarget_output=half"]) == 2
+    assert "retarget_output must be layer or zero" in capsys.readouterr().err
     for bad in (["batch=abc"], ["stages.0.positions"], ["stages.0.labels=guess"]):
         assert train.main([f"out={tmp_path / 'a'}", *bad]) == 2
         err = capsys.readouterr().err

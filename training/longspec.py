@@ -134,7 +134,7 @@ class Trainer:
         layer = resolve_layer(cfg.target_layer, self.engine.w.n_layers)
         read_before = draft.target_layer
         if cfg.retarget and read_before != layer:
-            draft.retarget(layer)
+            draft.retarget(layer, zero_output=cfg.retarget_output == "zero")
         if draft.target_layer != layer or draft.window != cfg.window:
             raise HarnessError(
                 f"training.longspec: the draft at {folder} reads target layer {draft.target_layer} with "

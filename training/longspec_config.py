@@ -39,6 +39,7 @@ class TrainConfig:
     # with init=<draft folder> reading another layer than target_layer: move it to target_layer, its
     # cross-attention started over from that layer's attention (`LongSpecDraft.retarget`; ours)
     retarget: bool = False
+    retarget_output: str = "layer"  # the moved cross-attention's output projection: layer's | zero
     seq_len: int = 1024
     anchors: int = 4  # anchored positions at the start of each sequence (paper: 4)
     max_offset: int = -1  # anchor offset o in [0, max_offset]; -1: the target's context - seq_len
@@ -131,6 +132,10 @@ def check(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.retarget and cfg.init in ("layer", "random"):
         raise HarnessError("training.longspec: retarget=true moves a trained draft: set init=<draft folder>")
+    if cfg.retarget_output not in ("layer", "zero"):
+        raise HarnessError(
+            f"training.longspec: retarget_output must be layer or zero, got {cfg.retarget_output!r}"
+        )
     if cfg.seq_len < cfg.anchors + cfg.max_lag + 2 or cfg.batch < 1 or cfg.max_lag < 1:
         raise HarnessError(
             "training.longspec: need batch >= 1, max_lag >= 1, seq_len >= anchors + max_lag + 2"
