@@ -232,10 +232,14 @@ class LongSpecDraft(torch.nn.Module):
         with torch.no_grad():
             self.cross_norm.weight.copy_(source.ln1.weight)
             self.cross_q_proj.weight.copy_(source.wqkv[:q_size])
-            self.cross_o_proj.weight.copy_(source.wo * (not zero_output))
-            if self.cross_q_proj.bias is not None:
-                bias = source.bqkv[:q_size] if source.bqkv is not None else 0.0
-                self.cross_q_proj.bias.copy_(torch.as_tensor(bias).expand(q_size))
+            if zero_output:
+                self.cross_o_proj.weight.zero_()
+            else:
+                self.cross_o_proj.weight.copy_(source.wo)
+            if self.cross_q_proj.bias is not None:  # the released drafts' layout: the layer's bias or none
+                self.cross_q_proj.bias.zero_()
+                if source.bqkv is not None:
+                    self.cross_q_proj.bias.copy_(source.bqkv[:q_size])
         c.target_layer = self.target_layer = layer
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:

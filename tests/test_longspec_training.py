@@ -164,6 +164,23 @@ def test_retarget_moves_a_draft_to_another_layer(tmp_path, tiny_lm):
     assert not zeroed.cross_o_proj.weight.any()
 
 
+def test_retarget_takes_the_layers_query_bias(tiny_lm):
+    """A draft with query biases (the released drafts' layout) moved to a layer takes that layer's query
+    bias (Qwen2), or none (Llama)."""
+    from dataclasses import replace
+
+    from decoders.longspec_draft import DraftConfig
+
+    eng = Engine(tiny_lm.model)
+    draft = LongSpecDraft(replace(DraftConfig.for_target(eng, -1, 8), qkv_bias=True), eng, "biased")
+    draft.cross_q_proj.bias.data.fill_(1.0)
+    draft.retarget(0)
+    want = tiny_lm.model.model.layers[0].self_attn.q_proj.bias
+    torch.testing.assert_close(
+        draft.cross_q_proj.bias, want if want is not None else torch.zeros_like(draft.cross_q_proj.bias)
+    )
+
+
 def test_overrides():
     cfg = train.parse(["out=x", "stages.0.positions=vanilla", "batch=3"])
     assert cfg.stages[0].positions == "vanilla" and cfg.stages[1].name == "distill" and cfg.batch == 3
