@@ -16,7 +16,9 @@ losslessly by prompt lookup) is fed back teacher-forced, and at every continuati
 
 Positions are split into `copy` (prompt lookup's guess is the target's token: what an n-gram pool
 catches) and `other`. A draft that copies would agree with the target on `copy` positions at
-least as often as the lookup does.
+least as often as the lookup does. Per prompt, each draft's top-1 at lag 1 on its copy positions is
+printed beside the lookup's share: where the target repeats itself, this is what a draft leaves to
+an n-gram decoder.
 
 Ablations (`ABLATIONS`, top-1 at lag 1, against the same full-context target tokens) ask what the
 draft takes from the target's cache:
@@ -156,7 +158,11 @@ def main(argv: list[str] | None = None) -> None:
         copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
         copies.append(copy)
         rate = float(copy.float().mean())
-        print(f"- {sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}")
+        per_draft = "; ".join(f"{name} {share(agree[(name, 1, 1)][-1], copy)}" for name in drafts)
+        print(
+            f"- {sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}; "
+            f"each draft's top-1 at lag 1 on those copy positions: {per_draft}"
+        )
     copy = torch.cat(copies)
     other = ~copy
     print(
