@@ -1,0 +1,62 @@
+"""`essays_loops` training sequences: natural text up to a sentence end, then a repeated unit."""
+
+from __future__ import annotations
+
+from training.longspec_loops import MAX_UNIT, MIN_UNIT, loop_sequences
+
+SENTENCE_END_IDS = (50, 51)
+
+
+class WordTokenizer:
+    """Token id i is the i-th word of a fixed vocabulary."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.words[i] for i in ids)
+
+
+def text_ids(n_sentences: int, seed: int = 0) -> tuple[WordTokenizer, list[int]]:
+    import random
+
+    words = [f" w{i}" for i in range(50)] + [".", "?"]
+    rng = random.Random(seed)
+    ids: list[int] = []
+    for _ in range(n_sentences):
+        ids += [rng.randrange(50) for _ in range(rng.randint(3, 12))] + [50 + rng.randrange(2)]
+    return WordTokenizer(words), ids
+
+
+def is_loop_of(seq: list[int], window: list[int], start: int, unit: int) -> bool:
+    """`seq` is `window` up to `start`, then `window[start:start + unit]` (one or two whole sentences)
+    repeated."""
+    ends = [i for i in range(start, min(start + unit, len(window))) if window[i] in SENTENCE_END_IDS]
+    return (
+        start + unit <= len(window)
+        and seq[: start + unit] == window[: start + unit]
+        and 1 <= len(ends) <= 2
+        and ends[-1] == start + unit - 1
+        and all(seq[i] == seq[i - unit] for i in range(start + unit, len(seq)))
+    )
+
+
+def test_each_window_becomes_its_text_then_a_loop_of_its_next_sentences():
+    tok, ids = text_ids(400)
+    seq_len = 128
+    seqs = loop_sequences(tok, ids, seq_len, seed=3)
+    assert len(seqs) >= len(ids) // seq_len - 1
+    for seq in seqs:
+        assert len(seq) == seq_len
+        start = next(i for i in range(0, len(ids), seq_len) if ids[i : i + 8] == seq[:8])
+        window = ids[start : start + seq_len]
+        cuts = [i + 1 for i in range(seq_len // 8, seq_len // 2 + 13) if window[i] in SENTENCE_END_IDS]
+        assert any(is_loop_of(seq, window, c, u) for c in cuts for u in range(MIN_UNIT, MAX_UNIT + 1))
+    assert len({tuple(s[-40:]) for s in seqs}) == len(seqs)  # a different loop per window
+
+
+def test_the_same_seed_gives_the_same_sequences_and_text_without_sentences_gives_none():
+    tok, ids = text_ids(200)
+    assert loop_sequences(tok, ids, 64, 1) == loop_sequences(tok, ids, 64, 1)
+    assert loop_sequences(tok, ids, 64, 1) != loop_sequences(tok, ids, 64, 2)
+    assert loop_sequences(tok, [0, 1, 2] * 100, 64, 1) == []

@@ -1,0 +1,64 @@
+"""Training sequences in which the text falls into a loop, as the 135M target's own greedy
+continuations do (source `essays_loops` of `training.longspec_data`; ours, not the paper's).
+
+A draft that is to keep up with a looping target must copy: find the earlier occurrence of its token
+in the target's cache and read what followed it. Trained on a few hundred of the target's own
+continuations, the draft learns those continuations rather than the mechanism (it agrees with the
+target far more often on continuations it was trained on than on held-out ones). Loop sequences
+give it the mechanism on fresh text each time: natural text cut at a sentence end, then the one or
+two sentences that follow it in the text, repeated to the sequence's end. The labels come from the
+target as for any other sequence (soft labels: the target's own confidence in the repeat).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+SENTENCE_ENDS = (".", "?", "!")
+MAX_UNIT = 96  # longest repeated unit, tokens
+MIN_UNIT = 4
+
+
+def sentence_end_ids(tokenizer: Any, ids: list[int]) -> set[int]:
+    """The token ids among `ids` whose text ends a sentence (stripped of trailing spaces and quotes)."""
+    out = set()
+    for tok in set(ids):
+        text = tokenizer.decode([tok]).rstrip().rstrip("\"')")
+        if text.endswith(SENTENCE_ENDS):
+            out.add(tok)
+    return out
+
+
+def loop_sequences(tokenizer: Any, ids: list[int], seq_len: int, seed: int) -> list[list[int]]:
+    """One `seq_len`-token loop sequence per disjoint `seq_len` window of `ids`: the window's text up to
+    a sentence end at a random point of its first half (at least `seq_len // 8` tokens), then the next
+    one or two sentences repeated until `seq_len` tokens. Windows without such sentences give none."""
+    ends = sentence_end_ids(tokenizer, ids)
+    rng = random.Random(seed)
+    out = []
+    for start in range(0, len(ids) - seq_len + 1, seq_len):
+        window = ids[start : start + seq_len]
+        cut = _next_end(window, rng.randint(seq_len // 8, seq_len // 2), ends)
+        if cut is None:
+            continue
+        unit_end = cut
+        for _ in range(rng.choice((1, 1, 2))):
+            nxt = _next_end(window, unit_end + 1, ends)
+            unit_end = nxt if nxt is not None else unit_end
+        unit = window[cut + 1 : unit_end + 1]
+        if not MIN_UNIT <= len(unit) <= MAX_UNIT:
+            continue
+        seq = window[: cut + 1]
+        while len(seq) < seq_len:
+            seq += unit
+        out.append(seq[:seq_len])
+    return out
+
+
+def _next_end(window: list[int], frm: int, ends: set[int]) -> int | None:
+    """The index of the first sentence-ending token at or after `frm` (None: none)."""
+    for i in range(frm, len(window)):
+        if window[i] in ends:
+            return i
+    return None
