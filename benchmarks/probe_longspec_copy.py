@@ -37,6 +37,7 @@ weights.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -59,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompt_arguments(ap)
     ap.add_argument("--draft", nargs="+", default=["auto"], help="auto (the shipped draft) or draft folders")
     ap.add_argument("--tag", default="", help="written apart, as probe_longspec_copy-TAG")
+    ap.add_argument(
+        "--continuations",
+        nargs="*",
+        default=[],
+        metavar="FILE:PROMPT",
+        help="also the first --count sequences of a training continuations file (a JSON list of token "
+        "lists, e.g. checkpoints/longspec/continuations/essays_3.json:128), from its PROMPT-th token on",
+    )
+    ap.add_argument("--count", type=int, default=6, help="sequences read from each --continuations file")
     return ap
 
 
@@ -127,8 +137,47 @@ def share(mask: torch.Tensor, where: torch.Tensor) -> str:
     return f"{float(mask[where].float().mean()):.2f}" if n else "-"
 
 
+def continuation_files(specs: list[str], count: int) -> list[tuple[str, list[list[int]], int]]:
+    """(spec, its first `count` sequences, prompt length) per `FILE:PROMPT`; bad ones stop here."""
+    out = []
+    for spec in specs:
+        path, _, prompt = spec.rpartition(":")
+        if not prompt.isdigit() or not Path(path).is_file() or count < 1:
+            raise SystemExit(f"error: --continuations takes FILE:PROMPT of an existing file, got {spec!r}")
+        out.append((spec, json.loads(Path(path).read_text())[:count], int(prompt)))
+    return out
+
+
+def print_continuations(eng: Engine, drafts: dict[str, LongSpecDraft], files: list) -> None:
+    """Per continuations file and draft: top-1 at lag 1 on the copy and other positions, pooled."""
+    print("\nOn training continuations (the target's own greedy tokens after PROMPT text tokens):\n")
+    print("| continuations | sequences | copy share | draft | top-1 copy | top-1 other |")
+    print("|---|---:|---:|---|---:|---:|")
+    for spec, seqs, first in files:
+        copies, agree = [], {name: [] for name in drafts}
+        for seq in seqs:
+            tok, views = torch.tensor(seq), {}
+            want = None
+            for name, draft in drafts.items():
+                if draft.target_layer not in views:
+                    views[draft.target_layer] = target_view(
+                        eng, tok, torch.arange(len(seq)), draft.target_layer, True
+                    )
+                view = views[draft.target_layer]
+                want = view[2][first - 1 : -1].argmax(-1).tolist()
+                agree[name].append(draft_agreement(draft, tok, view, first, 1)[0])
+            guesses = ngram_guesses(seq, first)
+            copies.append(torch.tensor([g == w for g, w in zip(guesses, want, strict=True)]))
+        copy = torch.cat(copies)
+        for name in drafts:
+            t1 = torch.cat(agree[name])
+            rate = float(copy.float().mean())
+            print(f"| {spec} | {len(seqs)} | {rate:.2f} | {name} | {share(t1, copy)} | {share(t1, ~copy)} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    files = continuation_files(args.continuations, args.count)
     eng, continued = continued_prompts(args)
     drafts = load_drafts(args.draft, eng)
     print(
@@ -192,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.update({kind: torch.cat(agree[(name, kind, 1)]) for kind in ABLATIONS})
         for kind, t1 in rows.items():
             print(f"| {name} | {kind} | {share(t1, every)} | {share(t1, copy)} | {share(t1, other)} |")
+    if files:
+        print_continuations(eng, drafts, files)
 
 
 if __name__ == "__main__":

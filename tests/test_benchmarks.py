@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -331,6 +333,28 @@ def test_longspec_copy_probe_guesses_and_agreement(tiny_lm):
         top1, top4 = draft_agreement(draft, tokens, view, 30, lag)
         assert top1.shape == top4.shape == (10,) and bool((top4 | ~top1).all())  # top-1 implies top-4
         assert float(top1.float().mean()) < 0.5
+
+
+def test_longspec_copy_probe_on_continuation_files(tiny_lm, tmp_path, capsys):
+    """`--continuations FILE:PROMPT` reads a file's first sequences from PROMPT on and prints a row per
+    draft; a missing file or a spec without a prompt length is one `error:` line."""
+    from benchmarks.probe_longspec_copy import continuation_files, print_continuations
+    from decoders.longspec_draft import LongSpecDraft
+
+    loop = [[(3 * i) % 200 for i in range(8)] * 5, [(5 * i + 1) % 200 for i in range(10)] * 4]
+    (tmp_path / "c.json").write_text(json.dumps(loop))
+    files = continuation_files([f"{tmp_path / 'c.json'}:12"], 1)
+    assert files == [(f"{tmp_path / 'c.json'}:12", loop[:1], 12)]
+    eng = Engine(tiny_lm.model)
+    drafts = {"a": LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)}
+    print_continuations(eng, drafts, files)
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(f"| {tmp_path}")]
+    assert len(rows) == 1
+    cells = rows[0].split(" | ")
+    assert cells[1] == "1" and cells[3] == "a" and 0.0 <= float(cells[2]) <= 1.0
+    for bad in ([str(tmp_path / "c.json")], [f"{tmp_path / 'none.json'}:12"]):
+        with pytest.raises(SystemExit, match="^error: --continuations takes FILE:PROMPT"):
+            continuation_files(bad, 1)
 
 
 def test_longspec_copy_probe_ablations(tiny_lm):
