@@ -2,12 +2,11 @@
 continuations do (source `essays_loops` of `training.longspec_data`; ours, not the paper's).
 
 A draft that is to keep up with a looping target must copy: find the earlier occurrence of its token
-in the target's cache and read what followed it. Trained on a few hundred of the target's own
-continuations, the draft learns those continuations rather than the mechanism (it agrees with the
-target far more often on continuations it was trained on than on held-out ones). Loop sequences
-give it the mechanism on fresh text each time: natural text cut at a sentence end, then the one or
-two sentences that follow it in the text, repeated to the sequence's end. The labels come from the
-target as for any other sequence (soft labels: the target's own confidence in the repeat).
+in the target's cache and read what followed it. A few hundred of the target's own continuations,
+passed over several times, can be learnt by heart instead; loop sequences ask for the copy on fresh
+text each time: natural text cut at a sentence end, then the one or two sentences that follow it in
+the text, repeated to the sequence's end. The labels come from the target as for any other sequence
+(soft labels: the target's own confidence in the repeat).
 """
 
 from __future__ import annotations
