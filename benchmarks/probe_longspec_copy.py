@@ -1,7 +1,7 @@
 """Where does the LongSpec draft lose to prompt lookup? A probe on LongSpec Table 1's prompts.
 
     python -m benchmarks.probe_longspec_copy [--context 4096] [--prompts 3] [--new 256]
-        [--draft auto <draft folder> ...] [--tag TAG]
+        [--draft auto <draft folder> ...] [--tag TAG] [--continuations FILE:PROMPT ...] [--count 6]
 
 Per prompt (the pg19 task's offline stand-in cut to `--context` tokens, as
 `experiment=longspec_table1_cpu`), the target's greedy continuation (`--new` tokens, decoded
@@ -29,6 +29,11 @@ draft takes from the target's cache:
 - `zeroed V`: the target's values set to zero, so the cross-attention adds nothing.
 - `short context`: only the last `SHORT_CONTEXT` prompt tokens (and the continuation) are fed, from
   position 0: the target's cache holds no more than that.
+
+`--continuations` adds the same top-1 at lag 1 on the first `--count` sequences of training
+continuations files (`checkpoints/longspec/continuations/*.json`: PROMPT text tokens, then the
+target's greedy tokens): on a file a draft was trained on against a held-out one, it tells copying
+learnt as a skill from continuations learnt by heart.
 
 The shares are hardware-independent; they depend only on the model, the prompts and the draft
 weights.
