@@ -142,6 +142,22 @@ def share(mask: torch.Tensor, where: torch.Tensor) -> str:
     return f"{float(mask[where].float().mean()):.2f}" if n else "-"
 
 
+def target_views(eng: Engine, drafts: dict[str, LongSpecDraft], seq: list[int]) -> dict[int, tuple]:
+    """The target's view of `seq` (`target_view`: K, V, logits) at each layer the drafts read."""
+    tok, positions, views = torch.tensor(seq), torch.arange(len(seq)), {}
+    for draft in drafts.values():
+        if draft.target_layer not in views:
+            views[draft.target_layer] = target_view(eng, tok, positions, draft.target_layer, True)
+    return views
+
+
+def copy_positions(seq: list[int], first: int, view: tuple) -> torch.Tensor:
+    """bool per continuation position t = first-1 .. len(seq)-2: prompt lookup's guess is the target's
+    argmax (any layer's view: the logits are the same)."""
+    want = view[2][first - 1 : -1].argmax(-1).tolist()
+    return torch.tensor([g == w for g, w in zip(ngram_guesses(seq, first), want, strict=True)])
+
+
 def continuation_files(specs: list[str], count: int) -> list[tuple[str, list[list[int]], int]]:
     """(spec, its first `count` sequences, prompt length) per `FILE:PROMPT`; bad ones stop here."""
     out = []
@@ -161,22 +177,14 @@ def print_continuations(eng: Engine, drafts: dict[str, LongSpecDraft], files: li
     for spec, seqs, first in files:
         copies, agree = [], {name: [] for name in drafts}
         for seq in seqs:
-            tok, views = torch.tensor(seq), {}
-            want = None
+            tok, views = torch.tensor(seq), target_views(eng, drafts, seq)
+            copies.append(copy_positions(seq, first, next(iter(views.values()))))
             for name, draft in drafts.items():
-                if draft.target_layer not in views:
-                    views[draft.target_layer] = target_view(
-                        eng, tok, torch.arange(len(seq)), draft.target_layer, True
-                    )
-                view = views[draft.target_layer]
-                want = view[2][first - 1 : -1].argmax(-1).tolist()
-                agree[name].append(draft_agreement(draft, tok, view, first, 1)[0])
-            guesses = ngram_guesses(seq, first)
-            copies.append(torch.tensor([g == w for g, w in zip(guesses, want, strict=True)]))
+                agree[name].append(draft_agreement(draft, tok, views[draft.target_layer], first, 1)[0])
         copy = torch.cat(copies)
+        rate = float(copy.float().mean())
         for name in drafts:
             t1 = torch.cat(agree[name])
-            rate = float(copy.float().mean())
             print(f"| {spec} | {len(seqs)} | {rate:.2f} | {name} | {share(t1, copy)} | {share(t1, ~copy)} |")
 
 
@@ -193,14 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     agree: dict[tuple[str, int, int], list[torch.Tensor]] = {}
     for sample_id, seq, first in continued:
         tok = torch.tensor(seq)
-        guesses = ngram_guesses(seq, first)
-        views: dict[int, tuple] = {}
-        positions = torch.arange(len(seq))
+        views = target_views(eng, drafts, seq)
+        copy = copy_positions(seq, first, next(iter(views.values())))
         for name, draft in drafts.items():
-            layer = draft.target_layer
-            if layer not in views:
-                views[layer] = target_view(eng, tok, positions, layer, True)
-            view = views[layer]
+            view = views[draft.target_layer]
             for lag in LAGS:
                 top1, top4 = draft_agreement(draft, tok, view, first, lag)
                 agree.setdefault((name, lag, 1), []).append(top1)
@@ -208,13 +212,11 @@ def main(argv: list[str] | None = None) -> None:
             for kind in ABLATIONS:
                 ablated = ablation_agreement(draft, eng, tok, view, first, kind)
                 agree.setdefault((name, kind, 1), []).append(ablated)
-        want = next(iter(views.values()))[2][first - 1 : -1].argmax(-1).tolist()
-        copy = torch.tensor([g == w for g, w in zip(guesses, want, strict=True)])
         copies.append(copy)
         rate = float(copy.float().mean())
         per_draft = "; ".join(f"{name} {share(agree[(name, 1, 1)][-1], copy)}" for name in drafts)
         print(
-            f"- {sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {len(want)}; "
+            f"- {sample_id}: prompt lookup guesses the target's token at {rate:.2f} of {copy.numel()}; "
             f"each draft's top-1 at lag 1 on those copy positions: {per_draft}"
         )
     copy = torch.cat(copies)
