@@ -2,6 +2,7 @@
 
     python -m benchmarks.probe_longspec_copy [--context 4096] [--prompts 3] [--new 256]
         [--draft auto <draft folder> ...] [--tag TAG] [--continuations FILE:PROMPT ...] [--count 6]
+        [--random-loops N]
 
 Per prompt (the pg19 task's offline stand-in cut to `--context` tokens, as
 `experiment=longspec_table1_cpu`), the target's greedy continuation (`--new` tokens, decoded
@@ -33,7 +34,10 @@ draft takes from the target's cache:
 `--continuations` adds the same top-1 at lag 1 on the first `--count` sequences of training
 continuations files (`checkpoints/longspec/continuations/*.json`: PROMPT text tokens, then the
 target's greedy tokens): on a file a draft was trained on against a held-out one, it tells copying
-learnt as a skill from continuations learnt by heart.
+learnt as a skill from continuations learnt by heart. `--random-loops N` adds the same on N
+sequences of units of random tokens, each repeated (`training.longspec_loops.random_loop_sequences`,
+seeded apart from any training run): the target copies them from their second time on, and the
+language says nothing about them, so a draft agrees with the target there only by copying.
 
 The shares are hardware-independent; they depend only on the model, the prompts and the draft
 weights.
@@ -44,20 +48,26 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.longspec_prompts import add_prompt_arguments, continued_prompts
 from core.engine import Engine
+from core.models import packaged_gguf_folder
 from decoders.longspec import LOOKUP_NGRAM, SHIPPED, shipped_draft
 from decoders.longspec_draft import LongSpecDraft
 from decoders.pld import match_candidate
+from training.longspec_data import source_text
+from training.longspec_loops import RANDOM_UNIT, random_loop_sequences
 from training.longspec_steps import target_view
 
 LAGS = (1, 2, 3, 4, 5)
 RECENT = 8
 ABLATIONS = (f"last {RECENT} entries", "zeroed V", "short context")
 SHORT_CONTEXT = 128
+RANDOM_LOOPS_SEED = 1_000_003  # no training run's seed: units no draft was trained on
+RANDOM_LOOPS_LEN = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "lists, e.g. checkpoints/longspec/continuations/essays_3.json:128), from its PROMPT-th token on",
     )
     ap.add_argument("--count", type=int, default=6, help="sequences read from each --continuations file")
+    ap.add_argument(
+        "--random-loops",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N sequences of random tokens in repeated units: copying alone predicts them",
+    )
     return ap
 
 
@@ -169,9 +186,22 @@ def continuation_files(specs: list[str], count: int) -> list[tuple[str, list[lis
     return out
 
 
+def random_loop_set(tokenizer: Any, count: int) -> tuple[str, list[list[int]], int]:
+    """`count` random-loop sequences of `RANDOM_LOOPS_LEN` tokens drawn from the drafts' training text
+    (`print_continuations`' (label, sequences, first position) item), read from the longest unit on."""
+    ids = tokenizer.encode(
+        source_text("random_loops", 8 * RANDOM_LOOPS_LEN * count), add_special_tokens=False
+    )
+    seqs = random_loop_sequences(list(ids), RANDOM_LOOPS_LEN, RANDOM_LOOPS_SEED)[:count]
+    return f"random loops (seed {RANDOM_LOOPS_SEED})", seqs, RANDOM_UNIT[1]
+
+
 def print_continuations(eng: Engine, drafts: dict[str, LongSpecDraft], files: list) -> None:
     """Per continuations file and draft: top-1 at lag 1 on the copy and other positions, pooled."""
-    print("\nOn training continuations (the target's own greedy tokens after PROMPT text tokens):\n")
+    print(
+        "\nOn training continuations (the target's own greedy tokens after PROMPT text tokens) and "
+        "random loops (read from their first position past the longest unit):\n"
+    )
     print("| continuations | sequences | copy share | draft | top-1 copy | top-1 other |")
     print("|---|---:|---:|---|---:|---:|")
     for spec, seqs, first in files:
@@ -190,8 +220,15 @@ def print_continuations(eng: Engine, drafts: dict[str, LongSpecDraft], files: li
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.random_loops < 0:
+        raise SystemExit(f"error: --random-loops takes a count of 0 or more, got {args.random_loops}")
     files = continuation_files(args.continuations, args.count)
     eng, continued = continued_prompts(args)
+    if args.random_loops:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(packaged_gguf_folder("smollm2-135m"))
+        files.append(random_loop_set(tokenizer, args.random_loops))
     drafts = load_drafts(args.draft, eng)
     print(
         f"# probe_longspec_copy: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "

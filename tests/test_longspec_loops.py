@@ -1,8 +1,16 @@
-"""`essays_loops` training sequences: natural text up to a sentence end, then a repeated unit."""
+"""Loop training sequences: `essays_loops` (natural text up to a sentence end, then a repeated unit)
+and `random_loops` (units of random tokens from the text, each repeated)."""
 
 from __future__ import annotations
 
-from training.longspec_loops import MAX_UNIT, MIN_UNIT, loop_sequences
+from training.longspec_loops import (
+    MAX_UNIT,
+    MIN_UNIT,
+    RANDOM_REPEATS,
+    RANDOM_UNIT,
+    loop_sequences,
+    random_loop_sequences,
+)
 
 SENTENCE_END_IDS = (50, 51)
 
@@ -60,3 +68,35 @@ def test_the_same_seed_gives_the_same_sequences_and_text_without_sentences_gives
     assert loop_sequences(tok, ids, 64, 1) == loop_sequences(tok, ids, 64, 1)
     assert loop_sequences(tok, ids, 64, 1) != loop_sequences(tok, ids, 64, 2)
     assert loop_sequences(tok, [0, 1, 2] * 100, 64, 1) == []
+
+
+def runs_of(seq: list[int]) -> list[tuple[int, int]]:
+    """`seq` (its units' tokens all distinct) read back as (unit length, times repeated) runs; the last
+    run may be cut short by the sequence's end."""
+    out, i = [], 0
+    while i < len(seq):
+        size = next((j - i for j in range(i + 1, len(seq)) if seq[j] == seq[i]), len(seq) - i)
+        unit, times = seq[i : i + size], 1
+        while (nxt := seq[i + times * size : i + (times + 1) * size]) and nxt == unit[: len(nxt)]:
+            times += 1  # the sequence's end may cut the last repeat short
+        out.append((size, times))
+        i += times * size
+    return out
+
+
+def test_random_loops_repeat_units_drawn_from_their_own_window():
+    ids = list(range(2048))  # distinct tokens: each unit's length is the distance to its repeat
+    seq_len = 256
+    seqs = random_loop_sequences(ids, seq_len, seed=5)
+    assert len(seqs) == len(ids) // seq_len
+    for n, seq in enumerate(seqs):
+        assert len(seq) == seq_len
+        assert set(seq) <= set(ids[n * seq_len : (n + 1) * seq_len])
+        runs = runs_of(seq)
+        for k, (size, times) in enumerate(runs):
+            last = k == len(runs) - 1  # it may be cut short by the sequence's end
+            assert RANDOM_UNIT[0] <= size <= RANDOM_UNIT[1] or last
+            assert times <= RANDOM_REPEATS[1] and (times >= RANDOM_REPEATS[0] or last)
+    assert max(len(runs_of(seq)) for seq in seqs) >= 3
+    assert random_loop_sequences(ids, seq_len, 5) == seqs
+    assert random_loop_sequences(ids, seq_len, 6) != seqs

