@@ -8,7 +8,8 @@ tokens), whether every output equals vanilla's, and the paper's tau and speedup 
 same method as the mean and range over its 25 Table 1 cells (5 targets x 5 LongBench tasks;
 RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the Anchor-Offset ablation, two
 drafts trained on the same data and schedule, one with plain position ids. `tau_over_prompts` (ours):
-the paper tree's tau per prompt against Lookahead's, FAFO's, prompt lookup's and our LongSpec variants'.
+the paper tree's tau per prompt against Lookahead's, FAFO's, prompt lookup's and our LongSpec variants',
+on long outputs (PG-19 continuation) and on long-context QA.
 Tables are made within one setup, one run per cell.
 
 python -m analysis.longspec_paper [--root DIR]
@@ -43,6 +44,13 @@ DRAFTLESS = {"lookahead": "Lookahead (ours, not in the paper's table)",
              "pld": "prompt lookup (ours, not in the paper's table)"}  # fmt: skip
 TABLE2 = "longspec_table2_cpu"
 TAU_PROMPTS = "longspec_tau_prompts_cpu"
+TAU_QA = "longspec_tau_qa_cpu"
+# what the prompts of each tau-over-prompts experiment are, for its caption
+TAU_PROMPT_SETS = {
+    TAU_PROMPTS: "PG-19 stand-in windows (Paul Graham essays held out from the draft's training text)",
+    TAU_QA: "RULER-style QA prompts over HotpotQA, 32 new tokens (questions of rows left out of the draft's "
+    "training text; their distractor paragraphs may come from any row)",
+}
 PAPER_WIDTHS = "[4, 16, 16, 16, 16]"
 # the tau-over-prompts table's short column names of the draftless decoders
 TAU_DRAFTLESS = {"lookahead": "Lookahead", "fafo": "FAFO (full cache)", "pld": "prompt lookup"}
@@ -215,12 +223,12 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     return out
 
 
-def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
+def tau_over_prompts(samples: pd.DataFrame, prompt_set: str = TAU_PROMPT_SETS[TAU_PROMPTS]) -> pd.DataFrame:
     """Tau per prompt of LongSpec's paper tree, of any other LongSpec variant run (by its Table 1 name)
     and of each draftless decoder on the same prompts (one run each, one setup), then their pooled tau
     (committed / forwards over every prompt), the median prompt's, the prompts on which the paper
-    tree's tau is the higher, and whether every output equals vanilla's. Refuses runs that did not
-    all finish the same prompts."""
+    tree's tau is the higher, and whether every output equals vanilla's (`prompt_set`: what the prompts
+    are, for the caption). Refuses runs that did not all finish the same prompts."""
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
     ok = ok[(ok["decoder"].isin(TAU_DRAFTLESS) | is_longspec(ok)) & (ok["kv"] == "full")]
     df = one_setup(ok)
@@ -260,9 +268,8 @@ def tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
         f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table): "
         f"LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders (and variants of ours, "
         "named so) on the same prompts. "
-        f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, PG-19 stand-in windows (Paul Graham "
-        "essays held out from the draft's training text), kv=full. Pooled = committed / forwards over "
-        "every prompt, as in Table 1."
+        f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, {prompt_set}, kv=full. Pooled = "
+        "committed / forwards over every prompt, as in Table 1."
     )
     return out
 
@@ -283,10 +290,11 @@ def _prompt_order(sample_id: str) -> tuple[str, int]:
     return (head, int(number)) if number.isdigit() else (str(sample_id), -1)
 
 
-def load_tau_over_prompts(samples: pd.DataFrame) -> pd.DataFrame:
-    """The tau-over-prompts table over its experiment's runs; empty before they exist."""
-    runs = from_experiments(samples, (TAU_PROMPTS,))
-    return tau_over_prompts(runs) if is_longspec(runs).any() else pd.DataFrame()
+def load_tau_over_prompts(samples: pd.DataFrame, experiment: str = TAU_PROMPTS) -> pd.DataFrame:
+    """The tau-over-prompts table over the runs of `experiment` (one of `TAU_PROMPT_SETS`); empty before
+    they exist."""
+    runs = from_experiments(samples, (experiment,))
+    return tau_over_prompts(runs, TAU_PROMPT_SETS[experiment]) if is_longspec(runs).any() else pd.DataFrame()
 
 
 def paired_with_baselines(runs: pd.DataFrame) -> pd.DataFrame:
@@ -334,11 +342,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: no LongSpec Table 1 runs (python run.py -m experiment=longspec_table1_cpu)")
     print(render(table))
     try:
-        over_prompts = load_tau_over_prompts(samples)
+        over_prompts = [load_tau_over_prompts(samples, experiment) for experiment in TAU_PROMPT_SETS]
     except AnalysisError as exc:
         sys.exit(f"error: {exc}")
-    if not over_prompts.empty:
-        print("\n" + render(over_prompts))
+    for table in over_prompts:
+        if not table.empty:
+            print("\n" + render(table))
 
 
 if __name__ == "__main__":

@@ -142,9 +142,9 @@ def test_table2_takes_its_own_runs_and_table1s_vanilla():
     assert t.loc["x/anchor@1", "speedup"] == pytest.approx(2.0)
 
 
-def tau_frame(per_prompt: dict[str, list[tuple[int, int]]]) -> pd.DataFrame:
-    """One run per key, (committed, forwards) per prompt essays-0, essays-1, ...; `longspec` is the
-    paper tree, `longspec_lookup` the paper tree with decoder.lookup=10."""
+def tau_frame(per_prompt: dict[str, list[tuple[int, int]]], experiment: str = lp.TAU_PROMPTS) -> pd.DataFrame:
+    """One run per key of `experiment`, (committed, forwards) per prompt essays-0, essays-1, ...;
+    `longspec` is the paper tree, `longspec_lookup` the paper tree with decoder.lookup=10."""
     out = []
     for key, cells in per_prompt.items():
         decoder, extra = key, {}
@@ -153,7 +153,7 @@ def tau_frame(per_prompt: dict[str, list[tuple[int, int]]]) -> pd.DataFrame:
             extra = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.lookup": 10 if "lookup" in key else 0}
         for i, (committed, forwards) in enumerate(cells):
             row = rows(key, decoder, "full", 5.0, committed, forwards, **extra)[0]
-            out.append({**row, "sample_id": f"essays-{i}", "experiment": lp.TAU_PROMPTS})
+            out.append({**row, "sample_id": f"essays-{i}", "experiment": experiment})
     return pd.DataFrame(out)
 
 
@@ -180,6 +180,20 @@ def test_tau_over_prompts_per_prompt_pooled_and_wins():
     assert t.loc["LongSpec higher on", paper] == ""
     assert t.loc["matches vanilla", paper] == "True"
     assert "11 prompts" in t.attrs["caption"] and "not a paper's table" in t.attrs["caption"]
+
+
+def test_tau_over_prompts_tables_are_one_per_prompt_set():
+    """The QA experiment's runs make their own table, captioned as QA; neither reads the other's runs."""
+    pg19 = tau_frame({"longspec": [(30, 10)] * 3, "fafo": [(40, 10)] * 3})
+    qa = tau_frame({"longspec": [(20, 10)] * 2, "fafo": [(10, 10)] * 2}, lp.TAU_QA)
+    both = pd.concat([pg19, qa.assign(run_id=qa["run_id"] + "-qa")], ignore_index=True)
+    on_pg19 = lp.load_tau_over_prompts(both).set_index("prompt")
+    on_qa = lp.load_tau_over_prompts(both, lp.TAU_QA).set_index("prompt")
+    assert on_pg19.loc["pooled", "FAFO (full cache)"] == pytest.approx(4.0)
+    assert on_qa.loc["pooled", "FAFO (full cache)"] == pytest.approx(1.0)
+    assert on_qa.loc["LongSpec higher on", "FAFO (full cache)"] == "2/2"
+    assert "QA prompts" in on_qa.attrs["caption"] and "PG-19" in on_pg19.attrs["caption"]
+    assert "QA" not in on_pg19.attrs["caption"]
 
 
 def test_tau_over_prompts_refuses_methods_on_other_prompts():

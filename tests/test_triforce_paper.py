@@ -140,6 +140,21 @@ def test_tables_read_the_runs_of_their_experiment():
     assert len(tp.from_experiments(old, ("triforce_table1_cpu",))) == 3
 
 
+def test_an_experiments_own_vanilla_run_is_its_baseline_on_that_task():
+    """Where the experiments started a vanilla run on a task, another experiment's vanilla run on that
+    task is not theirs; on a task where they started none, every vanilla run is a candidate."""
+    df = pd.DataFrame(
+        [
+            {"decoder": "sfi", "experiment": "sfi_t", "task": "qa", "run_id": "m"},
+            {"decoder": "vanilla", "experiment": "sfi_t", "task": "qa", "run_id": "own"},
+            {"decoder": "vanilla", "experiment": "other", "task": "qa", "run_id": "theirs"},
+            {"decoder": "vanilla", "experiment": "other", "task": "niah", "run_id": "only"},
+        ]
+    )
+    assert list(tp.from_experiments(df, ("sfi_t",))["run_id"]) == ["m", "own", "only"]
+    assert list(tp.from_experiments(df, ("other",))["run_id"]) == ["theirs", "only"]
+
+
 def test_table1_keeps_a_retrieval_run_with_another_gqa_scoring_apart():
     niah = "longbench_ruler_niah"
     logit = [dict(r, **{"kv.gqa_score": "logit"}) for r in rows("b", "retrieval", niah, 10, 5)]
