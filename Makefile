@@ -141,7 +141,7 @@ paper-runs:      ## the CPU-scale runs behind the report (resumable: complete ru
 	  sfi_figure4_dense_cpu sfi_figure4_cpu sfi_table6_cpu sfi_table7a_cpu sfi_table7b_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	for e in longspec_table1_cpu longspec_table1_magicdec_cpu longspec_table1_draftless_cpu \
-	  longspec_table2_cpu longspec_tau_prompts_cpu longspec_tau_qa_cpu; do \
+	  longspec_table2_cpu longspec_tau_prompts_cpu longspec_tau_qa_cpu longspec_tau_summary_cpu; do \
 	  $(PY) run.py -m experiment=$$e $(RECORDS) || exit 1; done
 	$(PY) -m analysis.paper
 

@@ -84,13 +84,14 @@ def experiments(prefix: str) -> tuple[str, ...]:
 
 def from_experiments(samples: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
     """The runs the experiment files `names` started, plus the vanilla baselines (they pair by
-    environment): per task, the vanilla runs those experiments started, or every vanilla run of the
-    task where they started none (another experiment's vanilla run on the same task is not theirs).
-    Records made before runs named their experiment are taken whole."""
+    environment): per task they ran, the vanilla runs those experiments started, or every vanilla run of
+    the task where they started none (another experiment's vanilla run on the same task is not theirs;
+    a vanilla run of a task they did not run is no one's baseline here). Records made before runs named
+    their experiment are taken whole."""
     recorded = "experiment" in samples.columns and samples["experiment"].fillna("").astype(bool).any()
     if not recorded:
         return samples
     named, vanilla = samples["experiment"].isin(names), samples["decoder"] == "vanilla"
     task = samples["task"] if "task" in samples.columns else pd.Series("", index=samples.index)
     with_own_baseline = set(task[named & vanilla])
-    return samples[named | (vanilla & ~task.isin(with_own_baseline))]
+    return samples[named | (vanilla & task.isin(set(task[named])) & ~task.isin(with_own_baseline))]

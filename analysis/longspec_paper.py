@@ -45,11 +45,14 @@ DRAFTLESS = {"lookahead": "Lookahead (ours, not in the paper's table)",
 TABLE2 = "longspec_table2_cpu"
 TAU_PROMPTS = "longspec_tau_prompts_cpu"
 TAU_QA = "longspec_tau_qa_cpu"
+TAU_SUMMARY = "longspec_tau_summary_cpu"
 # what the prompts of each tau-over-prompts experiment are, for its caption
 TAU_PROMPT_SETS = {
     TAU_PROMPTS: "PG-19 stand-in windows (Paul Graham essays held out from the draft's training text)",
     TAU_QA: "RULER-style QA prompts over HotpotQA, 32 new tokens (questions of rows left out of the draft's "
     "training text; their distractor paragraphs may come from any row)",
+    TAU_SUMMARY: "summarisation prompts over whole essays held out from the draft's training text "
+    "(LongBench's summarisation prompt, an offline stand-in, not LongBench), 256 new tokens",
 }
 PAPER_WIDTHS = "[4, 16, 16, 16, 16]"
 # the tau-over-prompts table's short column names of the draftless decoders

