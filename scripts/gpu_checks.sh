@@ -10,10 +10,11 @@
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
-#   train  the shipped LongSpec draft trained further (#16): self-distillation on the target's own
-#          continuations decoded in batches, for GPU_TRAIN_MIN minutes (then saved and exported) into
-#          OUT/longspec_train (a rerun over the same OUT continues it); GPU_LONGSPEC_INIT: the draft to
-#          start from (default the shipped one)
+#   train  the shipped LongSpec draft trained further (#16) on the copy recipe: natural text and random
+#          loops mixed, for GPU_TRAIN_MIN minutes (then saved and exported) into OUT/longspec_train (a
+#          rerun over the same OUT continues it); GPU_LONGSPEC_INIT: the draft to start from (default the
+#          shipped one). Check it here after: probe_longspec_copy --random-loops 6, then
+#          experiment=longspec_tau_prompts_cpu / _qa_cpu / _summary_cpu with decoder.checkpoint=<draft>
 # Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
 # GPU_WARMUP_S sets the sweep's run.warmup_s (default 20 s of untimed warm-up per run).
 # On a leased machine without network, scripts/gpu_lease.sh packs what must travel and prints the calls.
@@ -99,13 +100,13 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-train_stage() {  # `make train-longspec`'s last run (self-distillation on essay text, which raised tau on the essay
-  # prompts where fresh HotpotQA text lowered it: README) again from the shipped draft, on twice the continuations
-  "$PY" -m benchmarks.bench_longspec_continuations --device cuda --prompts 64 --new 64 --gen-batch 64 || true
+train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained on held-out essay text and random
+  # loops (a third and two thirds), soft labels, up to 4 passes; on 2 CPU cores one pass of 0.5M tokens half and
+  # half kept the natural text but copied no better. Its text is the essays alone: gpu_lease.sh carries just those.
   "$PY" -m training.longspec out="$out/longspec_train" init="${GPU_LONGSPEC_INIT:-checkpoints/longspec/smollm2-135m}" \
-    continuations=batched gen_batch="${GPU_TRAIN_GEN_BATCH:-128}" gen_prompt=256 "sources=[essays]" autocast=bf16 \
-    position_seed=content eval_every=200 checkpoint_every=100 max_minutes="${GPU_TRAIN_MIN:-6}" \
-    "stages=[{name: selfdistill_essays_gpu, sequences: 428, generated: 384, labels: soft, lr: 1e-4, epochs: 3}]"
+    "sources=[essays,random_loops]" random_loops_per_window=2 seed=4 autocast=bf16 eval_every=500 \
+    checkpoint_every=200 max_minutes="${GPU_TRAIN_MIN:-6}" \
+    "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
 export -f env_stage test_stage smollm_stage bench_stage sweep_stage train_stage

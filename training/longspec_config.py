@@ -52,6 +52,7 @@ class TrainConfig:
     # sources' first sequences, as in a run without them): e.g. [hotpotqa_more] for a continued run
     extra_sources: list[str] = field(default_factory=list)
     max_chars_per_source: int = 2_000_000
+    random_loops_per_window: int = 1  # source random_loops: sequences drawn per window of its text
     gen_prompt: int = 512  # held-out tokens before a generated continuation
     # how the target's greedy continuations are decoded: greedy (one row per step) | prompt_lookup (the
     # same greedy tokens by decoders.pld, lossless; fast where the target repeats itself) | batched
@@ -169,6 +170,10 @@ def check(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.max_minutes < 0:
         raise HarnessError(f"training.longspec: max_minutes must be >= 0, got {cfg.max_minutes}")
+    if cfg.random_loops_per_window < 1:
+        raise HarnessError(
+            f"training.longspec: random_loops_per_window must be >= 1, got {cfg.random_loops_per_window}"
+        )
     if cfg.position_seed not in ("stage", "content"):
         raise HarnessError(
             f"training.longspec: position_seed must be stage or content, got {cfg.position_seed!r}"

@@ -56,6 +56,7 @@ class DataRecipe:
     essays_from_char: int = ESSAYS_HELD_OUT
     hotpotqa_from_row: int = HOTPOT_FIRST_ROW
     extra_sources: list[str] = field(default_factory=list)  # placed after the validation sequences
+    random_loops_per_window: int = 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -97,10 +98,17 @@ def _first_docs(docs: list[str], max_chars: int) -> list[str]:
 
 
 def build_sequences(
-    tokenizer: Any, seq_len: int, sources: list[str], seed: int, max_chars_per_source: int
+    tokenizer: Any,
+    seq_len: int,
+    sources: list[str],
+    seed: int,
+    max_chars_per_source: int,
+    random_loops_per_window: int = 1,
 ) -> tuple[list[list[int]], DataRecipe]:
-    """Disjoint `seq_len`-token sequences of every source, interleaved in a seeded shuffle."""
+    """Disjoint `seq_len`-token sequences of every source (`random_loops`: that many per window of its
+    text), interleaved in a seeded shuffle."""
     recipe = DataRecipe(seq_len, list(sources), seed, max_chars_per_source)
+    recipe.random_loops_per_window = random_loops_per_window
     sequences: list[list[int]] = []
     for name in sources:
         text = source_text(name, max_chars_per_source)
@@ -108,7 +116,7 @@ def build_sequences(
         if name == "essays_loops":
             cut = loop_sequences(tokenizer, ids, seq_len, seed)
         elif name == "random_loops":
-            cut = random_loop_sequences(ids, seq_len, seed)
+            cut = random_loop_sequences(ids, seq_len, seed, random_loops_per_window)
         else:
             cut = [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
         recipe.chars[name], recipe.sequences[name] = len(text), len(cut)

@@ -71,16 +71,18 @@ def _next_end(window: list[int], frm: int, ends: set[int]) -> int | None:
     return None
 
 
-def random_loop_sequences(ids: list[int], seq_len: int, seed: int) -> list[list[int]]:
-    """One `seq_len`-token sequence per disjoint `seq_len` window of `ids`: units of `RANDOM_UNIT` tokens
-    drawn at random from the window, each repeated `RANDOM_REPEATS` times, one after another."""
+def random_loop_sequences(ids: list[int], seq_len: int, seed: int, per_window: int = 1) -> list[list[int]]:
+    """`per_window` `seq_len`-token sequences per disjoint `seq_len` window of `ids`: units of
+    `RANDOM_UNIT` tokens drawn at random from the window, each repeated `RANDOM_REPEATS` times, one after
+    another (each sequence draws its own units)."""
     rng = random.Random(seed)
     out = []
     for start in range(0, len(ids) - seq_len + 1, seq_len):
         window = ids[start : start + seq_len]
-        seq: list[int] = []
-        while len(seq) < seq_len:
-            unit = rng.sample(window, min(rng.randint(*RANDOM_UNIT), seq_len))
-            seq += unit * rng.randint(*RANDOM_REPEATS)
-        out.append(seq[:seq_len])
+        for _ in range(per_window):
+            seq: list[int] = []
+            while len(seq) < seq_len:
+                unit = rng.sample(window, min(rng.randint(*RANDOM_UNIT), seq_len))
+                seq += unit * rng.randint(*RANDOM_REPEATS)
+            out.append(seq[:seq_len])
     return out
