@@ -53,6 +53,7 @@ import random
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -159,19 +160,17 @@ class Trainer:
         cfg = self.cfg
         data_file, gen_file = self.out / "sequences.json", self.out / "generated.json"
         if not data_file.exists():
-            per_window = cfg.random_loops_per_window
-            seqs, recipe = build_sequences(
-                self.tokenizer, cfg.seq_len, cfg.sources, cfg.seed, cfg.max_chars_per_source, per_window
+            build = partial(
+                build_sequences,
+                self.tokenizer,
+                cfg.seq_len,
+                seed=cfg.seed,
+                max_chars_per_source=cfg.max_chars_per_source,
+                random_loops_per_window=cfg.random_loops_per_window,
             )
+            seqs, recipe = build(cfg.sources)
             if cfg.extra_sources:
-                extra, more = build_sequences(
-                    self.tokenizer,
-                    cfg.seq_len,
-                    cfg.extra_sources,
-                    cfg.seed,
-                    cfg.max_chars_per_source,
-                    per_window,
-                )
+                extra, more = build(cfg.extra_sources)
                 seqs = seqs[: cfg.validation] + extra + seqs[cfg.validation :]
                 recipe.extra_sources = list(cfg.extra_sources)
                 recipe.chars.update(more.chars)

@@ -107,8 +107,9 @@ def build_sequences(
 ) -> tuple[list[list[int]], DataRecipe]:
     """Disjoint `seq_len`-token sequences of every source (`random_loops`: that many per window of its
     text), interleaved in a seeded shuffle."""
-    recipe = DataRecipe(seq_len, list(sources), seed, max_chars_per_source)
-    recipe.random_loops_per_window = random_loops_per_window
+    recipe = DataRecipe(
+        seq_len, list(sources), seed, max_chars_per_source, random_loops_per_window=random_loops_per_window
+    )
     sequences: list[list[int]] = []
     for name in sources:
         text = source_text(name, max_chars_per_source)
