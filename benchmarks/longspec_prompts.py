@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -23,9 +24,9 @@ def add_prompt_arguments(ap: argparse.ArgumentParser, continued: bool = True) ->
     ap.add_argument("--threads", type=int, default=2)
 
 
-def table1_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int]]]]:
-    """The fp32 SmolLM2 engine and, lazily, (sample id, prompt ids) per prompt. Bad arguments stop here
-    with one `error:` line, before the model loads."""
+def table1_prompts(args: argparse.Namespace) -> tuple[Engine, Any, Iterator[tuple[str, list[int]]]]:
+    """The fp32 SmolLM2 engine, its tokenizer and, lazily, (sample id, prompt ids) per prompt. Bad
+    arguments stop here with one `error:` line, before the model loads."""
     new = getattr(args, "new", None)  # None: a probe of the prompts alone (no --new)
     if args.prompts <= 0 or args.context < 64 or (new is not None and new < 8):
         asked = (
@@ -42,16 +43,19 @@ def table1_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str
     task = PG19(  # max_new_tokens: the task's generation length, unused by a probe of the prompts alone
         context_length=args.context, max_new_tokens=new or 256, source="package", limit=args.prompts
     )
-    return eng, ((s.sample_id, task.prompt_ids(s, 0, [], lm.tokenizer)) for s in task.load())
+    return eng, lm.tokenizer, ((s.sample_id, task.prompt_ids(s, 0, [], lm.tokenizer)) for s in task.load())
 
 
-def continued_prompts(args: argparse.Namespace) -> tuple[Engine, Iterator[tuple[str, list[int], int]]]:
-    """The engine and, lazily, (sample id, prompt + greedy continuation, prompt length) per prompt."""
-    eng, prompts = table1_prompts(args)
+def continued_prompts(
+    args: argparse.Namespace,
+) -> tuple[Engine, Any, Iterator[tuple[str, list[int], int]]]:
+    """The engine, its tokenizer and, lazily, (sample id, prompt + greedy continuation, prompt length)
+    per prompt."""
+    eng, tokenizer, prompts = table1_prompts(args)
 
     def each() -> Iterator[tuple[str, list[int], int]]:
         for sample_id, prompt in prompts:
             continuation = greedy_continuation(eng, prompt, args.new, "prompt_lookup")
             yield sample_id, prompt + continuation, len(prompt)
 
-    return eng, each()
+    return eng, tokenizer, each()

@@ -84,7 +84,7 @@ class AttentionOnSources:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    eng, continued = continued_prompts(args)
+    eng, _, continued = continued_prompts(args)
     print(
         f"# probe_induction_layers: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "
         f"{args.context} tokens x {args.new} greedy tokens (one forward)\n"

@@ -54,7 +54,6 @@ import torch
 
 from benchmarks.longspec_prompts import add_prompt_arguments, continued_prompts
 from core.engine import Engine
-from core.models import packaged_gguf_folder
 from decoders.longspec import LOOKUP_NGRAM, SHIPPED, shipped_draft
 from decoders.longspec_draft import LongSpecDraft
 from decoders.pld import match_candidate
@@ -223,11 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.random_loops < 0:
         raise SystemExit(f"error: --random-loops takes a count of 0 or more, got {args.random_loops}")
     files = continuation_files(args.continuations, args.count)
-    eng, continued = continued_prompts(args)
+    eng, tokenizer, continued = continued_prompts(args)
     if args.random_loops:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(packaged_gguf_folder("smollm2-135m"))
         files.append(random_loop_set(tokenizer, args.random_loops))
     drafts = load_drafts(args.draft, eng)
     print(

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: no LongSpec draft in {', '.join(missing)}")
     if any(e <= 0 for e in args.edges):
         raise SystemExit("error: --edges must be positive positions")
-    eng, prompts = table1_prompts(args)
+    eng, _, prompts = table1_prompts(args)
     drafts = {name: LongSpecDraft.load(f, eng) for name, f in zip(args.draft, folders, strict=True)}
     print(
         f"# probe_longspec_positions: smollm2-135m fp32, {args.prompts} PG-19 stand-in prompts of "

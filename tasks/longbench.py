@@ -64,7 +64,12 @@ METRIC = {
     "essay_summary": "",  # no gold summary offline: not scored
 }
 RAW_PROMPT = {"lcc", "trec"}  # LongBench feeds these without the chat template
-STANDINS = {"ruler_niah", "ruler_qa", "essay_summary"}
+# the offline stand-ins and what builds their samples: (count, context_chars) -> [{id, prompt, answers?}]
+STANDINS = {
+    "ruler_niah": ruler.niah_samples,
+    "ruler_qa": ruler.qa_samples,
+    "essay_summary": summary.summary_samples,
+}
 OFFLINE = "offline, use task=longbench_ruler_niah, longbench_ruler_qa or longbench_essay_summary (stand-ins)"
 
 
@@ -114,12 +119,7 @@ class LongBench(Task):
     def _load(self) -> list[Sample]:
         if self.subset in STANDINS:
             n = self.limit or 100
-            make = {
-                "ruler_niah": ruler.niah_samples,
-                "ruler_qa": ruler.qa_samples,
-                "essay_summary": summary.summary_samples,
-            }
-            rows = make[self.subset](n, self.context_chars)
+            rows = STANDINS[self.subset](n, self.context_chars)
             return [
                 Sample(
                     r["id"],

