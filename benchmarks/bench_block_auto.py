@@ -1,7 +1,7 @@
 """Blocks sized by cost (`decoder.block=auto`, issue 18) against the fixed settings, on MT-Bench (turn 1,
 every category) and GSM8K with SmolLM2 fp32; and the blocks the same configs choose on GPU curves.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_block_auto \\
+    flock results/bench/.lock python -m benchmarks.bench_block_auto \\
         [--mtbench 16] [--gsm8k 8] [--new 128] [--repeats 3] [--threads 2] [--fafo-shares 0.001 0.1 ...]
 
 Protocol: one process, one engine (prepacked oneDNN GEMMs), this environment's cost curve (the
@@ -40,7 +40,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
 from decoders.base import BaseDecoder
-from decoders.fafo import FAFO
+from decoders.fafo.decoder import FAFO
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla

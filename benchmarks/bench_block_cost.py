@@ -1,6 +1,6 @@
 """What one forward of a B-token block costs relative to a 1-token (vanilla) step, on this machine.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_block_cost \\
+    flock results/bench/.lock python -m benchmarks.bench_block_cost \\
         [--model smollm2-135m] [--dtype float32] [--linear onednn] [--threads 2] [--context 400]
 
 Every draftless decoder trades rows for tokens: a step over B rows commits tau tokens, so its

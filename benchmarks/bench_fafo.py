@@ -1,6 +1,6 @@
 """FAFO vs Lookahead, PLD and vanilla on MT-Bench with SmolLM2-135M-Instruct (one run, one table).
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_fafo \\
+    flock results/bench/.lock python -m benchmarks.bench_fafo \\
         [--questions 2] [--new 96] [--dtype float32] [--linear onednn] [--threads 2] \\
         [--only cpu,pld] [--fafo 'k=6 n=1 m=2 tree=true'] [--repeats 3] [--profile]
 
@@ -45,7 +45,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
 from decoders.base import BaseDecoder
-from decoders.fafo import FAFO, FAFO2Forward
+from decoders.fafo.decoder import FAFO, FAFO2Forward
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla

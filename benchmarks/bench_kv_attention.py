@@ -1,6 +1,6 @@
 """Compressed-region sparse attention vs dense masked attention, and vanilla+streaming vs vanilla+full.
 
-    flock /tmp/harness-bench.lock .venv/bin/python -m benchmarks.bench_kv_attention [--quick]
+    flock results/bench/.lock .venv/bin/python -m benchmarks.bench_kv_attention [--quick]
 
 Part A (one decode row, one layer, per call): the dense reference `RestrictedView` (policy mask +
 SDPA with a boolean mask over the whole cache: what a lossy policy costs without a sparse kernel)

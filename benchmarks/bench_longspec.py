@@ -1,7 +1,7 @@
 """LongSpec against vanilla on long-context continuation with SmolLM2-135M and its shipped draft (one
 run, one table): wall-clock speedup, tau, and what the draft costs per token beside the target.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_longspec \\
+    flock results/bench/.lock python -m benchmarks.bench_longspec \\
         [--context 4096] [--prompts 2] [--new 128] [--repeats 2] [--vocab 8192 16384]
         [--methods TEXT ...]   # vanilla + the methods whose name contains a TEXT: bench_longspec-selected
 
@@ -12,7 +12,7 @@ Methods, all lossless (`exact` = outputs identical to vanilla's, fp32; `decoder.
 - the CPU presets again with `draft_vocab=N` for each `--vocab N`: the draft proposes only from the N
   tokens most frequent in its training data (our CPU option, not the paper's), so its LM-head GEMM
   shrinks by vocab/N;
-- `block=auto` (ours, not the paper's: `decoders.longspec_auto`): the chain, the small tree (both
+- `block=auto` (ours, not the paper's: `decoders.longspec.auto`): the chain, the small tree (both
   with `draft_vocab` 8192) and the paper's tree, each cut every step to the nodes worth verifying on
   this machine's cost curve (the runner's cached curve, or measured now before anything is timed);
 - `lookup=10` (ours, not the paper's): the auto chain with prompt lookup's guess as a second branch of
@@ -52,7 +52,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
 from decoders.base import BaseDecoder
-from decoders.longspec import LongSpec
+from decoders.longspec.decoder import LongSpec
 from decoders.pld import PromptLookup
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla

@@ -5,7 +5,7 @@ prompt_lookup`, lossless greedy) against several prompts per forward (`continuat
     python -m benchmarks.bench_longspec_continuations [--prompts 16] [--new 512] [--gen-batch 16]
         [--device auto] [--dtype float32] [--threads 2]
 
-The prompts are the default training recipe's (`training.longspec_data`): the first `--gen-prompt`
+The prompts are the default training recipe's (`training.longspec.data`): the first `--gen-prompt`
 tokens of its first sequences after the validation ones, which a run's `generated` take.
 Printed side by side from one run: seconds, new tokens per second, the speedup over prompt lookup, and
 how many batched continuations equal the greedy ones token for token (batched GEMMs round differently,
@@ -22,9 +22,9 @@ import torch
 from core.engine import Engine
 from core.models import load_model
 from runners.timing import synchronize
-from training.longspec_config import TrainConfig
-from training.longspec_data import build_sequences
-from training.longspec_steps import continuations
+from training.longspec.config import TrainConfig
+from training.longspec.data import build_sequences
+from training.longspec.steps import continuations
 
 
 def build_parser() -> argparse.ArgumentParser:

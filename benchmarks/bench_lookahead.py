@@ -1,6 +1,6 @@
 """Lookahead Decoding and prompt-lookup decoding vs vanilla greedy on MT-Bench with SmolLM2.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_lookahead \\
+    flock results/bench/.lock python -m benchmarks.bench_lookahead \\
         [--questions 3] [--new 128] [--dtypes float32 bfloat16] [--configs 5,7,7 5,15,15] \\
         [--pld 2,10] [--sweep 5 10 15 20 30 40] [--sweep-dtype bfloat16] [--threads 1]
 

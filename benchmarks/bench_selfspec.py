@@ -1,7 +1,7 @@
 """Self-speculation (MagicDec, TriForce's retrieval drafting) and TriForce against vanilla on long
 contexts, with SmolLM2-135M (one run, one table per context length).
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_selfspec \\
+    flock results/bench/.lock python -m benchmarks.bench_selfspec \\
         [--contexts 4096 7168] [--prompts 2] [--new 64] [--budget-frac 0.05] [--draft-layers 4] [--repeats 2]
 
 Methods, all lossless (`exact` = outputs identical to vanilla's, fp32):

@@ -1,7 +1,7 @@
 """SFI (Slow-Fast Inference) against dense decoding as the context grows, with SmolLM2-135M: what a
 fast step, a slow step and the Selector cost, and the decode speedup (one run, one row per context).
 
-    flock /tmp/harness-bench.lock python -m benchmarks.bench_sfi \\
+    flock results/bench/.lock python -m benchmarks.bench_sfi \\
         [--contexts 1024 2048 4096 7168] [--prompts 2] [--new 64] [--budget-frac 0.2] [--repeats 3]
 
 Methods: dense = decoder=vanilla kv=full; SFI = decoder=sfi with kv=sfi (sinks 4, recent --recent,

@@ -1,7 +1,7 @@
 """The cost curve t(B, ctx) of this device: one forward of B query rows over a cache of ctx entries,
 measured on a grid, cached per (device, model, dtype, linear, threads), and written as a record.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.block_cost \\
+    flock results/bench/.lock python -m benchmarks.block_cost \\
         [--model smollm2-135m] [--dtype float32] [--linear onednn] [--threads 2] \\
         [--rows 1 2 4 ... 512] [--contexts 256 1024 4096] [--refresh]
 

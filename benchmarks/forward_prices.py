@@ -1,6 +1,6 @@
 """Does the cost curve price each forward a decoder runs at what it costs? The predictor's inputs.
 
-    flock /tmp/harness-bench.lock python -m benchmarks.forward_prices [--mtbench 6] [--new 128]
+    flock results/bench/.lock python -m benchmarks.forward_prices [--mtbench 6] [--new 128]
 
 `bench_block_auto` predicts a decoder's speedup from the cost curve: Σ price of vanilla's 1-row
 steps / Σ price of the decoder's forwards. This times every `Engine.step` of each decoder on

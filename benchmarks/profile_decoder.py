@@ -25,7 +25,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
 from decoders.base import BaseDecoder
-from decoders.fafo import FAFO
+from decoders.fafo.decoder import FAFO
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla

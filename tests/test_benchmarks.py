@@ -10,7 +10,7 @@ import torch
 from benchmarks.bench_fafo import Tally, custom_fafo, spread
 from core.cost_curve import step_seconds
 from core.engine import Engine
-from decoders.fafo import FAFO
+from decoders.fafo.decoder import FAFO
 
 
 def test_block_step_leaves_the_cache_as_it_was(tiny_lm):
@@ -156,19 +156,6 @@ def test_bench_block_auto_prices_the_blocks_a_method_ran():
     assert den == pytest.approx(4 * 1.10 + 1.13)
 
 
-def test_needle_probe_top_keys_and_share():
-    """The probe's exact top-B (the group's mean softmax) and its per-(layer, head) hit count."""
-    from benchmarks.probe_retrieval_needle import share, top_keys
-
-    k = torch.zeros(2, 6, 2)
-    k[0, 4], k[1, 1] = torch.tensor([5.0, 0.0]), torch.tensor([0.0, 5.0])
-    q = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # 2 query heads per KV head
-    keep = top_keys(q, k, 1, 1.0)
-    assert keep[0].nonzero().flatten().tolist() == [4] and keep[1].nonzero().flatten().tolist() == [1]
-    assert share({0: keep, 1: keep}, [4]) == (2, 4)  # KV head 0 of both layers holds position 4
-    assert share({0: keep}, [2, 3]) == (0, 2)
-
-
 def test_step_clock_records_every_forward_and_returns_its_logits(tiny_lm):
     from benchmarks.timing import StepClock
     from core.types import Counts
@@ -187,7 +174,7 @@ def test_longspec_forward_clock_times_decode_forwards_and_restores_the_engine(ti
     output is unchanged and the engine's own `step` is back afterwards."""
     from benchmarks.bench_longspec import measure
     from core.types import Counts
-    from decoders.longspec import LongSpec
+    from decoders.longspec.decoder import LongSpec
     from decoders.vanilla import Vanilla
 
     eng = Engine(tiny_lm.model)
@@ -247,15 +234,6 @@ def test_forward_prices_orders_time_the_same_forwards(tiny_lm):
         assert [c[:2] for c in grouped[name].steps] == [c[:2] for c in interleaved[name].steps]
         assert grouped[name].decode > 0 and interleaved[name].decode > 0
     assert len(grouped["vanilla"].steps) == 2 * 7  # 8 tokens: 7 decode forwards per prompt
-
-
-def test_probe_output_is_named_per_model():
-    from benchmarks.probe_retrieval_needle import output_name
-
-    assert output_name([]) == output_name(["--model", "smollm2-135m"]) == "probe_retrieval_needle"
-    name = "probe_retrieval_needle-qwen25-coder-0.5b"
-    assert output_name(["--samples", "2", "--model", "qwen25-coder-0.5b"]) == name
-    assert output_name(["--model=qwen25-coder-0.5b"]) == name
 
 
 def test_timed_generate_splits_at_the_last_prefill_mark_and_always_finishes(tiny_lm):

@@ -19,7 +19,7 @@ from decoders.block_size import (
     expected_longest,
     generator_plan,
 )
-from decoders.fafo import FAFO, FAFO2Forward
+from decoders.fafo.decoder import FAFO, FAFO2Forward
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla

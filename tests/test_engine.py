@@ -224,7 +224,7 @@ def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
     """PLD, Lookahead and FAFO (kv=full) verify through the fixed-shape forwards and give vanilla's
     tokens; their blocks took the padded sizes."""
     from core.types import Counts
-    from decoders.fafo import FAFO
+    from decoders.fafo.decoder import FAFO
     from decoders.lookahead import Lookahead
     from decoders.pld import PromptLookup
     from decoders.vanilla import Vanilla

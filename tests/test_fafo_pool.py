@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from decoders.fafo import FumbleStreams
-from decoders.fafo_layout import LayoutCache, build_layout, build_tree_layout
+from decoders.fafo.decoder import FumbleStreams
+from decoders.fafo.layout import LayoutCache, build_layout, build_tree_layout
 from decoders.ngram_pool import NGramPool
 
 
@@ -127,7 +127,7 @@ def test_layout_cache_reuses_a_tree_structure_with_this_steps_candidates(monkeyp
     """Tree layouts are cached by trie structure: a step whose candidates share another step's
     structure gets that step's mask and positions with its own tokens and rows, exactly what a fresh
     build gives; the cache stays bounded."""
-    from decoders import fafo_layout
+    from decoders.fafo import layout as fafo_layout
 
     cache = LayoutCache(3, True, "cpu", tree=True)
     gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""LongSpec `block=auto` (decoders/longspec_auto.py): the block chooser against brute force over every
+"""LongSpec `block=auto` (decoders/longspec/auto.py): the block chooser against brute force over every
 subtree, the calibration's prior and updates, early stopping, losslessness (greedy against vanilla on
 tiny models, sampling in distribution), and the draft seconds measured when the curve is handed over."""
 
@@ -12,8 +12,8 @@ import pytest
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
-from decoders.longspec import LongSpec, Tree
-from decoders.longspec_auto import DraftCalibration, best_block, deeper_pays, node_probability, survivals
+from decoders.longspec.auto import DraftCalibration, best_block, deeper_pays, node_probability, survivals
+from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
 from tests.lossless_check import check_lossless, chi_square_pvalue, sample_generations, tiny_sampling_case
 from tests.test_block_auto import flat, steep

@@ -1,4 +1,4 @@
-"""LongSpec `lookup=N` (ours, decoders/longspec.py): prompt lookup's guess joins the drafted tree as one
+"""LongSpec `lookup=N` (ours, decoders/longspec/): prompt lookup's guess joins the drafted tree as one
 more root path. The chain merges with drafted nodes it shares; greedy stays token-identical to vanilla
 (tiny models, fixed and auto blocks, every tree; SmolLM2 MT-Bench), sampling stays exact in
 distribution; block=auto rates lookup nodes from the chain's own acceptance; lookup=0 leaves run ids
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
-from decoders.longspec import LongSpec, Tree
+from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
 from runners.config import decoder_params
 from tests.conftest import needs_smollm

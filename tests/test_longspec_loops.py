@@ -3,7 +3,7 @@ and `random_loops` (units of random tokens from the text, each repeated)."""
 
 from __future__ import annotations
 
-from training.longspec_loops import (
+from training.longspec.loops import (
     MAX_UNIT,
     MIN_UNIT,
     RANDOM_REPEATS,

@@ -1,4 +1,4 @@
-"""Released LongSpec drafts (decoders/longspec_sail.py): a state dict with the authors' parameter names
+"""Released LongSpec drafts (decoders/longspec/sail.py): a state dict with the authors' parameter names
 and shapes for a tiny random target, written as their checkpoints are (config.json + model.safetensors,
 pytorch_model.bin, or the trainer's draft_model_weights.pth), loads through `LongSpec(checkpoint=...)`:
 every parameter is the tensor it maps from, the draft computes the released block's function (checked
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from core.engine import Engine
 from core.types import Counts, HarnessError
-from decoders.longspec import LongSpec
-from decoders.longspec_draft import LongSpecDraft, RMSNorm
-from decoders.longspec_sail import NAMES, UNUSED, is_sail, load_sail
+from decoders.longspec.decoder import LongSpec
+from decoders.longspec.draft import LongSpecDraft, RMSNorm
+from decoders.longspec.sail import NAMES, UNUSED, is_sail, load_sail
 from decoders.vanilla import Vanilla
 from tests.lossless_check import check_lossless
 from tests.test_lossless_lookahead import varied_prompts

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from core.engine import Engine
-from decoders.longspec_draft import LongSpecDraft
-from training import longspec as train
-from training import longspec_steps as steps
-from training.teacher_cache import TargetView, TeacherCache
+from decoders.longspec.draft import LongSpecDraft
+from training.longspec import steps, train
+from training.longspec.teacher_cache import TargetView, TeacherCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

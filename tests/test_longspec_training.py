@@ -1,4 +1,4 @@
-"""LongSpec draft training (training/longspec.py): the training forward is the drafting forward (every
+"""LongSpec draft training (training/longspec/train.py): the training forward is the drafting forward (every
 row, every lag, anchor-offset positions, a window shorter than the sequence); the layer initialisation
 copies the target's layer; a trained draft is lossless inside `decoder=longspec`; an interrupted run
 resumes to the same weights as an uninterrupted one; bad input is one clear error line; the training
@@ -14,12 +14,11 @@ import torch
 
 from core.engine import Engine
 from core.types import Counts, HarnessError
-from decoders.longspec import LongSpec
-from decoders.longspec_draft import LongSpecDraft
+from decoders.longspec.decoder import LongSpec
+from decoders.longspec.draft import LongSpecDraft
 from decoders.vanilla import Vanilla
-from training import longspec as train
-from training import longspec_steps as steps
-from training.longspec_data import ESSAYS_HELD_OUT, first_unused_char
+from training.longspec import steps, train
+from training.longspec.data import ESSAYS_HELD_OUT, first_unused_char
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -169,7 +168,7 @@ def test_retarget_takes_the_layers_query_bias(tiny_lm):
     bias (Qwen2), or none (Llama)."""
     from dataclasses import replace
 
-    from decoders.longspec_draft import DraftConfig
+    from decoders.longspec.draft import DraftConfig
 
     eng = Engine(tiny_lm.model)
     draft = LongSpecDraft(replace(DraftConfig.for_target(eng, -1, 8), qkv_bias=True), eng, "biased")
@@ -235,7 +234,7 @@ def test_no_trained_draft_for_another_model(tiny_lm):
 def test_extra_sources_come_after_the_same_validation(tmp_path, capsys):
     """extra_sources=[hotpotqa_more]: the validation sequences stay those of a run without it, the fresh
     text comes next, and its HotpotQA rows follow those `hotpotqa` takes; a name twice is one line."""
-    from training.longspec_data import source_text
+    from training.longspec.data import source_text
 
     base = train.Trainer(train.parse(tiny_args(tmp_path / "a")))
     base.resume()

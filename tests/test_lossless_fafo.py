@@ -18,7 +18,7 @@ import torch
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts
-from decoders.fafo import FAFO, FAFO2Forward
+from decoders.fafo.decoder import FAFO, FAFO2Forward
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV

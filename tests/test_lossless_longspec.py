@@ -1,4 +1,4 @@
-"""LongSpec (decoders/longspec.py, decoders/longspec_draft.py): greedy equals vanilla greedy (fp32) for a
+"""LongSpec (decoders/longspec/): greedy equals vanilla greedy (fp32) for a
 chain, a small tree and the paper's tree, with an untrained random draft and with a draft that is the
 target itself (so that long paths are accepted and multi-token commits happen); the one KV cache ends
 as vanilla's; sampling is exact in distribution; the draft's memory is constant in context length; its
@@ -14,8 +14,8 @@ from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
-from decoders.longspec import LongSpec, Tree
-from decoders.longspec_draft import LongSpecDraft, weights_digest
+from decoders.longspec.decoder import LongSpec, Tree
+from decoders.longspec.draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm

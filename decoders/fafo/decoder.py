@@ -1,0 +1,358 @@
+"""FAFO, "Fumble Around and Find Out" (FAFO v000 = papers/000, §4; seed-specs §1.3).
+
+Lossless n-gram candidate-pool decoding in ONE target forward per step over the block
+`[x_last | m candidates (Find Out) | n fumble streams (Fumble Around)]` (layout in
+`decoders.fafo.layout`):
+
+- **Fumble Around** (§4.2, Eq. 1): n streams of k tokens, column-wise (App. E). A stream token sees
+  only the compressed region of the cache, chosen by the run's KV policy (`self.kv`: streaming,
+  quest, snapkv, h2o; with kv=full it sees the whole cache), plus x_last and its own stream's earlier
+  tokens. The argmax at each stream's last row is its next token (greedy, also when sampling [H]);
+  every step each stream appends it and drops its oldest token.
+- **Prefix caching** (§4.2, Alg. 2, App. F): each stream keeps its last k discarded tokens; its new
+  k-gram goes into the CPU pool under every suffix (1..k) of that buffer, at most n guesses per key,
+  least recently used evicted (`decoders.ngram_pool.NGramPool`).
+- **Find Out** (§4.3, Alg. 3-4): up to m candidates retrieved by the longest suffix of the decoded
+  sequence first, backing off to shorter suffixes; verified against the FULL cache in the same
+  forward. Greedy: the longest accepted candidate plus the bonus token; sampling: multi-candidate
+  verification of one-hot drafts (both `decoders.verify`), lossless in distribution.
+- **One KV cache**: `engine.commit` keeps only x_last's and the accepted candidate tokens' KV (computed
+  against the full cache, so exact); fumble rows' KV is never kept (recomputed every step).
+
+Harness choices for what the paper leaves open ([H], seed-specs §1.3), all logged by `params()`:
+streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
+positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
+by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
+`tree=true` (ours, off in the paper setting) lays the candidates out as a prefix trie: candidates
+sharing a prefix share its rows, so fewer rows are computed for the same verification (lossless).
+`block=auto` (ours, issue 18; the paper's fixed sizes stay the default): the number of streams and how
+often they run come from the cost curve (`decoders.block_size.generator_plan`: the streams may add
+`generator_share` of a 1-row step's cost on average: all n every step on a GPU-like curve, fewer and
+not every step on a CPU), and each step verifies the number of retrieved candidates with the most
+expected committed tokens per second (acceptance per candidate rank and position, this generation).
+`FAFO2Forward` is the Table 1 ablation: a compressed forward over [x_last | streams] updates the
+pool, then a second, full-cache forward verifies [x_last | candidates].
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from core.types import Counts
+from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import (
+    AcceptanceStats,
+    CostFn,
+    PrefixGain,
+    best_prefix,
+    check_block_mode,
+    generator_plan,
+)
+from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
+from decoders.fafo.views import ViewFactory
+from decoders.ngram_pool import NGramPool
+from decoders.verify import Verdict, greedy_verify, match_lengths, sample_verify
+
+RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
+FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
+
+
+class FumbleStreams:
+    """n sliding windows of k tokens plus each stream's buffer of its last k discarded tokens."""
+
+    def __init__(self, init: torch.Tensor) -> None:
+        self.win = init.clone()  # long [n, k]
+        n, k = init.shape
+        self.disc = torch.zeros(n, k, dtype=torch.long)
+        self.n_disc = 0
+
+    def flat_columns(self) -> torch.Tensor:
+        """Column-wise token order: token r of every stream, then token r + 1, ... (App. E)."""
+        return self.win.t().reshape(-1)
+
+    def advance(self, new_tokens: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+        """Append each stream's new token, drop its oldest; return (discard buffers, new k-grams)."""
+        k = self.win.shape[1]
+        self.disc = torch.cat([self.disc[:, 1:], self.win[:, :1]], dim=1)
+        self.n_disc = min(self.n_disc + 1, k)
+        self.win = torch.cat([self.win[:, 1:], new_tokens.view(-1, 1).to(self.win.dtype)], dim=1)
+        return self.disc[:, k - self.n_disc :].tolist(), self.win.tolist()
+
+
+class FAFO(BaseDecoder):
+    """FAFO with guess length k, n fumble streams and up to m verified candidates per step."""
+
+    name = "fafo"
+    sizes_blocks_by_cost = True  # block=auto is available
+    lossless = True  # verification always reads the full cache, whatever the KV policy
+
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler=None,
+        k: int = 6,
+        n: int = 40,
+        m: int | None = None,
+        stream_positions: str = "rebase",
+        fumble_sees_last: bool = True,
+        pool_from_prompt: bool = False,
+        pool_capacity: int | None = None,
+        backend: str | None = None,
+        pad_candidates: bool | None = None,
+        tree: bool = False,
+        seed: int = 0,
+        block: str = "fixed",
+        generator_share: float = 0.1,
+    ) -> None:
+        m = n if m is None else m
+        if k < 1 or n < 1 or m < 0:
+            raise ValueError(f"fafo needs k >= 1, n >= 1, m >= 0; got k={k} n={n} m={m}")
+        if stream_positions not in ("rebase", "slide"):
+            raise ValueError(f"stream_positions must be 'rebase' or 'slide', got {stream_positions!r}")
+        super().__init__(engine, kv, sampler)
+        self.k, self.n, self.m = k, n, m
+        self.stream_positions = stream_positions
+        self.fumble_sees_last = fumble_sees_last
+        self.pool_from_prompt = pool_from_prompt
+        self.pool_capacity = n if pool_capacity is None else pool_capacity  # App. F: n guesses per key
+        if self.pool_capacity < 1:
+            raise ValueError(f"fafo pool_capacity must be >= 1, got {pool_capacity}")
+        self.seed = seed
+        self.views = ViewFactory(engine, self.kv, backend)
+        # static block shape (the paper's padding to m candidates): needed by the compiled flex kernel
+        self.pad_candidates = self.views.backend == "flex" if pad_candidates is None else pad_candidates
+        if tree and self.pad_candidates:
+            raise ValueError(
+                "fafo: tree=true makes the block shape vary; it cannot be combined with "
+                "pad_candidates (backend=flex pads by default: set pad_candidates=false)"
+            )
+        self.tree = tree
+        self.block = check_block_mode(block)
+        if self.block == "auto" and not self.sizes_blocks_by_cost:
+            raise ValueError(f"{self.name} has no block=auto (its two forwards keep fixed sizes)")
+        if self.block == "auto" and self.pad_candidates:
+            raise ValueError(
+                "fafo: block=auto varies the block shape; it cannot be combined with pad_candidates "
+                "(backend=flex pads by default: set pad_candidates=false or use backend=sliced)"
+            )
+        if generator_share <= 0:
+            raise ValueError(f"fafo generator_share must be positive, got {generator_share}")
+        self.generator_share = generator_share
+        align = FLEX_Q_TILE if self.views.backend == "flex" else 0
+        self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree, align=align)
+
+    def params(self) -> dict:
+        return {
+            "k": self.k,
+            "n": self.n,
+            "m": self.m,
+            "stream_positions": self.stream_positions,
+            "fumble_sees_last": self.fumble_sees_last,
+            "pool_from_prompt": self.pool_from_prompt,
+            "pool_capacity": self.pool_capacity,
+            "backend": self.views.backend,
+            "pad_candidates": self.pad_candidates,
+            "tree": self.tree,
+            "seed": self.seed,
+            "two_forward": False,
+            **({"block": "auto", "generator_share": self.generator_share} if self.block == "auto" else {}),
+        }
+
+    def compiles_attention(self) -> bool:
+        return self.views.backend == "flex" and not self.kv.lossless
+
+    def max_block(self) -> int:
+        return build_layout(self.k, self.m, self.n, align=self.layouts.align).size
+
+    # --- shared pieces ------------------------------------------------------------------------
+    def _start(
+        self, prompt: list[int], out: list[int], n: int | None = None
+    ) -> tuple[FumbleStreams, NGramPool, list[int]]:
+        rng = random.Random(self.seed)
+        init = torch.tensor(
+            [[rng.choice(prompt) for _ in range(self.k)] for _ in range(n or self.n)], dtype=torch.long
+        )
+        pool = NGramPool(capacity=self.pool_capacity, max_key_len=self.k)
+        seq = list(prompt) + out  # committed tokens + the root (last element)
+        if self.pool_from_prompt:
+            pool.add_sequence(seq, self.k)
+        return FumbleStreams(init), pool, seq
+
+    def _candidates(self, pool: NGramPool, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(candidates to verify [g, k], block candidates [g or m, k]: padded with dummy k-grams of the
+        root token when `pad_candidates`, so every step has the same shape [H]; their rows are ignored)."""
+        guesses = pool.lookup(seq, self.m) if self.m else []
+        cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
+        if not self.pad_candidates or len(guesses) == self.m:
+            return cands, cands
+        pad = torch.full((self.m - len(guesses), self.k), seq[-1], dtype=torch.long)
+        return cands, torch.cat([cands, pad])
+
+    def _block(
+        self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
+        tokens = tokens.to(self.engine.device)
+        pos = lay.offsets + torch.where(lay.is_stream, base, p)
+        return tokens, pos
+
+    def _verify(
+        self, lay: FafoLayout, logits: torch.Tensor, preds: torch.Tensor, cands: torch.Tensor
+    ) -> Verdict:
+        """Greedy or sampling verification of the real candidates (padding rows are never read);
+        logits row == block row over the verification part."""
+        g = cands.shape[0]
+        rows = lay.cand_rows[:g]
+        if self.sampler.greedy:
+            return greedy_verify(cands, int(preds[0]), preds[rows])
+        probs = self.sampler.probs
+        return sample_verify(
+            cands, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
+        )
+
+    def _finish_step(
+        self,
+        lay: FafoLayout,
+        verdict: Verdict,
+        seq: list[int],
+        out: list[int],
+        pool: NGramPool,
+        max_new_tokens: int,
+        stop_ids: set[int],
+    ) -> tuple[int, bool]:
+        """Commit the verdict's KV rows, extend the output. Returns (tokens appended, done)."""
+        eng = self.engine
+        rows = verdict.commit_rows(0, lay.cand_rows)
+        eng.commit(rows)
+        self.kv.after_commit(eng, len(rows))
+        before = len(seq)
+        n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+        seq.extend(verdict.tokens[:n_new])
+        if self.pool_from_prompt:  # [H] ablation: generated text's n-grams too (like LADE's option)
+            pool.add_sequence(seq, self.k, start=before - self.k + 1)
+        return n_new, done
+
+    def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: torch.Tensor) -> None:
+        for disc, gram in zip(*streams.advance(new_tokens)):
+            pool.add_suffix_keys(disc, gram)
+
+    def _next_base(self, base: int, p_new: int) -> int:
+        return p_new if self.stream_positions == "rebase" else base + 1
+
+    # --- the decode loop ----------------------------------------------------------------------
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        eng = self.engine
+        cost = self.block_cost()
+        n_streams, period = (self.n, 1) if cost is None else self._stream_plan(cost, len(prompt))
+        self.plan = (n_streams, period)
+        stats = AcceptanceStats()  # block=auto: acceptance per candidate rank and position
+        gains = PrefixGain()  # ... and the longest accepted among the first g candidates
+        streams, pool, seq = self._start(prompt, out, n_streams)
+        base = len(seq) - 1
+        done, step = False, 0
+        while not done:
+            root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            n = n_streams if step % period == 0 else 0  # 0: no fumble rows this step
+            step += 1
+            cands, block_cands = self._candidates(pool, seq)
+            if cost is not None and len(cands):
+                cands = block_cands = cands[: self._auto_candidates(cands, stats, gains, n, cost, cache_len)]
+            lay = self.layouts.get(block_cands, n)
+            tokens, pos = self._block(lay, root, streams, p, base)
+            view = self.views.fused(lay, cache_len)
+            logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
+            preds = logits.argmax(dim=-1).cpu()
+            verdict = self._verify(lay, logits, preds, cands)
+            n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
+            # x_last and the candidates read the whole cache: the union read is the full cache
+            counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
+            if cost is not None and len(cands):
+                rows = lay.cand_rows[: len(cands)]
+                lengths = match_lengths(cands, int(preds[0]), preds[rows]).tolist()
+                for j, n_ok in enumerate(lengths):
+                    stats.update(min(j, RANKS), self.k, n_ok)
+                gains.update(lengths)
+            if n:
+                self._grow_pool(pool, streams, preds[preds.numel() - n :])  # each stream's last row
+            base = self._next_base(base, len(seq) - 1)
+
+    # --- block=auto ---------------------------------------------------------------------------
+    def _stream_plan(self, cost: CostFn, ctx: int) -> tuple[int, int]:
+        """(streams, run them every `period` steps) from the cost curve (`generator_plan`)."""
+        return generator_plan(range(1, self.n + 1), lambda s: s * self.k, cost, ctx, self.generator_share)
+
+    def _auto_candidates(
+        self,
+        cands: torch.Tensor,
+        stats: AcceptanceStats,
+        gains: PrefixGain,
+        n: int,
+        cost: CostFn,
+        ctx: int,
+    ) -> int:
+        """How many of the ranked candidates to verify (most expected tokens per second of forward);
+        with `tree`, a candidate costs only the rows of its prefix not shared with earlier ones."""
+        rows, seen = [1 + n * self.k], set()
+        for cand in cands.tolist():
+            new = 0
+            for t in range(self.k) if self.tree else ():
+                new += tuple(cand[: t + 1]) not in seen
+                seen.add(tuple(cand[: t + 1]))
+            rows.append(rows[-1] + (new if self.tree else self.k))
+        survivals = [stats.survival(min(j, RANKS), self.k) for j in range(len(cands))]
+        return best_prefix(survivals, rows, cost, ctx, gains)
+
+
+class FAFO2Forward(FAFO):
+    """FAFO-2forward (Table 1): a compressed forward over [x_last | streams] grows the pool, then a
+    full-cache forward verifies [x_last | candidates]. Two sequential forwards per step; the step is
+    counted once (tau per decoding step, as the paper's Table 1 reports it), with both forwards'
+    tokens and KV reads summed."""
+
+    name = "fafo_2forward"
+    sizes_blocks_by_cost = False
+
+    def params(self) -> dict:
+        return {**super().params(), "two_forward": True}
+
+    def max_block(self) -> int:
+        a = self.layouts.align
+        return max(
+            build_layout(self.k, self.m, 0, align=a).size, build_layout(self.k, 0, self.n, align=a).size
+        )
+
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        eng = self.engine
+        streams, pool, seq = self._start(prompt, out)
+        base = len(seq) - 1
+        empty = torch.zeros(0, self.k, dtype=torch.long)
+        done = False
+        while not done:
+            root, p, cache_len = seq[-1], len(seq) - 1, eng.length
+            # forward A: fumble on the compressed view only (x_last included), nothing kept
+            lay_a = self.layouts.get(empty, self.n)
+            tokens, pos = self._block(lay_a, root, streams, p, base)
+            view_a = self.views.compressed(lay_a, cache_len)
+            logits = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:])
+            eng.commit([])
+            # a forward of the target over the policy's selection that commits nothing: a draft forward
+            # (counted apart, as self-speculation's are; tau counts the verification forwards)
+            counts.draft_step(view_a.kv_read(cache_len), block_tokens=lay_a.size)
+            self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
+            # forward B: verification against the full cache
+            cands, block_cands = self._candidates(pool, seq)
+            lay_b = self.layouts.get(block_cands, 0)
+            tokens, pos = self._block(lay_b, root, None, p, base)
+            logits = eng.step(tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows)
+            preds = logits.argmax(dim=-1).cpu() if self.sampler.greedy else logits[:, 0]
+            verdict = self._verify(lay_b, logits, preds, cands)
+            n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
+            counts.step(lay_b.size, cands.numel(), verdict.accepted, n_new, cache_len)
+            base = self._next_base(base, len(seq) - 1)

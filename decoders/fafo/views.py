@@ -1,0 +1,63 @@
+"""Attention views for FAFO's blocks: fumble rows restricted to the KV policy's selection.
+
+Backends (the decoder's `backend`, default: the KV policy's own `backend` from conf/kv/*.yaml):
+- `dense`: the reference, SDPA with a boolean mask over [cache | block]
+  (`kv_policies.view.RestrictedView` with the fumble rows as the restricted rows). A dense mask never
+  skips work on CPU (cpu-lab.md §2).
+- `flex` / `sliced` / `flash`: the compressed-region layout of FAFO §4.4 / App. H
+  (`core.compressed_region`): the policy's selection is swapped into a fixed block-aligned region at
+  the head of the KV tensors, so the fumble rows read only that region (a static FlexAttention
+  BlockMask for `flex`, an SDPA over the region slice for `sliced`).
+With kv=full (or while a policy still keeps every entry, and it needs no per-step observation) every
+row sees the whole cache: one plain masked SDPA (`MaskView`), whatever the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from core.attention import MaskView
+from decoders.fafo.layout import FafoLayout
+from kv_policies.base import BACKENDS, KVPolicy
+from kv_policies.full import FullKV
+
+
+class ViewFactory:
+    def __init__(self, engine: Any, kv: Any, backend: str | None = None) -> None:
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(
+                f"fafo backend must be one of {BACKENDS} (or null = the kv policy's), got {backend!r}"
+            )
+        self.engine, self.kv = engine, kv
+        self.backend = backend or getattr(kv, "backend", "dense")
+
+    def _full(self, lay: FafoLayout, cache_len: int) -> MaskView:
+        n = lay.size
+        mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=self.engine.device)
+        mask[:, cache_len:] = lay.block_mask
+        return MaskView(mask, self.engine.scale)
+
+    def _unrestricted(self, cache_len: int) -> bool:
+        """True when restricting changes nothing: kv=full, or a budget still covering the whole cache
+        for a policy that does not watch the restricted rows' queries (H2O does)."""
+        kv = self.kv
+        if isinstance(kv, FullKV):
+            return True
+        if type(kv).observe is not KVPolicy.observe:
+            return False
+        return all(kv.keeps_all(li, cache_len) for li in range(self.engine.cache.n_layers))
+
+    def fused(self, lay: FafoLayout, cache_len: int) -> Any:
+        """x_last and candidates see the full cache; stream rows only the policy's selection."""
+        if lay.n == 0 or self._unrestricted(cache_len):
+            return self._full(lay, cache_len)
+        return self.kv.restricted_view(self.engine, lay.block_mask, lay.is_stream, self.backend)
+
+    def compressed(self, lay: FafoLayout, cache_len: int) -> Any:
+        """Every row restricted (FAFO-2forward's compressed forward)."""
+        if self._unrestricted(cache_len):
+            return self._full(lay, cache_len)
+        restricted = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
+        return self.kv.restricted_view(self.engine, lay.block_mask, restricted, self.backend)

@@ -1,0 +1,473 @@
+"""LongSpec (Yang et al. 2025, papers/004; seed-specs §4.3): a one-block draft that reads the target's
+KV cache drafts a tree by dynamic beam search; one target forward verifies every tree node through
+Hybrid Tree Attention (`core.tree_attention`). Lossless: the target decides every token.
+
+One step, with L committed entries in the target cache and the root r = the last output token (not
+cached yet, as in `decoders.selfspec`):
+1. Draft (`decoders.longspec.draft.LongSpecDraft`): depth 1 = the top-w1 children of r under the draft
+   (r queried at position L); at depth d every beam node of depth d-1 (queried at position L + d - 1,
+   seeing the draft's window cache and its own ancestors) proposes its top-w_d children, and the top-w_d
+   of all of those by cumulative draft log-prob become the new beam and tree nodes (the others are not
+   in the tree). The draft's cross-attention reads only the target's L committed entries.
+2. Verify: ONE target forward over [r, every tree node], node at depth d at position L + d, with the
+   ancestor mask over the block and the whole cache visible (`HybridTreeView`).
+3. Accept: greedy = the longest root path whose every token is the target's argmax at its parent, plus
+   the bonus argmax after it. Sampling = at each node along the path, its children x1..xm (one-hot,
+   deterministic top-k drafts) are tried in order with Lookahead's/SpecInfer's rule (`decoders.verify.
+   sample_verify`): accept x_i with probability p_i(x_i), p_1 = the target's distribution at the node,
+   p_{i+1} = p_i with x_i removed and renormalised; when none is accepted the next token is drawn from
+   p_{m+1} and the step ends. Exact in distribution. (The rule is `sample_verify`'s; that function
+   walks equal-length candidate rows, while a beam tree's root paths end at different depths, so the
+   walk over the tree is written out in `_accept`.)
+4. Commit the root and the accepted path's rows (`engine.commit`: their KV compacted in the one cache),
+   then the same tokens enter the draft's window.
+A chain (gamma drafts) is the case widths = [1] * gamma.
+
+`block=auto` (ours, not the paper's): the drafted tree is cut to the nodes worth verifying on this
+hardware and drafting may stop before `depth` (`decoders.longspec.auto`); verification is unchanged.
+
+`lookup=N` (ours, not the paper's): after drafting, prompt lookup's guess (`decoders.pld.match_candidate`:
+up to N tokens after the earliest earlier occurrence of the trailing 2-gram of prompt + output) joins
+the tree as one more root path; where the draft proposed the same tokens the path runs through its nodes.
+The one-block draft cannot copy from its context (`research.probes.probe_longspec_copy`: it misses about
+half the tokens a lookup gets right), so the two cover different tokens. Under block=auto a lookup node's
+rate is the chain's running acceptance at its place (per matched n-gram length, as decoder=pld's), a node
+both drafted and looked up takes the higher of its two rates. Verification is unchanged: lossless.
+
+Counts: one `counts.step` per target forward (block rows, drafted tree nodes, accepted, committed, cache
+entries read); one `counts.draft_model_step(rows, window entries)` per draft forward (its cross-attention
+reads the target's committed entries of one layer on top: not in `kv_attended`, like any draft model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.sampling import Sampler
+from core.tree_attention import BACKENDS, HybridTreeView
+from core.types import Counts, HarnessError
+from decoders.base import BaseDecoder, extend_output
+from decoders.block_size import BLOCK_MODES, AcceptanceStats
+from decoders.longspec.auto import (
+    DraftCalibration,
+    best_block,
+    deeper_pays,
+    draft_step_seconds,
+    node_probability,
+    survivals,
+)
+from decoders.longspec.draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer, target_name
+from decoders.longspec.sail import is_sail, load_sail
+from decoders.pld import match_candidate
+
+RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
+AUTO = "auto"  # decoder.checkpoint=auto: the draft shipped in SHIPPED for the target model
+SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "longspec"  # <target name>/ per draft
+LOOKUP_NGRAM = 2  # lookup=N: the trailing n-gram matched, as decoder=pld's default
+
+
+def shipped_draft(engine) -> Path:
+    """The committed draft folder for `engine`'s model (`checkpoints/longspec/<model folder name>`)."""
+    name = Path(target_name(engine)).name
+    folder = SHIPPED / name
+    if not (folder / "config.json").is_file():
+        have = sorted(p.name for p in SHIPPED.glob("*") if (p / "config.json").is_file())
+        raise HarnessError(
+            f"decoder=longspec: no shipped LongSpec draft for {name!r} "
+            f"(shipped: {', '.join(have) or 'none'}): "
+            "train one (python -m training.longspec) and pass decoder.checkpoint=<its draft folder>, or "
+            "decoder.checkpoint=random for an untrained draft (lossless, tau near 1)"
+        )
+    return folder
+
+
+@dataclass
+class Tree:
+    """A draft tree as the target's block: row 0 is the root, rows 1.. the nodes (parents first)."""
+
+    tokens: list[int]
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    score: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-prob
+    children: list[list[int]] = field(default_factory=lambda: [[]])
+    drafted: list[bool] = field(default_factory=lambda: [False])  # proposed by the draft model
+    lookup: list[int] = field(default_factory=lambda: [0])  # 1-based place in the lookup chain (0: none)
+    lookup_key: int = 0  # the lookup chain's matched n-gram length (0: no chain)
+
+    def add(self, token: int, parent: int, score: float, drafted: bool = True, lookup: int = 0) -> int:
+        row = len(self.tokens)
+        self.tokens.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.score.append(score)
+        self.children.append([])
+        self.children[parent].append(row)
+        self.drafted.append(drafted)
+        self.lookup.append(lookup)
+        return row
+
+    def add_chain(self, tokens: Sequence[int], key: int) -> None:
+        """A lookup chain from the root: a token a node already has as a child is that child (marked),
+        the first one it lacks and every later one are new nodes (`lookup_key` = `key`)."""
+        self.lookup_key = key if tokens else 0
+        node = 0
+        for place, token in enumerate(tokens, 1):
+            child = next((c for c in self.children[node] if self.tokens[c] == token), None)
+            if child is None:
+                child = self.add(token, node, self.score[node], drafted=False, lookup=place)
+            else:
+                self.lookup[child] = place
+            node = child
+
+    def path(self, row: int) -> list[int]:
+        """The rows from the root down to `row` (inclusive)."""
+        out = []
+        while row >= 0:
+            out.append(row)
+            row = self.parent[row]
+        return out[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """bool `[n, n]`: row i may attend to row j iff j is i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            if i:
+                mask[i] = mask[self.parent[i]]
+            mask[i, i] = True
+        return mask
+
+
+def _widths(depth: object, widths: object) -> list[int]:
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise HarnessError(f"decoder=longspec: depth must be a positive integer, got {depth!r}")
+    try:
+        if isinstance(widths, (str, bytes)):
+            raise TypeError
+        values = list(widths)  # a list or Hydra's ListConfig
+    except TypeError:
+        raise HarnessError(f"decoder=longspec: widths must be a list of {depth} positive integers") from None
+    if len(values) != depth or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in values):
+        raise HarnessError(
+            f"decoder=longspec: widths must be {depth} positive integers (one per depth), got {values!r}"
+        )
+    return values
+
+
+class LongSpec(BaseDecoder):
+    name = "longspec"
+    lossless = True  # the target verifies every token
+
+    def __init__(
+        self,
+        engine,
+        kv=None,
+        sampler: Sampler | None = None,
+        depth: int = 5,
+        widths: Sequence[int] = (4, 16, 16, 16, 16),
+        window: int | None = None,
+        target_layer: int | None = None,
+        checkpoint: str | None = None,
+        seed: int = 0,
+        tree_attention: str = "masked",
+        draft_vocab: int | None = None,
+        block: str = "fixed",
+        draft_module: Any = None,
+        lookup: int = 0,
+        beam_temperature: float = 1.0,
+    ) -> None:
+        """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
+        model), "random" (untrained, seeded by `seed`), or a released LongSpec draft (`sail/longspec-*`
+        hub id or its folder: `decoders.longspec.sail`).
+        `window` / `target_layer`: None = the checkpoint's (random: 512 / the last layer); a loaded
+        draft's target layer cannot change. `draft_module`: a ready draft object (tests), instead of
+        a checkpoint. `tree_attention`: "hybrid" (the paper's cache/tree split merged through LSEs) or
+        "masked" (the same attention as one masked SDPA; faster on CPU): `core.tree_attention`.
+        `draft_vocab`: None = the draft proposes from the whole vocabulary (the paper); N = only from
+        the N tokens most frequent in its training data (`LongSpecDraft.restrict_vocab`; lossless).
+        `block`: "fixed" verifies the whole drafted tree; "auto" sizes it by cost
+        (`decoders.longspec.auto`). `lookup`: 0 = the paper's tree; N = up to N prompt-lookup tokens
+        join the tree as one more branch from the root (ours; module docstring). `beam_temperature`:
+        the draft's logits are divided by it before the beam ranks nodes by cumulative log-prob (1.0:
+        the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours,
+        `research.probes.probe_longspec_temperature` compares values on held-out prompts). Drafting only:
+        verification, hence losslessness, does not change."""
+        if tree_attention not in BACKENDS:
+            raise HarnessError(
+                f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
+                f"got {tree_attention!r}"
+            )
+        if block not in BLOCK_MODES:
+            raise HarnessError(
+                f"decoder=longspec: block must be one of {', '.join(BLOCK_MODES)}, got {block!r}"
+            )
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise HarnessError(f"decoder=longspec: lookup must be a non-negative integer, got {lookup!r}")
+        if (
+            isinstance(beam_temperature, bool)
+            or not isinstance(beam_temperature, (int, float))
+            or not (beam_temperature > 0)
+        ):
+            raise HarnessError(f"decoder=longspec: beam_temperature must be > 0, got {beam_temperature!r}")
+        self.beam_temperature = float(beam_temperature)
+        self.block = block
+        self.lookup = lookup
+        self.lookup_stats = AcceptanceStats()  # block=auto: the lookup chain's acceptance by place
+        self.draft_seconds: dict[int, float] = {}  # block=auto: draft forward seconds by row count
+        self.calibration = DraftCalibration()
+        self.tree_attention = tree_attention
+        self.widths = _widths(depth, widths)
+        self.depth = depth
+        super().__init__(engine, kv, sampler)
+        if not self.kv.lossless:
+            raise HarnessError(
+                f"decoder=longspec verifies over the full cache and drafts from the target's committed "
+                f"entries; kv={self.kv.name} would only hide entries from it: use kv=full"
+            )
+        if window is not None:
+            check_window(window)
+        if target_layer is not None:
+            target_layer = resolve_layer(target_layer, engine.w.n_layers)
+        self.checkpoint = checkpoint
+        self.draft = (
+            draft_module if draft_module is not None else self._load(checkpoint, window, target_layer, seed)
+        )
+        self.draft_vocab = draft_vocab
+        if draft_vocab is not None:
+            self.draft.restrict_vocab(draft_vocab)
+
+    def _load(
+        self, checkpoint: str | None, window: int | None, layer: int | None, seed: int
+    ) -> LongSpecDraft:
+        if checkpoint is None:
+            raise HarnessError(
+                "decoder=longspec needs a trained draft: set decoder.checkpoint=auto (the shipped draft "
+                "for this model), =<draft folder>, or =random for an untrained random draft "
+                "(lossless, tau near 1: smoke runs only)"
+            )
+        if str(checkpoint) == AUTO:
+            folder = shipped_draft(self.engine)
+            draft = LongSpecDraft.load(folder, self.engine, window)
+            where = folder.relative_to(SHIPPED.parent.parent).as_posix()  # no machine-specific path
+            draft.label = f"auto: {where}@{draft.label.rsplit('@', 1)[-1]}"
+            return self._check_layer(draft, layer, checkpoint)
+        if str(checkpoint) == RANDOM:
+            last = self.engine.w.n_layers - 1
+            return LongSpecDraft.init_for(
+                self.engine, last if layer is None else layer, window or DEFAULT_WINDOW, seed
+            )
+        if is_sail(checkpoint):  # the authors' released drafts: sail/longspec-* (hub) or such a folder
+            draft = load_sail(str(checkpoint), self.engine, window)
+        else:
+            draft = LongSpecDraft.load(Path(str(checkpoint)).expanduser(), self.engine, window)
+        return self._check_layer(draft, layer, checkpoint)
+
+    @staticmethod
+    def _check_layer(draft: LongSpecDraft, layer: int | None, checkpoint: object) -> LongSpecDraft:
+        if layer is not None and layer != draft.target_layer:
+            raise HarnessError(
+                f"decoder=longspec: the draft at {checkpoint} reads target layer {draft.target_layer}, "
+                f"not decoder.target_layer={layer} (leave it null to use the checkpoint's)"
+            )
+        return draft
+
+    def params(self) -> dict:
+        return {
+            "depth": self.depth,
+            "widths": list(self.widths),
+            "window": self.draft.window,
+            "target_layer": self.draft.target_layer,
+            "checkpoint": self.draft.label,
+            "tree_attention": self.tree_attention,
+            "draft_vocab": self.draft_vocab,
+            "block": self.block,
+            "lookup": self.lookup,
+            "beam_temperature": self.beam_temperature,
+        }
+
+    def identity_extra(self) -> dict:
+        """Which draft weights ran (the label holds the checkpoint's weights digest): a retrained draft
+        behind the same `checkpoint: auto` gets a new run id."""
+        return {} if str(self.checkpoint) == RANDOM else {"draft": self.draft.label}
+
+    def max_block(self) -> int:
+        return 1 + sum(self.widths) + self.lookup
+
+    def use_cost(self, cost) -> None:
+        """The cost curve, and (block=auto) the draft's forward seconds per beam size, measured now:
+        the runner hands the curve over before anything is timed."""
+        super().use_cost(cost)
+        if self.block == "auto":
+            context = max(min(4096, self.engine.max_positions - 2), 1)
+            beams = [1, *self.widths[:-1]]
+            self.draft_seconds = draft_step_seconds(self.draft, self.engine, context, beams)
+
+    def prepare(self, prompt: list[int], counts: Counts) -> None:
+        self.draft.start(prompt)  # the prompt is committed in the target cache: fill the draft's window
+        self.calibration = DraftCalibration()  # block=auto: acceptance statistics of this generation
+        self.lookup_stats = AcceptanceStats()
+
+    # ------------------------------------------------------------------------------------------
+    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> tuple[Tree, float]:
+        """Dynamic beam search under the draft, `depth` levels below the root (block=auto: fewer once a
+        level no longer pays). Returns the tree and its draft seconds (block=auto's estimate, else 0)."""
+        cost = self.block_cost()
+        spent = 0.0
+        draft, dev = self.draft, self.engine.device
+        tree = Tree([root])
+        draft.begin_block()
+        draft_row: dict[int, int] = {}  # tree row -> row in the draft's staged block
+        beam = [0]
+        for d in range(1, depth + 1):
+            for row in beam:
+                draft_row[row] = len(draft_row)
+            window = draft.cached
+            visible = torch.zeros(len(beam), window + len(draft_row), dtype=torch.bool)
+            visible[:, :window] = True
+            for i, row in enumerate(beam):
+                visible[i, [window + draft_row[a] for a in tree.path(row)]] = True
+            tokens = torch.tensor([tree.tokens[r] for r in beam], dtype=torch.long, device=dev)
+            positions = torch.full((len(beam),), length + d - 1, dtype=torch.long, device=dev)
+            logits = draft.step(tokens, positions, visible, length)
+            if self.beam_temperature != 1.0:
+                logits = logits / self.beam_temperature
+            logp = torch.log_softmax(logits, dim=-1).cpu()
+            counts.draft_model_step(len(beam), window)
+            width = self.widths[d - 1]
+            top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
+            if draft.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
+                top_ids = draft.vocab_ids.cpu()[top_ids]
+            total = top_logp + torch.tensor([tree.score[r] for r in beam]).unsqueeze(1)
+            best = total.flatten().topk(min(width, total.numel())).indices.tolist()
+            k = top_logp.shape[1]
+            beam = [
+                tree.add(int(top_ids[i // k, i % k]), beam[i // k], float(total.flatten()[i])) for i in best
+            ]
+            if cost is not None:
+                spent += self._draft_cost(len(tokens))
+                if d < depth and not deeper_pays(
+                    self._survivals(tree), beam, self.calibration, cost, length, spent,
+                    self._draft_cost(len(beam)),
+                ):  # fmt: skip
+                    break
+        draft.begin_block()  # the staged block is not needed once the tree is drafted
+        return tree, spent
+
+    def _draft_cost(self, rows: int) -> float:
+        if rows in self.draft_seconds:
+            return self.draft_seconds[rows]
+        if not self.draft_seconds:
+            return 0.0
+        near = min(self.draft_seconds, key=lambda r: abs(r - rows))  # a beam narrower than its width
+        return self.draft_seconds[near]
+
+    def _survivals(self, tree: Tree) -> list[float]:
+        return survivals(tree.parent, lambda row: self._node_rate(tree, row))
+
+    def _node_rate(self, tree: Tree, row: int) -> float:
+        """P(node `row` accepted | its parent accepted): the draft's calibrated rate for its probability,
+        the lookup chain's running rate at its place, the higher of the two for a node that is both."""
+        rates = [self.lookup_stats.rate(tree.lookup_key, tree.lookup[row] - 1)] if tree.lookup[row] else []
+        if tree.drafted[row]:
+            rates.append(self.calibration.rate(node_probability(tree.score, tree.parent, row)))
+        return max(rates)
+
+    def _cut(self, tree: Tree, length: int, spent: float, cost) -> Tree:
+        """block=auto: the root + the rows worth verifying (`best_block`), as a tree of their own."""
+        keep, _ = best_block(self._survivals(tree), cost, length, spent)
+        if len(keep) == len(tree.tokens) - 1:
+            return tree
+        cut, new_row = Tree([tree.tokens[0]], lookup_key=tree.lookup_key), {0: 0}
+        for row in keep:  # row order: parents first
+            new_row[row] = cut.add(
+                tree.tokens[row],
+                new_row[tree.parent[row]],
+                tree.score[row],
+                tree.drafted[row],
+                tree.lookup[row],
+            )
+        return cut
+
+    def _calibrate(self, tree: Tree, path: list[int]) -> None:
+        """block=auto: every node whose parent the target accepted counts for its bin of q."""
+        on_path = {0, *path}
+        for row in range(1, len(tree.tokens)):
+            if tree.drafted[row] and tree.parent[row] in on_path:
+                q = node_probability(tree.score, tree.parent, row)
+                self.calibration.update(q, row in on_path)
+        for row in (0, *path):
+            drafted = [c for c in tree.children[row] if tree.drafted[c]]
+            if drafted:
+                self.calibration.update_parent(any(c in on_path for c in drafted))
+        if tree.lookup_key:  # the chain's places in the tree, and how many of them were accepted
+            chain = sum(1 for place in tree.lookup if place)
+            accepted = sum(1 for row in path if tree.lookup[row])
+            self.lookup_stats.update(tree.lookup_key, chain, accepted)
+
+    def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The accepted path's tree rows and the committed tokens (accepted + bonus)."""
+        rows: list[int] = []
+        node = 0
+        if self.sampler.greedy:
+            preds = logits.argmax(-1).tolist()
+            while True:
+                nxt = next((c for c in tree.children[node] if tree.tokens[c] == preds[node]), None)
+                if nxt is None:
+                    return rows, [tree.tokens[r] for r in rows] + [preds[node]]
+                rows.append(nxt)
+                node = nxt
+        gen = self.sampler.generator
+        while True:
+            p = self.sampler.probs(logits[node]).float().cpu().clone()
+            nxt = None
+            for child in tree.children[node]:
+                x = tree.tokens[child]
+                px = float(p[x])
+                u = float(torch.rand((), generator=gen))
+                if u < px or float(p.sum()) - px <= 0.0:
+                    nxt = child
+                    break
+                p[x] = 0.0
+                p = p / p.sum()
+            if nxt is None:
+                return rows, [tree.tokens[r] for r in rows] + [self.sampler.sample_from(p)]
+            rows.append(nxt)
+            node = nxt
+
+    def _decode(
+        self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
+    ) -> None:
+        eng = self.engine
+        done = False
+        while not done:
+            length = eng.length
+            budget = max_new_tokens - len(out) - 1  # the bonus token comes on top
+            depth = min(self.depth, budget)
+            tree, spent = Tree([out[-1]]), 0.0
+            if depth > 0:
+                tree, spent = self._draft_tree(out[-1], length, depth, counts)
+            if self.lookup and budget > 0:
+                matched, chain = match_candidate(prompt + out, LOOKUP_NGRAM, min(self.lookup, budget))
+                tree.add_chain(chain, matched)
+            cost = self.block_cost()
+            if cost is not None and depth > 0:
+                tree = self._cut(tree, length, spent, cost)
+            n = len(tree.tokens)
+            view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
+            tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
+            positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
+            logits = eng.step(tokens, positions, view)
+            path, new = self._accept(tree, logits)
+            if cost is not None:
+                self._calibrate(tree, path)
+            n_new, done = extend_output(out, new, max_new_tokens, stop_ids)
+            rows = [0, *path][:n_new]
+            eng.commit(rows)
+            self.kv.after_commit(eng, len(rows))
+            self.draft.commit([tree.tokens[r] for r in rows], length)
+            counts.step(n, n - 1, len(path), n_new, view.kv_read(length))

@@ -1,0 +1,5 @@
+import sys
+
+from training.longspec.train import main
+
+sys.exit(main())
