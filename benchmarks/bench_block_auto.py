@@ -1,4 +1,4 @@
-"""Blocks sized by cost (`decoder.block=auto`, issue 18) against the fixed settings, on MT-Bench (turn 1,
+"""Blocks sized by cost (`decoder.block=auto`) against the fixed settings, on MT-Bench (turn 1,
 every category) and GSM8K with SmolLM2 fp32; and the blocks the same configs choose on GPU curves.
 
     flock results/bench/.lock python -m benchmarks.bench_block_auto \\

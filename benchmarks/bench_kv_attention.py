@@ -4,7 +4,7 @@
 
 Part A (one decode row, one layer, per call): the dense reference `RestrictedView` (policy mask +
 SDPA with a boolean mask over the whole cache: what a lossy policy costs without a sparse kernel)
-against the compressed-region `RegionView` with compiled FlexAttention (paper 000 §4.4 / App. H: the
+against the compressed-region `RegionView` with compiled FlexAttention (FAFO §4.4 / App. H: the
 selection sits in a block-aligned head region, one static BlockMask), both including the policy's
 per-call work; plus the raw kernels (SDPA with a prebuilt mask, the flex kernel alone) and plain SDPA
 over the whole cache (what kv=full costs), and the region view with the `sliced` backend (SDPA on the

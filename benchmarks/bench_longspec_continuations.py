@@ -1,5 +1,5 @@
 """How fast `training.longspec` gets the target's own continuations, the self-distillation data of the
-LongSpec draft (papers/004 §3.2, stage 3): one after another by prompt lookup (`continuations=
+LongSpec draft (LongSpec §3.2, stage 3): one after another by prompt lookup (`continuations=
 prompt_lookup`, lossless greedy) against several prompts per forward (`continuations=batched`).
 
     python -m benchmarks.bench_longspec_continuations [--prompts 16] [--new 512] [--gen-batch 16]

@@ -6,8 +6,8 @@
 For each intra-op thread count and decoder: one untimed warm-up, then one MT-Bench turn-2 generation
 timed per step (ms per forward, and the share spent inside `Engine.step`), then the same generation
 under `torch.profiler` (CPU, and CUDA when the device is) with its operators by self CPU time, and
-the host-device synchronisations and copies per step. On a GPU whose forwards are launch-bound
-(results/gpu/2026-11-26-nvidia-h200/), this tells a slow decoder's Python and CPU-side tensor work
+the host-device synchronisations and copies per step. On a GPU whose forwards are launch-bound,
+this tells a slow decoder's Python and CPU-side tensor work
 from its forward, and whether the CPU thread count matters.
 """
 

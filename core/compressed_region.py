@@ -1,4 +1,4 @@
-"""FAFO's compressed-region KV layout: "physically contiguous, logically sparse" (paper 000 §4.4, App. H).
+"""FAFO's compressed-region KV layout: "physically contiguous, logically sparse" (FAFO §4.4, App. H).
 
 A KV policy's selection lives in a fixed, block-aligned region at the head of the KV tensors:
 for every layer and KV head, slots `[0, region_len)` hold exactly the selected entries (in some order)

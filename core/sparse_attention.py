@@ -1,8 +1,8 @@
 """Sparse attention backends that skip the masked-out KV for real.
 
 The dense reference is SDPA with a boolean mask (`core.attention`, `kv_policies.view.RestrictedView`):
-it costs the same whatever the mask says (cpu-lab.md §2). The backends here only touch the KV blocks a
-query may see, for the compressed-region layout of FAFO (paper 000 §4.4, App. H, Algorithm 1): the
+it costs the same whatever the mask says. The backends here only touch the KV blocks a
+query may see, for the compressed-region layout of FAFO (FAFO §4.4, App. H, Algorithm 1): the
 entries a KV policy selects live in slots `[0, region_len[h])` at the head of the KV tensor (per KV
 head h), so the rows restricted to the policy read the first `ceil(region_len / 128)` KV blocks plus the
 block(s) of the new tokens, whatever the context length.
@@ -13,8 +13,8 @@ block(s) of the new tokens, whatever the context length.
   `mask_mod` inside the kernel) and the block table (`kv_num_blocks` / `kv_indices`, rewritten in
   place). Nothing is recompiled and no `create_block_mask` runs per step (the paper's "static block
   mask"; rebuilding costs as much as the attention on CPU). Compiled flex is required for the skip: eager
-  flex materialises the full score matrix (cpu-lab.md §2). `BLOCK_SIZE = (q_block, 128)` with
-  `q_block = n` for a uniform block (cpu-lab: BLOCK_SIZE=(q_len,128)).
+  flex materialises the full score matrix. `BLOCK_SIZE = (q_block, 128)` with
+  `q_block = n` for a uniform block.
 - `sliced_attend` (backend `sliced`): SDPA over the region slice `k[:, :, :max(region_len)]` (a view,
   no copy) concatenated with the block's keys; works on any device.
 - flash-attn (backend `flash`, CUDA only, optional): `flash_region_attend` runs the region through
@@ -76,8 +76,8 @@ def compiled_flex(*args, **kwargs) -> torch.Tensor:
 
 
 def default_q_block(n: int, uniform: bool, cuda: bool) -> int:
-    """Query rows per BlockMask block. CPU: the whole block when every row has the same visibility
-    (cpu-lab: BLOCK_SIZE=(q_len, 128)), else 16-row tiles. CUDA: a power of two in [16, 128], since
+    """Query rows per BlockMask block. CPU: the whole block when every row has the same visibility,
+    else 16-row tiles. CUDA: a power of two in [16, 128], since
     it doubles as the Triton kernel's BLOCK_M."""
     if not cuda:
         return n if uniform else min(n, 16)

@@ -1,4 +1,4 @@
-"""LongSpec's Hybrid Tree Attention (papers/004 Sec. 3.3, App. C): a tree block attends to the cached
+"""LongSpec's Hybrid Tree Attention (LongSpec Sec. 3.3, App. C): a tree block attends to the cached
 prefix and to itself separately, and the two halves are merged exactly through their log-sum-exps.
 
 With scores s over the cache (no mask: every tree node sees the whole committed prefix) and over the

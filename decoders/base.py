@@ -1,8 +1,35 @@
-"""What every decoder shares: engine + KV policy + sampler, and the output bookkeeping."""
+"""The decoder contract: what every decoder must and may provide, and what the runner gives it.
+
+A decoder is a small class: `generate` (here) runs the prefill, then hands everything after it to the
+subclass's `_decode`, which calls `engine.step` / `engine.commit` and reports counts, never time.
+
+A subclass MUST provide:
+- `name`: its config name (conf/decoder/<name>.yaml), written into the records;
+- `_decode(prompt, out, max_new_tokens, stop_ids, counts)`: append the generated tokens to `out`
+  (it holds the first token, picked from the prefill's logits) until `max_new_tokens` or a stop
+  token (`extend_output` does both), calling `counts.step(...)` once per target decode forward;
+- `lossless`: whether its output equals vanilla greedy (a class attribute, or a property when it
+  depends on the KV policy).
+It MAY provide:
+- `max_block()`: the most query rows one step stages (sizes the cache; default 1);
+- `params()`: its settings as recorded (default none);
+- `prepare(prompt, counts)`: prefill-phase work besides the target's own prefill (a draft model's);
+- `identity_extra()`: run-identity fields its config does not determine (a checkpoint's digest);
+- `compiles_attention()`: True when its attention compiles per shape, so the runner's warm-up
+  covers the whole generation length;
+- `sizes_blocks_by_cost = True` with a `block` attribute: `block=auto` is available; the runner then
+  measures the environment's cost curve and calls `use_cost(curve)` before the first generation.
+Its constructor takes `engine`, `kv` and `sampler`, then its own options (the keys of its config,
+checked with `core.checks`, which raise one `HarnessError` naming the field). Anything else the
+runner must pass is declared in `needs`: `"tokenizer"` (the target's tokenizer) and/or `"draft"`
+(the run's `draft` group, a `decoders.draft_model.DraftModel`). The runner never inspects a
+constructor's signature; `docs/adding-a-decoder.md` walks through a new decoder and its lossless test.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from core.cost_curve import CostFn
 from core.engine import Engine
@@ -11,13 +38,17 @@ from core.types import Counts, HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 
+NEEDS = frozenset({"tokenizer", "draft"})  # what a decoder may declare in `needs`
+
 
 class BaseDecoder:
-    """Subclasses implement `_decode` (everything after prefill) and set `lossless`/`max_block`."""
+    """Base of every decoder (the contract is in this module's docstring)."""
 
-    lossless: bool = True
     name: str = "base"
-    block: str = "fixed"  # "auto": blocks sized by cost (decoders.block_size); the runner gives the curve
+    lossless: bool = True
+    needs: ClassVar[frozenset[str]] = frozenset()
+    sizes_blocks_by_cost: ClassVar[bool] = False
+    block: str = "fixed"  # "auto" (where `sizes_blocks_by_cost`): blocks sized by the cost curve
     cost: CostFn | None = None
 
     def __init__(self, engine: Engine, kv: KVPolicy | None = None, sampler: Sampler | None = None) -> None:

@@ -19,15 +19,14 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
+from core.checks import choice
 from core.cost_curve import CostFn  # (rows, attended context) -> seconds
 
 BLOCK_MODES = ("fixed", "auto")
 
 
 def check_block_mode(block: str) -> str:
-    if block not in BLOCK_MODES:
-        raise ValueError(f"block must be one of {', '.join(BLOCK_MODES)}; got {block!r}")
-    return block
+    return choice("decoder.block", block, BLOCK_MODES)
 
 
 class AcceptanceStats:
@@ -155,7 +154,7 @@ def generator_plan(
     adds more, the smallest run every `period`-th step so that its cost averaged over steps does."""
     if share <= 0:
         raise ValueError(f"generator share must be positive, got {share}")
-    one = cost(1, ctx)
+    one = max(cost(1, ctx), 1e-12)  # a cost function priced at 0 must not divide by zero
 
     def extra(s: int) -> float:
         return max(cost(1 + rows_of(s), ctx) / one - 1.0, 0.0)

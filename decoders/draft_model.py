@@ -31,6 +31,10 @@ KINDS = ("none", "self_layers", "hub", "packaged", "tiny")
 
 
 class DraftModel:
+    # what the runner times as the draft's forwards (runners.timing.DraftClock): a step of its engine
+    # with the eviction and commit around it
+    FORWARDS = ("_feed",)
+
     def __init__(
         self, engine: Engine, label: str, vocab_size: int, budget: int = 256, sinks: int = 16, room: int = 64
     ) -> None:

@@ -31,7 +31,7 @@ seeded generator; each warm-up step appends the top level's outputs as a new lev
 level left by one column, so after N-2 steps the window has its steady shape. Candidates are
 verified during warm-up too whenever the pool has any.
 
-`block=auto` (ours, issue 18; the fixed setting stays the default): the window's width and how often
+`block=auto` (ours; the fixed setting stays the default): the window's width and how often
 it runs come from the cost curve (`decoders.block_size.generator_plan`: the window may add
 `generator_share` of a 1-row step's cost on average; on a GPU-like curve that is the whole window every
 step, on a CPU a narrow window every few steps), and each step verifies the number of pooled
@@ -40,7 +40,7 @@ position, this generation). Steps without the window still verify candidates; th
 advance on them. Verification is unchanged, so the output is too.
 
 Upstream bugs fixed here (hao-ai-lab/LookaheadDecoding `lade/decoding.py`, see
-reference/anchors-decoders.md Sec. 2.3):
+the reference implementation):
 1. when a whole (N-1)-gram matched, upstream's verification loop stopped before the bonus token and
    dropped it (one token lost per full match); `greedy_verify` always appends the bonus.
 2. upstream recorded `hits[max_hit]` repeatedly instead of each accepted token in the list it
@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from core.attention import MaskView
+from core.checks import flag, integer, number
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
@@ -160,6 +161,7 @@ class Lookahead(BaseDecoder):
     """Lookahead Decoding with n-gram size N, window W and at most G guesses per step."""
 
     name = "lookahead"
+    sizes_blocks_by_cost = True
 
     def __init__(
         self,
@@ -174,16 +176,13 @@ class Lookahead(BaseDecoder):
         block: str = "fixed",
         generator_share: float = 0.1,
     ) -> None:
-        if N < 3 or W < 1 or G < 1:
-            raise ValueError(f"lookahead needs N >= 3, W >= 1, G >= 1; got N={N} W={W} G={G}")
-        if generator_share <= 0:
-            raise ValueError(f"lookahead generator_share must be positive, got {generator_share}")
         super().__init__(engine, kv, sampler)
-        self.N, self.W, self.G = N, W, G
+        self.N = integer("decoder.N", N, 3)
+        self.W, self.G = integer("decoder.W", W, 1), integer("decoder.G", G, 1)
         self.block = check_block_mode(block)
-        self.generator_share = generator_share
-        self.pool_from_prompt = pool_from_prompt
-        self.seed = seed
+        self.generator_share = number("decoder.generator_share", generator_share, 0, low_open=True)
+        self.pool_from_prompt = flag("decoder.pool_from_prompt", pool_from_prompt)
+        self.seed = integer("decoder.seed", seed)
         self._layouts: dict[tuple[tuple[int, ...], int], Layout] = {}
         self.pool: NGramPool | None = None  # the last generation's pool (inspection, tests)
 

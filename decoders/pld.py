@@ -10,7 +10,7 @@ the matching prefix plus the bonus token, sampling uses the one-hot-draft rule o
 `decoders.verify.sample_verify` (lossless in distribution). The root's and the accepted draft
 tokens' KV is committed; the bonus token is fed next step. With no match the step is a vanilla step.
 
-`block=auto` (ours, issue 18): the draft is cut to the length that maximises expected committed
+`block=auto` (ours): the draft is cut to the length that maximises expected committed
 tokens per second of forward, from the environment's cost curve and the acceptance rate per draft
 position observed so far in this generation, keyed by the matched n-gram's length
 (`decoders.block_size`). `num_tokens` stays the longest draft.
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from core.checks import integer
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
@@ -50,6 +51,7 @@ class PromptLookup(BaseDecoder):
     """Prompt-lookup decoding: drafts copied from the context, verified in one forward."""
 
     name = "pld"
+    sizes_blocks_by_cost = True
 
     def __init__(
         self,
@@ -60,14 +62,9 @@ class PromptLookup(BaseDecoder):
         num_tokens: int = 10,
         block: str = "fixed",
     ) -> None:
-        if max_matching_ngram_size < 1 or num_tokens < 1:
-            raise ValueError(
-                "pld needs max_matching_ngram_size >= 1 and num_tokens >= 1, got "
-                f"{max_matching_ngram_size} and {num_tokens}"
-            )
         super().__init__(engine, kv, sampler)
-        self.max_ngram = max_matching_ngram_size
-        self.num_tokens = num_tokens
+        self.max_ngram = integer("decoder.max_matching_ngram_size", max_matching_ngram_size, 1)
+        self.num_tokens = integer("decoder.num_tokens", num_tokens, 1)
         self.block = check_block_mode(block)
         self.stats = AcceptanceStats()  # block=auto: acceptance by (matched n, draft position)
 

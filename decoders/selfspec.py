@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from core.attention import CausalView
+from core.checks import integer, number
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 from decoders.verify import greedy_verify, speculative_verify
@@ -27,6 +28,7 @@ from decoders.verify import greedy_verify, speculative_verify
 
 class SelfSpeculative(BaseDecoder):
     name = "selfspec"
+    gamma_field = "gamma"  # the config key of the tokens drafted per verification
 
     def __init__(
         self,
@@ -38,23 +40,10 @@ class SelfSpeculative(BaseDecoder):
         rebuild_below: float = 0.0,
         rebuild_window: int = 8,
     ) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma <= 0:
-            raise HarnessError(f"decoder=selfspec: gamma must be a positive integer, got {gamma!r}")
-        if isinstance(rebuild_every, bool) or not isinstance(rebuild_every, int) or rebuild_every < 0:
-            raise HarnessError(
-                f"decoder=selfspec: rebuild_every must be a non-negative integer (0 = never), got "
-                f"{rebuild_every!r}"
-            )
-        if (
-            isinstance(rebuild_below, bool)
-            or not isinstance(rebuild_below, (int, float))
-            or not (0 <= rebuild_below < 1)
-        ):
-            raise HarnessError(
-                f"decoder: rebuild_below must be a number in [0, 1) (0 = never), got {rebuild_below!r}"
-            )
-        if isinstance(rebuild_window, bool) or not isinstance(rebuild_window, int) or rebuild_window <= 0:
-            raise HarnessError(f"decoder: rebuild_window must be a positive integer, got {rebuild_window!r}")
+        gamma = integer(f"decoder.{self.gamma_field}", gamma, 1)
+        rebuild_every = integer("decoder.rebuild_every", rebuild_every, 0)  # 0 = never
+        rebuild_below = number("decoder.rebuild_below", rebuild_below, 0, 1, high_open=True)  # 0 = never
+        rebuild_window = integer("decoder.rebuild_window", rebuild_window, 1)
         super().__init__(engine, kv, sampler)
         if getattr(self.kv, "backend", "dense") == "flex":
             raise HarnessError(

@@ -1,4 +1,4 @@
-"""SFI's decoder (Slow-Fast Inference, papers/003 Alg. 1): vanilla decoding whose steps alternate
+"""SFI's decoder (Algorithm 1 of "Slow-Fast Inference"): vanilla decoding whose steps alternate
 between fast steps over `kv=sfi`'s sparse set and slow, dense steps that choose that set again.
 
 A step is slow when it is the first decode step, when the previous token is a boundary token, or when
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView
+from core.checks import integer
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 
@@ -45,6 +46,7 @@ def _trigger_ids(tokenizer: Any, triggers: tuple[str, ...]) -> frozenset[int]:
 
 class SlowFast(BaseDecoder):
     name = "sfi"
+    needs = frozenset({"tokenizer"})  # boundary tokens are read off the vocabulary
     lossless = False
 
     def __init__(
@@ -57,8 +59,7 @@ class SlowFast(BaseDecoder):
         tokenizer: Any = None,
         trigger_token_ids: set[int] | frozenset[int] | None = None,
     ) -> None:
-        if isinstance(t_max, bool) or not isinstance(t_max, int) or t_max <= 0:
-            raise HarnessError(f"decoder=sfi: t_max must be a positive integer, got {t_max!r}")
+        t_max = integer("decoder.t_max", t_max, 1)
         triggers = tuple(str(t) for t in triggers)
         if not triggers or not all(triggers):
             raise HarnessError(

@@ -1,4 +1,5 @@
-"""TriForce (Sun et al. 2024, papers/002, Algorithm 1; seed-specs §2.3): hierarchical speculation.
+"""TriForce (Sun et al. 2024, Algorithm 1 of "TriForce: Lossless Acceleration of Long Sequence Generation
+with Hierarchical Speculative Decoding"): hierarchical speculation.
 
 Three stages over one target KV cache plus the draft model's own small cache:
 - level 1: a small draft model M_q (`decoders.draft_model.DraftModel`: its own StreamingLLM cache)
@@ -28,20 +29,17 @@ from __future__ import annotations
 
 import torch
 
-from core.types import Counts, HarnessError
+from core.checks import integer
+from core.types import Counts
 from decoders.draft_model import DraftModel
 from decoders.selfspec import SelfSpeculative
 from decoders.verify import greedy_verify, speculative_verify
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise HarnessError(f"decoder=triforce: {name} must be a positive integer, got {value!r}")
-    return value
-
-
 class TriForce(SelfSpeculative):
     name = "triforce"
+    gamma_field = "gamma2"
+    needs = frozenset({"draft"})  # the run's draft group (None: draft=none, no middle level)
 
     def __init__(
         self,
@@ -55,7 +53,7 @@ class TriForce(SelfSpeculative):
         rebuild_window: int = 8,
         draft: DraftModel | None = None,
     ) -> None:
-        gamma1, gamma2 = _positive("gamma1", gamma1), _positive("gamma2", gamma2)
+        gamma1 = integer("decoder.gamma1", gamma1, 1)
         super().__init__(engine, kv, sampler, gamma2, rebuild_every, rebuild_below, rebuild_window)
         self.gamma1, self.gamma2 = gamma1, gamma2
         self.draft = draft

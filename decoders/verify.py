@@ -7,7 +7,7 @@ target distribution after the prefix + a_j1..a_jt.
 
 - `greedy_verify`: accept candidate tokens while each equals the argmax at the previous position;
   keep the longest accepted prefix over all candidates (the first one on ties), then append the
-  bonus token (argmax after the last accepted token). This is seed-specs Sec. 0 "greedy verification"
+  bonus token (argmax after the last accepted token). This is the usual greedy verification
   applied to every candidate; the output equals vanilla greedy token for token.
 - `sample_verify`: Lookahead's multi-candidate sampling verification (Fu et al. 2024, Sec. 3.3,
   after SpecInfer): the candidates are one-hot drafts, so a token x is accepted with probability

@@ -116,6 +116,19 @@ def check_backend(name: str, backend: str) -> str:
 
 
 class KVPolicy:
+    """Base of every KV policy (the module docstring explains the layout it reasons in).
+
+    A subclass MUST set `name` (its config name, conf/kv/<name>.yaml, and `REGISTRY`'s key) and
+    implement `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical
+    positions. It MAY set `budget` (and `min_budget()`), `shared`, `backend`, `dense_layers`, and use
+    the per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
+    `after_commit`, `rebuild` (what each is for: the module docstring), plus `params()` for what the
+    records show. Its constructor takes only its config's keys, checked with `core.checks` or the
+    `check_*` helpers above; state that depends on a prompt is created in `reset`, never in the
+    constructor, so one policy object serves every generation of a run. Decoders use it only through
+    `decode_view`, `draft_view`, `restricted_view` and `after_commit`.
+    """
+
     name: str = "base"
     lossless: bool = False  # True only when every entry stays visible (FullKV)
     shared: bool = False  # True: the same selection for every layer and KV head (StreamingLLM)

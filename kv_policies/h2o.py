@@ -1,6 +1,6 @@
 """H2O: heavy hitters by accumulated attention plus a recent window (Zhang et al. 2023).
 
-Reference (`H2OKVCache_LayerWise(hh_size, recent_size)`, anchors §7.4): every cached entry
+Reference (`H2OKVCache_LayerWise(hh_size, recent_size)`): every cached entry
 accumulates, per head, the attention mass it receives from every query (the prompt's queries at
 prefill, then each decode query); once the cache is over budget the `recent` newest entries are kept
 plus the `budget - recent` entries with the largest accumulated score among the older ones; evicted

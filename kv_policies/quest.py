@@ -3,14 +3,14 @@
 Keys are grouped into pages of `page_size` consecutive positions; each page keeps, per channel, the
 minimum and maximum key. For a query q the page's upper bound on q.k is
 `sum_d max(q_d * kmax_d, q_d * kmin_d)` (never below the true max over the page's keys, because each
-term bounds its channel's product); the top pages by bound are attended (anchors §7.2).
+term bounds its channel's product); the top pages by bound are attended.
 
 As in the reference: the last page (the one the newest entry is in) is always attended and is part
 of the page budget; the first `dense_layers` layers (2 in the paper) see everything; a budget of
 `budget // page_size` pages. GQA-aware (the reference repeats KV and picks per query head): one page
 choice per KV head, scored by the max over its query heads (and over the restricted rows) of their
 bounds, which is an upper bound on the max score any of them can reach in that page.
-Unlike the reference's `max(3, budget // page)` rule (Quest issue #22) a budget that covers the
+Unlike the Quest reference implementation's `max(3, budget // page)` rule, a budget that covers the
 context keeps everything. `page_size` must divide the compressed-region block (128) so pages tile
 the region's blocks.
 

@@ -1,4 +1,4 @@
-"""TriForce's retrieval cache (Sun et al. 2024, §4.1; seed-specs §2.2): chunks of the context chosen
+"""TriForce's retrieval cache (Sun et al. 2024, §4.1): chunks of the context chosen
 by how much the last query attends to each chunk's mean key.
 
 Build (after prefill, and again on `rebuild`): the prompt's keys `[0, P)` are split into chunks of

@@ -1,4 +1,4 @@
-"""SFI's sparse state (Slow-Fast Inference, papers/003 §3.1-3.3): per layer and KV head, a fast step
+"""SFI's sparse state ("Slow-Fast Inference" §3.1-3.3): per layer and KV head, a fast step
 sees the `sinks` first entries, the `recent` last ones and `k` long-range entries the Selector chose at
 the last slow step.
 

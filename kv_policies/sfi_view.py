@@ -1,4 +1,4 @@
-"""SFI's fast step on the `sliced` backend (papers/003 §3.4, "Reorg"): the long-range part of the sparse
+"""SFI's fast step on the `sliced` backend (SFI §3.4, "Reorg"): the long-range part of the sparse
 set (sinks + the Selector's entries) is packed into the compressed region's first slots once per slow
 step, and the recent window is read in place at the end of the cache.
 

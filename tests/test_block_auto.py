@@ -1,4 +1,4 @@
-"""`decoder.block=auto` (issue 18): the acceptance model and the chooser against brute force, the
+"""`decoder.block=auto`: the acceptance model and the chooser against brute force, the
 cost-curve hand-over by the runner, and losslessness of auto-sized blocks on tiny models and SmolLM2."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_block_auto_needs_a_curve_and_a_known_mode(refs):
     eng, cases = refs
     with pytest.raises(HarnessError, match="cost curve"):
         PromptLookup(eng, block="auto").generate(cases[0][0], 8, set(), Counts())
-    with pytest.raises(ValueError, match="block must be one of"):
+    with pytest.raises(HarnessError, match="decoder.block must be one of fixed, auto; got 'big'"):
         PromptLookup(eng, block="big")
 
 
@@ -145,7 +145,7 @@ def test_smollm_block_auto_lossless(smollm):
         ("lookahead_auto", auto(lambda e: Lookahead(e, pool_from_prompt=True, block="auto"))),
         ("fafo_auto", auto(lambda e: FAFO(e, k=3, n=4, tree=True, pool_from_prompt=True, block="auto"))),
     ]
-    taus = mtbench_lossless(smollm, makers, 3, 1, 48)
+    taus = mtbench_lossless(smollm, makers, 2, 1, 32)
     assert max(taus) > 1.0
 
 
@@ -188,9 +188,9 @@ def test_fafo_auto_is_lossless_and_follows_the_curve(refs, curve, tree):
 
 def test_fafo_auto_refuses_static_shapes(refs):
     eng, _ = refs
-    with pytest.raises(ValueError, match="pad_candidates"):
+    with pytest.raises(HarnessError, match="pad_candidates"):
         FAFO(eng, k=2, n=2, pad_candidates=True, block="auto")
-    with pytest.raises(ValueError, match="no block=auto"):
+    with pytest.raises(HarnessError, match="no block=auto"):
         FAFO2Forward(eng, k=2, n=2, block="auto")
 
 

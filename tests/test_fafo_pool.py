@@ -71,7 +71,7 @@ def test_streams_feed_pool_like_the_paper():
 
 
 def brute_force_visible(k: int, g: int, n: int, sees_last: bool, q: int, c: int) -> bool:
-    """Visibility rule of seed-specs 1.3 from the row descriptions alone."""
+    """Visibility rule of the paper from the row descriptions alone."""
 
     def describe(row):
         if row == 0:

@@ -246,7 +246,7 @@ def test_smollm_mtbench_fast(smollm):
         smollm,
         n_questions=1,
         turns=2,
-        max_new=40,
+        max_new=24,
         plan=[(dict(k=3, n=5, tree=True), ("full", "streaming", "quest"))],
     )
 

@@ -17,7 +17,7 @@ from core.attention import MaskView
 from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
-from core.types import Counts
+from core.types import Counts, HarnessError
 from decoders.lookahead import JacobiWindow, Lookahead, build_layout
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
@@ -198,9 +198,9 @@ def test_lossy_kv_policy_restricts_every_row(refs):
 
 def test_bad_parameters():
     eng = Engine(load_model("tiny", "tiny", dtype="float32", device="cpu").model)
-    for bad in (dict(N=2), dict(W=0), dict(G=0)):
-        with pytest.raises(ValueError):
-            Lookahead(eng, **bad)
+    for field, bad in (("N", 2), ("W", 0), ("G", 0), ("generator_share", 0.0), ("pool_from_prompt", "maybe")):
+        with pytest.raises(HarnessError, match=f"^decoder.{field} must be"):
+            Lookahead(eng, **{field: bad})
 
 
 # --- sampling: lossless in distribution ---------------------------------------------------------------
@@ -233,9 +233,9 @@ def test_sampling_is_lossless_in_distribution():
 @pytest.mark.smollm
 @needs_smollm
 def test_smollm_mtbench_fast(smollm):
-    """Three MT-Bench questions (turn 1), 48 tokens, the README setting with the prompt pool."""
+    """Two MT-Bench questions (turn 1), 32 tokens, the paper setting with the prompt pool."""
     taus = mtbench_lossless(
-        smollm, [("lookahead", lambda e: Lookahead(e, N=5, W=7, G=7, pool_from_prompt=True))], 3, 1, 48
+        smollm, [("lookahead", lambda e: Lookahead(e, N=5, W=7, G=7, pool_from_prompt=True))], 2, 1, 32
     )
     assert max(taus) > 1.0
 

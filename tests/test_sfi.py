@@ -189,7 +189,7 @@ def test_bad_decoder_input_is_one_clear_error(setup):
         SlowFast(eng, kv=SFI(), triggers=[], tokenizer=ByteTokenizer())
     with pytest.raises(HarnessError, match="no token of the vocabulary ends with"):
         SlowFast(eng, kv=SFI(), triggers=["\u00a7"], tokenizer=ByteTokenizer())
-    with pytest.raises(HarnessError, match="t_max must be a positive integer"):
+    with pytest.raises(HarnessError, match="decoder.t_max must be an integer >= 1"):
         SlowFast(eng, kv=SFI(), t_max=0, tokenizer=ByteTokenizer())
     with pytest.raises(HarnessError, match="decoder=sfi needs kv=sfi"):
         SlowFast(eng, tokenizer=ByteTokenizer())

@@ -1,4 +1,5 @@
-"""FAFO, "Fumble Around and Find Out" (FAFO v000 = papers/000, §4; seed-specs §1.3).
+"""FAFO, "Fumble Around and Find Out" (section 4 of "FAFO: Lossy KV Cache Compression for Lossless
+Inference Acceleration via Draftless Fumble Decoding").
 
 Lossless n-gram candidate-pool decoding in ONE target forward per step over the block
 `[x_last | m candidates (Find Out) | n fumble streams (Fumble Around)]` (layout in
@@ -7,7 +8,7 @@ Lossless n-gram candidate-pool decoding in ONE target forward per step over the 
 - **Fumble Around** (§4.2, Eq. 1): n streams of k tokens, column-wise (App. E). A stream token sees
   only the compressed region of the cache, chosen by the run's KV policy (`self.kv`: streaming,
   quest, snapkv, h2o; with kv=full it sees the whole cache), plus x_last and its own stream's earlier
-  tokens. The argmax at each stream's last row is its next token (greedy, also when sampling [H]);
+  tokens. The argmax at each stream's last row is its next token (greedy, also when sampling: ours);
   every step each stream appends it and drops its oldest token.
 - **Prefix caching** (§4.2, Alg. 2, App. F): each stream keeps its last k discarded tokens; its new
   k-gram goes into the CPU pool under every suffix (1..k) of that buffer, at most n guesses per key,
@@ -19,13 +20,13 @@ Lossless n-gram candidate-pool decoding in ONE target forward per step over the 
 - **One KV cache**: `engine.commit` keeps only x_last's and the accepted candidate tokens' KV (computed
   against the full cache, so exact); fumble rows' KV is never kept (recomputed every step).
 
-Harness choices for what the paper leaves open ([H], seed-specs §1.3), all logged by `params()`:
+Harness choices for what the paper leaves open, all logged by `params()`:
 streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
 positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
 by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
 `tree=true` (ours, off in the paper setting) lays the candidates out as a prefix trie: candidates
 sharing a prefix share its rows, so fewer rows are computed for the same verification (lossless).
-`block=auto` (ours, issue 18; the paper's fixed sizes stay the default): the number of streams and how
+`block=auto` (ours; the paper's fixed sizes stay the default): the number of streams and how
 often they run come from the cost curve (`decoders.block_size.generator_plan`: the streams may add
 `generator_share` of a 1-row step's cost on average: all n every step on a GPU-like curve, fewer and
 not every step on a CPU), and each step verifies the number of retrieved candidates with the most
@@ -40,7 +41,8 @@ import random
 
 import torch
 
-from core.types import Counts
+from core.checks import choice, flag, integer, number
+from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import (
     AcceptanceStats,
@@ -107,40 +109,36 @@ class FAFO(BaseDecoder):
         block: str = "fixed",
         generator_share: float = 0.1,
     ) -> None:
-        m = n if m is None else m
-        if k < 1 or n < 1 or m < 0:
-            raise ValueError(f"fafo needs k >= 1, n >= 1, m >= 0; got k={k} n={n} m={m}")
-        if stream_positions not in ("rebase", "slide"):
-            raise ValueError(f"stream_positions must be 'rebase' or 'slide', got {stream_positions!r}")
+        k, n = integer("decoder.k", k, 1), integer("decoder.n", n, 1)
+        m = n if m is None else integer("decoder.m", m, 0)
         super().__init__(engine, kv, sampler)
         self.k, self.n, self.m = k, n, m
-        self.stream_positions = stream_positions
-        self.fumble_sees_last = fumble_sees_last
-        self.pool_from_prompt = pool_from_prompt
-        self.pool_capacity = n if pool_capacity is None else pool_capacity  # App. F: n guesses per key
-        if self.pool_capacity < 1:
-            raise ValueError(f"fafo pool_capacity must be >= 1, got {pool_capacity}")
-        self.seed = seed
+        self.stream_positions = choice("decoder.stream_positions", stream_positions, ("rebase", "slide"))
+        self.fumble_sees_last = flag("decoder.fumble_sees_last", fumble_sees_last)
+        self.pool_from_prompt = flag("decoder.pool_from_prompt", pool_from_prompt)
+        # the paper keeps n guesses per key
+        self.pool_capacity = (
+            n if pool_capacity is None else integer("decoder.pool_capacity", pool_capacity, 1)
+        )
+        self.seed = integer("decoder.seed", seed)
         self.views = ViewFactory(engine, self.kv, backend)
         # static block shape (the paper's padding to m candidates): needed by the compiled flex kernel
         self.pad_candidates = self.views.backend == "flex" if pad_candidates is None else pad_candidates
-        if tree and self.pad_candidates:
-            raise ValueError(
+        if flag("decoder.tree", tree) and self.pad_candidates:
+            raise HarnessError(
                 "fafo: tree=true makes the block shape vary; it cannot be combined with "
                 "pad_candidates (backend=flex pads by default: set pad_candidates=false)"
             )
         self.tree = tree
         self.block = check_block_mode(block)
         if self.block == "auto" and not self.sizes_blocks_by_cost:
-            raise ValueError(f"{self.name} has no block=auto (its two forwards keep fixed sizes)")
+            raise HarnessError(f"decoder={self.name} has no block=auto (its two forwards keep fixed sizes)")
         if self.block == "auto" and self.pad_candidates:
-            raise ValueError(
+            raise HarnessError(
                 "fafo: block=auto varies the block shape; it cannot be combined with pad_candidates "
                 "(backend=flex pads by default: set pad_candidates=false or use backend=sliced)"
             )
-        if generator_share <= 0:
-            raise ValueError(f"fafo generator_share must be positive, got {generator_share}")
-        self.generator_share = generator_share
+        self.generator_share = number("decoder.generator_share", generator_share, 0, low_open=True)
         align = FLEX_Q_TILE if self.views.backend == "flex" else 0
         self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree, align=align)
 
@@ -183,7 +181,7 @@ class FAFO(BaseDecoder):
 
     def _candidates(self, pool: NGramPool, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(candidates to verify [g, k], block candidates [g or m, k]: padded with dummy k-grams of the
-        root token when `pad_candidates`, so every step has the same shape [H]; their rows are ignored)."""
+        root token when `pad_candidates`, so every step has the same shape (ours); their rows are ignored)."""
         guesses = pool.lookup(seq, self.m) if self.m else []
         cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
         if not self.pad_candidates or len(guesses) == self.m:
@@ -231,7 +229,7 @@ class FAFO(BaseDecoder):
         before = len(seq)
         n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
         seq.extend(verdict.tokens[:n_new])
-        if self.pool_from_prompt:  # [H] ablation: generated text's n-grams too (like LADE's option)
+        if self.pool_from_prompt:  # ablation (ours): generated text's n-grams too (like LADE's option)
             pool.add_sequence(seq, self.k, start=before - self.k + 1)
         return n_new, done
 

@@ -1,4 +1,4 @@
-"""FAFO's block layout for one forward (FAFO v000 §4.4, App. E, Fig. 4; seed-specs 1.3).
+"""FAFO's block layout for one forward (FAFO §4.4, App. E, Fig. 4).
 
 Block rows, in order:
 - row 0: the root x_last (the last committed token, its KV not cached yet), position p;
@@ -10,7 +10,7 @@ Block rows, in order:
     the same as in the flat layout and verification is unchanged (lossless), with fewer rows;
 - n fumble streams of k tokens in Lookahead's column-wise layout (App. E): token r of stream i at
   row s0 + r*n + i (s0 = first stream row), position base + 1 + r; it sees the earlier tokens of its
-  own stream, the root when `fumble_sees_last` ([H], Fig. 4 suggests yes) and only the COMPRESSED
+  own stream, the root when `fumble_sees_last` (ours; Fig. 4 suggests yes) and only the COMPRESSED
   region of the cache (the KV policy's selection): these are the restricted rows.
 
 With `align` (the flex backend), dummy rows (the root token, seeing only themselves, never read) pad

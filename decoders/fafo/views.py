@@ -3,7 +3,7 @@
 Backends (the decoder's `backend`, default: the KV policy's own `backend` from conf/kv/*.yaml):
 - `dense`: the reference, SDPA with a boolean mask over [cache | block]
   (`kv_policies.view.RestrictedView` with the fumble rows as the restricted rows). A dense mask never
-  skips work on CPU (cpu-lab.md §2).
+  skips work on CPU.
 - `flex` / `sliced` / `flash`: the compressed-region layout of FAFO §4.4 / App. H
   (`core.compressed_region`): the policy's selection is swapped into a fixed block-aligned region at
   the head of the KV tensors, so the fumble rows read only that region (a static FlexAttention
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from core.attention import MaskView
+from core.checks import choice
 from decoders.fafo.layout import FafoLayout
 from kv_policies.base import BACKENDS, KVPolicy
 from kv_policies.full import FullKV
@@ -26,10 +27,8 @@ from kv_policies.full import FullKV
 
 class ViewFactory:
     def __init__(self, engine: Any, kv: Any, backend: str | None = None) -> None:
-        if backend is not None and backend not in BACKENDS:
-            raise ValueError(
-                f"fafo backend must be one of {BACKENDS} (or null = the kv policy's), got {backend!r}"
-            )
+        if backend is not None:  # null: the KV policy's backend
+            choice("decoder.backend", backend, BACKENDS)
         self.engine, self.kv = engine, kv
         self.backend = backend or getattr(kv, "backend", "dense")
 

@@ -1,4 +1,5 @@
-"""LongSpec (Yang et al. 2025, papers/004; seed-specs §4.3): a one-block draft that reads the target's
+"""LongSpec (Yang et al. 2025, "LongSpec: Long-Context Lossless Speculative Decoding with Efficient
+Drafting and Verification"): a one-block draft that reads the target's
 KV cache drafts a tree by dynamic beam search; one target forward verifies every tree node through
 Hybrid Tree Attention (`core.tree_attention`). Lossless: the target decides every token.
 
@@ -48,6 +49,7 @@ from typing import Any
 
 import torch
 
+from core.checks import choice, integer, number
 from core.sampling import Sampler
 from core.tree_attention import BACKENDS, HybridTreeView
 from core.types import Counts, HarnessError
@@ -144,8 +146,7 @@ class Tree:
 
 
 def _widths(depth: object, widths: object) -> list[int]:
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise HarnessError(f"decoder=longspec: depth must be a positive integer, got {depth!r}")
+    integer("decoder.depth", depth, 1)
     try:
         if isinstance(widths, (str, bytes)):
             raise TypeError
@@ -161,6 +162,7 @@ def _widths(depth: object, widths: object) -> list[int]:
 
 class LongSpec(BaseDecoder):
     name = "longspec"
+    sizes_blocks_by_cost = True
     lossless = True  # the target verifies every token
 
     def __init__(
@@ -197,26 +199,10 @@ class LongSpec(BaseDecoder):
         the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours,
         `research.probes.probe_longspec_temperature` compares values on held-out prompts). Drafting only:
         verification, hence losslessness, does not change."""
-        if tree_attention not in BACKENDS:
-            raise HarnessError(
-                f"decoder=longspec: tree_attention must be one of {', '.join(BACKENDS)}, "
-                f"got {tree_attention!r}"
-            )
-        if block not in BLOCK_MODES:
-            raise HarnessError(
-                f"decoder=longspec: block must be one of {', '.join(BLOCK_MODES)}, got {block!r}"
-            )
-        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
-            raise HarnessError(f"decoder=longspec: lookup must be a non-negative integer, got {lookup!r}")
-        if (
-            isinstance(beam_temperature, bool)
-            or not isinstance(beam_temperature, (int, float))
-            or not (beam_temperature > 0)
-        ):
-            raise HarnessError(f"decoder=longspec: beam_temperature must be > 0, got {beam_temperature!r}")
-        self.beam_temperature = float(beam_temperature)
-        self.block = block
-        self.lookup = lookup
+        tree_attention = choice("decoder.tree_attention", tree_attention, BACKENDS)
+        self.block = choice("decoder.block", block, BLOCK_MODES)
+        self.lookup = integer("decoder.lookup", lookup, 0)
+        self.beam_temperature = number("decoder.beam_temperature", beam_temperature, 0, low_open=True)
         self.lookup_stats = AcceptanceStats()  # block=auto: the lookup chain's acceptance by place
         self.draft_seconds: dict[int, float] = {}  # block=auto: draft forward seconds by row count
         self.calibration = DraftCalibration()

@@ -1,4 +1,4 @@
-"""LongSpec's draft model (papers/004 Sec. 3.1; seed-specs §4.1): one transformer block on top of the
+"""LongSpec's draft model (LongSpec Sec. 3.1): one transformer block on top of the
 target's frozen embedding and LM head, reading the target's KV cache.
 
     h0 = Emb_target(x)
@@ -142,6 +142,10 @@ class RMSNorm(torch.nn.Module):
 
 
 class LongSpecDraft(torch.nn.Module):
+    # what the runner times as the draft's forwards (runners.timing.DraftClock): its block steps and
+    # the K/V of committed tokens entering its window
+    FORWARDS = ("step", "commit")
+
     def __init__(self, config: DraftConfig, engine: Engine, label: str) -> None:
         super().__init__()
         c = config
@@ -452,9 +456,9 @@ class LongSpecDraft(torch.nn.Module):
         lag: int,
         cross_window: int | None = None,
     ) -> torch.Tensor:
-        """Differentiable logits for a whole training sequence, as drafting would compute them (seed-specs
-        §4.2, flash-noisy training): query row t (token t at `positions[t]`) attends to the draft's own
-        rows t-window..t and to the target's K/V `[H_kv, S, d]` (layer `target_layer`, computed with the
+        """Differentiable logits for a whole training sequence, as drafting would compute them (the
+        paper's flash-noisy training): query row t (token t at `positions[t]`) attends to the draft's
+        own rows t-window..t and to the target's K/V `[H_kv, S, d]` (layer `target_layer`, computed with the
         same positions) of rows <= t - lag, the view a draft query has `lag` tokens after the last
         verified one. Returns `[S - 1 - lag, vocab]` float logits for rows lag..S-2 (each predicts the
         token after it); rows before `lag` see no target entry and are left out. `cross_window` (an

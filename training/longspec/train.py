@@ -1,11 +1,11 @@
-"""Train a LongSpec draft (papers/004 §3.2; seed-specs §4.2) for a frozen target, on CPU or GPU.
+"""Train a LongSpec draft (LongSpec §3.2) for a frozen target, on CPU or GPU.
 
     python -m training.longspec out=outputs/longspec_train              # defaults: the embedded model
     python -m training.longspec out=... stages.0.sequences=64 eval_every=8   # any field, dotted
 
 What one training sequence does (S = seq_len tokens of offline text, `training.longspec.data`):
 1. Position ids: `anchor_offset` = [0, 1, .., anchors-1, o+anchors, o+anchors+1, ..] with o uniform in
-   [0, max_offset] (seed-specs' [H] reading: position i is o + i after the anchors, so o = 0 is the plain
+   [0, max_offset] (our reading: position i is o + i after the anchors, so o = 0 is the plain
    sequence), or `vanilla` = 0..S-1.
 2. The frozen target runs once over the sequence at those positions (`Engine.step`, no gradient): its
    post-RoPE K/V of layer `target_layer` are what the draft's cross-attention reads; with `labels:
