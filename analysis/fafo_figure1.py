@@ -1,4 +1,4 @@
-"""FAFO's Figure 1 (papers/000): speedup and tau against the number of n-gram guesses, FAFO (n) vs
+"""FAFO's Figure 1 (the FAFO paper): speedup and tau against the number of n-gram guesses, FAFO (n) vs
 Lookahead (G), from our runs; the paper plots it without numbers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.fafo_paper import PAPER_SETTING, TASKS, _caption, _num, aggregate, hold
-from analysis.metrics import ENV
+from analysis.metrics import ENV, save_png
 
 
 def figure1(
@@ -22,25 +22,25 @@ def figure1(
         if k not in ("decoder.n", "decoder.G")
     }
     df = hold(samples[samples["task"] == task], fixed)
-    parts = []
+    parts, used = [], set()
     for decoder_prefix, col in (("fafo", "decoder.n"), ("lookahead", "decoder.G")):
         sub = df[df["decoder"].astype(str).str.startswith(decoder_prefix) | (df["decoder"] == "vanilla")]
         sub = sub[~sub["decoder"].astype(str).str.contains("2forward")]
         if col not in sub.columns or sub[col].isna().all():
             continue
         agg = aggregate(sub.assign(guesses=sub[col].map(_num)), ["guesses"])
-        parts.append(agg.dropna(subset=["guesses"]))
+        agg = agg.dropna(subset=["guesses"])
+        used |= {str(r) for r in (*agg["run_id"], *agg["base_run_id"]) if str(r)}
+        parts.append(agg)
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["method", "guesses"])
     if len(out):
         out["guesses"] = out["guesses"].astype(float)
         out = out.sort_values(["method", "guesses"], ignore_index=True)
-        out = out.drop(columns=[c for c in ENV if c in out.columns])  # one setup: its caption names it
-    out.attrs["caption"] = _caption(
-        f"Figure 1 ({TASKS.get(task, task)}; the paper plots it without numbers)",
-        samples,
-        "Llama-2-7b-chat",
-        fixed,
-    )
+        # one setup: its caption names it, and the code versions of the runs
+        out = out.drop(columns=[c for c in [*ENV, "run_id", "base_run_id"] if c in out.columns])
+    out.attrs["used"] = sorted(used)
+    title = f"Figure 1 ({TASKS.get(task, task)}; the paper plots it without numbers)"
+    _caption(out, title, samples, "Llama-2-7b-chat", fixed)
     if path is not None and len(out):
         _plot_figure1(out, Path(path))
     return out
@@ -59,8 +59,7 @@ def _plot_figure1(table: pd.DataFrame, path: Path) -> None:
     axes[0].set(xlabel="number of n-gram guesses", ylabel="speedup vs vanilla")
     axes[1].set(xlabel="number of n-gram guesses", ylabel="tau (tokens / forward)")
     axes[0].legend(fontsize=7)
-    fig.suptitle(table.attrs.get("caption", ""), fontsize=7)
+    fig.suptitle(table.attrs.get("title", ""), fontsize=9)  # the report's caption names the setup
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""FAFO's orderings (papers/000 Tables 2, 11, 12): the paper's claims by tau and by speed, checked on
+"""FAFO's orderings (FAFO Tables 2, 11, 12): the paper's claims by tau and by speed, checked on
 our runs (`analysis.fafo_paper` makes the tables they read)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def orderings(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
     above Lookahead and FAFO-Stream at least FAFO-Quest per task (Table 2), where the k and n sweeps peak
     (Tables 11-12). Each claim: holds / does not hold on each side, and why ours may differ."""
     t2 = table2(samples, fixed=fixed)
-    rows = []
+    rows, used = [], set(t2.attrs["used"])
     tau_why = "tau at this scale: 64-token answers of a 135M model, budgets of 10% of short contexts"
     speed_why = (
         "speed, not tau: a FAFO forward here runs hundreds of rows and on a CPU every row costs compute "
@@ -59,6 +59,7 @@ def orderings(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
                 )
     for name, fn, col in (("k", table11, "decoder.k"), ("n", table12, "decoder.n")):
         t = fn(samples, fixed=fixed)
+        used |= set(t.attrs["used"])
         t = t[t["method"] == "FAFO-Stream"]
         ours_best, paper_best = _argmax(t, col, "ours_tau"), _argmax(t, col, "paper_tau")
         if paper_best is None:
@@ -83,7 +84,5 @@ def orderings(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if out.empty or (out["verdict"] == "no runs").all():
         out = out.iloc[0:0]  # nothing of ours to check
-    out.attrs["caption"] = _caption(
-        "orderings (the paper's claims, checked on ours)", samples, "Llama-2-7b-chat", fixed
-    )
-    return out
+    out.attrs["used"] = sorted(used)
+    return _caption(out, "orderings (the paper's claims, checked on ours)", samples, "Llama-2-7b-chat", fixed)

@@ -1,11 +1,11 @@
-"""FAFO's paper tables from our runs, with the paper's numbers side by side (papers/000).
+"""FAFO's paper tables from our runs, with the paper's numbers side by side (the FAFO paper).
 
 Every function takes the per-sample DataFrame of our runs (`analysis.load.load_samples`: one row per
 (sample, turn) with at least decoder, kv, task, model, dtype, sample_id, turn, new_tokens, decode_s,
 wall_s, forwards, tau, and the parameters as columns `decoder.k`, `decoder.n`, `kv.budget`, ...) and
 returns a DataFrame whose `attrs["caption"]` names our model, dtype and hardware next to the paper's
 (Llama-2-7b-chat etc., fp16, 1x A100-80GB). The paper's values come from
-`results/curated/paper_tables_fafo.csv` (the FAFO rows of reference/paper-tables.csv; `NA` = a cell
+`results/curated/paper_tables_fafo.csv` (the paper's FAFO numbers; `NA` = a cell
 lost in the paper's text extraction).
 
 - `table1`   FAFO-Stream vs FAFO-2forward vs Lookahead (peak memory, speedup, tau), MT-Bench.
@@ -41,10 +41,13 @@ from analysis.metrics import (
     baseline_of,
     check_one_run,
     kv_activity,
-    ours_setup,
     paired_speedup,
+    scale_label,
+    set_caption,
     with_env,
 )
+
+__all__ = ["scale_label"]  # re-exported: callers read the scale sentence of a caption from here
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_fafo.csv"
 PAPER_ENV = "fp16, batch 1, 1x A100-80GB"
@@ -116,6 +119,8 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
             row.update(dict(zip(keys, key)))
             fw = run["forwards"].sum()
             row.update(
+                run_id=str(run["run_id"].iloc[0]) if "run_id" in run.columns else "",
+                base_run_id=str(base["run_id"].iloc[0]) if base is not None and "run_id" in base else "",
                 turns=len(run),
                 tau=run["committed"].sum() / fw if fw else float("nan"),
                 tok_s=run["new_tokens"].sum() / run["wall_s"].sum(),
@@ -126,36 +131,31 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
             paired = paired_speedup(run, base)
             row["speedup"], row["note"] = paired["speedup"], paired["note"]
             out.append(row)
-    columns = [*ENV, "method", *by, "turns", "tau", "tok_s", "kv_activity", "speedup", "note"]
+    columns = [*ENV, "method", *by, "run_id", "base_run_id", "turns", "tau", "tok_s", "kv_activity"]
+    columns += ["speedup", "note"]
     return pd.DataFrame(out) if out else pd.DataFrame(columns=columns)
 
 
-# How each preset of conf/scale/ departs from the paper's protocol (named in every caption).
-SCALE_DIFFERENCES = {
-    "cpu": "fewer samples and tokens, KV budgets as a fraction of each context",
-    "paper_slice8": "the paper's settings on 8 of the task's samples",
-}
-
-
-def scale_label(samples: pd.DataFrame) -> str:
-    """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml)."""
-    scales = sorted({str(v) for v in samples["scale"].dropna()}) if "scale" in samples.columns else []
-    other = [s for s in scales if s not in ("paper", "unknown")]
-    if not other:
-        return ""
-    what = "; ".join(f"conf/scale/{s}.yaml: {SCALE_DIFFERENCES.get(s, 'see that file')}" for s in other)
-    return f"scale={', '.join(other)}: NOT the paper's setting ({what}). "
-
-
-def _caption(title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None) -> str:
-    """Names our one setup (`one_setup` has refused anything else) and the code version(s)."""
+def _caption(
+    out: pd.DataFrame, title: str, samples: pd.DataFrame, paper_model: str, fixed: dict | None = None, ours=""
+) -> pd.DataFrame:
+    """Captions `out` (`analysis.metrics.set_caption`) with our one setup (`one_setup` has refused
+    anything else) and the code versions of the runs its rows show (`attrs["used"]`, set by
+    `_join_paper`; every run of `samples` when the table shows none)."""
     df = one_setup(samples) if len(samples) else samples
-    held = f" Held fixed: {', '.join(f'{k}={v}' for k, v in fixed.items())}." if fixed else ""
-    return (
-        f"FAFO {title}. {scale_label(df)}Ours: {ours_setup(df, threads=True)}; "
-        f"paper: {paper_model}, {PAPER_ENV}. "
-        f"Same protocol, other scale: compare shapes and orderings, not absolute numbers. Speedup = "
-        f"vanilla wall / method wall, same (sample, turn) set.{held}"
+    used = set(out.attrs.get("used", ()))
+    if used and "run_id" in df.columns:
+        df = df[df["run_id"].astype(str).isin(used)]
+    held = ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in (fixed or {}).items())
+    held = f"held fixed {held}" if held else ""
+    return set_caption(
+        out,
+        df,
+        f"FAFO {title}",
+        ours="; ".join(p for p in (held, ours) if p),
+        paper=f"{paper_model}, {PAPER_ENV}",
+        notes="Speedup = vanilla wall / method wall over the same (sample, turn) set.",
+        threads=True,
     )
 
 
@@ -192,7 +192,7 @@ def _join_paper(
     ours_key: dict[str, str],
 ) -> pd.DataFrame:
     """Rows = `keys` (paper-side column values); ours matched by `ours_key` (paper col -> our col)."""
-    rows = []
+    rows, used = [], set()
     for key in keys:
         row = dict(key)
         mine = ours
@@ -201,6 +201,8 @@ def _join_paper(
                 mine = mine.iloc[0:0]
                 continue
             mine = mine[mine[our_col].astype(str) == str(key[paper_col])]
+        for col in ("run_id", "base_run_id"):
+            used |= {str(v) for v in mine.get(col, pd.Series(dtype=str)).dropna() if str(v)}
         for metric, ours_col in metrics.items():
             row[f"ours_{ours_col}"] = (
                 mine[ours_col].mean() if len(mine) and ours_col in mine else float("nan")
@@ -212,7 +214,9 @@ def _join_paper(
         row["ours_kv_activity"] = mine["kv_activity"].iloc[0] if len(mine) and "kv_activity" in mine else ""
         row["ours_note"] = mine["note"].iloc[0] if len(mine) and "note" in mine else ""
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["used"] = sorted(used)  # the runs (and baselines) behind the table's cells, for its caption
+    return out
 
 
 def _num(v: object) -> str:
@@ -239,8 +243,7 @@ def table1(samples: pd.DataFrame, task: str = "mtbench", fixed: dict | None = No
         {"peak_memory_MB": "peak_mem_mb", "speedup": "speedup", "tau": "tau"},
         {"method": "method"},
     )
-    out.attrs["caption"] = _caption(f"Table 1 ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", fixed)
-    return out
+    return _caption(out, f"Table 1 ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", fixed)
 
 
 def table2(
@@ -279,13 +282,14 @@ def table2(
         )
         part["paper_source"] = src
         rows.append(part)
+    used = sorted({r for part in rows for r in part.attrs["used"]})
     out = pd.concat(rows, ignore_index=True)
     out = out[
         out.filter(like="ours_").notna().any(axis=1)
         | out.filter(like="paper_").drop(columns="paper_source").notna().any(axis=1)
     ].reset_index(drop=True)
-    out.attrs["caption"] = _caption("Tables 2 and 8", samples, paper_model, fixed)
-    return out
+    out.attrs["used"] = used
+    return _caption(out, "Tables 2 and 8", samples, paper_model, fixed)
 
 
 def _sweep(
@@ -317,7 +321,9 @@ def _sweep(
     out = _join_paper(
         ours, keys, paper, {"speedup": "speedup", "tau": "tau"}, {"method": "method", f"s.{paper_key}": param}
     )
+    used = out.attrs["used"]
     out = out.rename(columns={f"s.{paper_key}": param})
+    out.attrs["used"] = used
     out.attrs["fixed"] = {k: v for k, v in fixed.items() if k != param}
     return out
 
@@ -333,10 +339,9 @@ def table11(samples: pd.DataFrame, task: str = "mtbench", fixed: dict | None = N
         task,
         PAPER_SETTING if fixed is None else fixed,
     )
-    out.attrs["caption"] = _caption(
-        f"Table 11, k sweep ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", out.attrs["fixed"]
+    return _caption(
+        out, f"Table 11, k sweep ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", out.attrs["fixed"]
     )
-    return out
 
 
 def table12(samples: pd.DataFrame, task: str = "mtbench", fixed: dict | None = None) -> pd.DataFrame:
@@ -351,10 +356,9 @@ def table12(samples: pd.DataFrame, task: str = "mtbench", fixed: dict | None = N
         task,
         PAPER_SETTING if fixed is None else fixed,
     )
-    out.attrs["caption"] = _caption(
-        f"Table 12, n sweep ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", out.attrs["fixed"]
+    return _caption(
+        out, f"Table 12, n sweep ({TASKS.get(task, task)})", samples, "Llama-2-7b-chat", out.attrs["fixed"]
     )
-    return out
 
 
 def table13(samples: pd.DataFrame, task: str | None = None, fixed: dict | None = None) -> pd.DataFrame:
@@ -377,22 +381,15 @@ def table13(samples: pd.DataFrame, task: str | None = None, fixed: dict | None =
         task,
         PAPER_SETTING if fixed is None else fixed,
     )
-    note = (
-        f" Our kv.budget = kv.budget_frac x {PAPER_CONTEXT} (each run's budget is that fraction of its own "
-        "context)."
-        if by_frac
-        else ""
+    note = f"kv.budget = kv.budget_frac x {PAPER_CONTEXT} (a fraction of each context)" if by_frac else ""
+    return _caption(
+        out,
+        "Table 13, Init+Local budget sweep (paper: Multi-IF)",
+        samples,
+        "Llama-2-7b-chat",
+        out.attrs["fixed"],
+        ours=note,
     )
-    out.attrs["caption"] = (
-        _caption(
-            "Table 13, Init+Local budget sweep (paper: Multi-IF)",
-            samples,
-            "Llama-2-7b-chat",
-            out.attrs["fixed"],
-        )
-        + note
-    )
-    return out
 
 
 def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
@@ -408,13 +405,18 @@ def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
     )
     out = pd.concat([ours, tri_rows], ignore_index=True)
     out.attrs["fixed"] = ours.attrs["fixed"]
+    out.attrs["used"] = sorted({*ours.attrs["used"], *tri_rows.attrs["used"]})
     tri = samples[(samples["decoder"] == "triforce") & (samples["task"] == "pg19")]
     label = "draft.label" if "draft.label" in tri.columns else "draft"
     drafts = sorted({str(v) for v in tri[label].dropna()}) if label in tri.columns else []
-    out.attrs["caption"] = _caption(
-        "Table 10, PG-19 by context length", samples, "Yarn-Llama-2-7b-128k", out.attrs["fixed"]
-    ) + (f" Our TriForce rows: draft {'; '.join(drafts)}." if drafts else "")
-    return out
+    return _caption(
+        out,
+        "Table 10, PG-19 by context length",
+        samples,
+        "Yarn-Llama-2-7b-128k",
+        out.attrs["fixed"],
+        ours=f"TriForce rows' draft {'; '.join(drafts)}" if drafts else "",
+    )
 
 
 def render(table: pd.DataFrame) -> str:

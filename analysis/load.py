@@ -24,6 +24,9 @@ RUN_KEYS = [
     "git_sha",
 ]
 
+# samples columns of the host counters (runners.records.host_counters)
+HOST_COLUMNS = ("draft_forward_s", "static_frac", "syncs_per_step", "host_ms_per_forward")
+
 
 def _flatten(prefix: str, blob: str) -> dict:
     try:
@@ -68,6 +71,10 @@ def load_table(root: Path | str, table: str, runs: pd.DataFrame | None = None) -
     if not frames:
         return pd.DataFrame()
     df = pd.concat(frames, ignore_index=True)
+    if table == "samples":  # runs recorded before the host counters existed: unknown, not zero
+        for col in HOST_COLUMNS:
+            if col not in df.columns:
+                df[col] = float("nan")
     extra = [c for c in runs.columns if c == "run_id" or c not in df.columns]
     return df.merge(runs[extra], on="run_id", how="left")
 

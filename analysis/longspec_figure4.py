@@ -1,4 +1,4 @@
-"""LongSpec's Figure 4 in shape (papers/004 §4.3): two drafts pretrained on short sequences, one with
+"""LongSpec's Figure 4 in shape (LongSpec §4.3): two drafts pretrained on short sequences, one with
 Anchor-Offset position ids and one with plain ones, then trained the same way on long sequences (plain
 positions, the same sequences, order and lags); their training loss on the long data, and how many
 times fewer steps the Anchor-Offset draft needs to reach a loss both reach (the paper: 3.93x).
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.metrics import AnalysisError
+from analysis.metrics import AnalysisError, save_png
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "results" / "paper" / "training" / "longspec_figure4"
 VARIANTS = ("anchor-offset", "no-anchor-offset")  # the pretrained pair, as named under ablations/
-PAPER_SPEEDUP = 3.93  # paper-tables.csv: LongSpec Fig 4, steps_to_same_loss_speedup
+PAPER_SPEEDUP = 3.93  # the paper's LongSpec Fig 4, steps_to_same_loss_speedup
 SMOOTH = 4  # optimizer steps in the trailing mean the loss levels are read from
 RUN_SPECIFIC = ("init", "out", "max_minutes")  # config fields allowed to differ between the two runs
 
@@ -121,8 +121,8 @@ def figure4(folder: Path = FOLDER, png: Path | None = None) -> pd.DataFrame:
         )  # fmt: skip
     table = pd.DataFrame(rows)
     stage, sources = cfg["stages"][0], ", ".join(cfg["sources"])
-    table.attrs["caption"] = (
-        f"LongSpec Figure 4 in shape. Ours: {cfg['model']} ({cfg['dtype']}) target; the two drafts of "
+    notes = (
+        f"Ours: {cfg['model']} ({cfg['dtype']}) target; the two drafts of "
         f"checkpoints/longspec/ablations/ (1024-token pretraining, with and without Anchor-Offset) each "
         f"trained on {stage['sequences']} sequences of {cfg['seq_len']} tokens of {sources} "
         f"with plain positions ({stage['labels']} labels, peak LR {stage['lr']:g}, batch {cfg['batch']}, "
@@ -134,6 +134,8 @@ def figure4(folder: Path = FOLDER, png: Path | None = None) -> pd.DataFrame:
         f"how many times fewer steps the Anchor-Offset draft needs to first reach the loss both reach "
         f"(below 1: it needs more). Paper: 7B drafts, SlimPajama then Prolong-64k, {PAPER_SPEEDUP}x."
     )
+    title = "LongSpec Figure 4 in shape (from the two training logs, not from run records)"
+    table.attrs.update(title=title, notes=notes, caption=f"{title}. {notes}")
     if png is not None:
         plot(loss, png)
     return table
@@ -154,8 +156,7 @@ def plot(loss: dict[str, pd.Series], png: Path) -> None:
     ax.set_ylabel(f"training loss (faint: per step; line: mean of {SMOOTH})")
     ax.legend()
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
+    save_png(fig, png)
     plt.close(fig)
 
 

@@ -1,4 +1,4 @@
-"""LongSpec's Table 1 from our runs, with the paper's numbers side by side (papers/004).
+"""LongSpec's Table 1 from our runs, with the paper's numbers side by side (the LongSpec paper).
 
 `table1`: per method (vanilla, LongSpec with the paper's tree, the small tree and the chain (CPU
 presets), MagicDec = decoder=selfspec kv=streaming, and, ours, Lookahead, FAFO and prompt lookup on the
@@ -6,7 +6,7 @@ same samples): tau, wall-clock speedup vs the vanilla run of the same environmen
 speedup vs MagicDec (the ratio of the two paired speedups), rows per verifying forward (root + drafted
 tokens), whether every output equals vanilla's, and the paper's tau and speedup vs Vanilla FA for the
 same method as the mean and range over its 25 Table 1 cells (5 targets x 5 LongBench tasks;
-RepoBench-P's speedups are the derived ones, seed-specs §4.6). `table2`: the Anchor-Offset ablation, two
+RepoBench-P's speedups are the derived ones). `table2`: the Anchor-Offset ablation, two
 drafts trained on the same data and schedule, one with plain position ids. `tau_over_prompts` (ours):
 the paper tree's tau per prompt against Lookahead's, FAFO's, prompt lookup's and our LongSpec variants',
 on long outputs (PG-19 continuation) and on long-context QA.
@@ -31,8 +31,8 @@ from analysis.metrics import (
     AnalysisError,
     baseline_of,
     check_one_run,
-    ours_setup,
     paired_speedup,
+    set_caption,
     with_env,
 )
 
@@ -160,15 +160,16 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                     "paper_speedup_vs_FA": _cell(summary, method, "speedup"),
                 }
             )
-    out = pd.DataFrame(rows)
-    out.attrs["caption"] = (
-        f"LongSpec Table 1 (tau, speedup vs vanilla and vs MagicDec). Ours: {ours_setup(df, threads=True)}, "
-        f"draft {_drafts(df)}, PG-19 stand-in "
-        "(Paul Graham essays held out from the draft's training text). Paper: mean (min-max) over 5 targets "
-        "(Vicuna-7B/13B, LongChat-7B/13B, Llama-3-8B-262k) x 5 LongBench tasks, A100, fp16, speedup vs "
-        "Vanilla FA. Same protocol, other scale: compare shapes and orderings, not absolute numbers."
+    return set_caption(
+        pd.DataFrame(rows),
+        df,
+        "LongSpec Table 1 (tau, speedup vs vanilla and vs MagicDec)",
+        ours=f"draft {_drafts(df)}",
+        paper="mean (min-max) over 5 targets (Vicuna-7B/13B, LongChat-7B/13B, Llama-3-8B-262k) x 5 LongBench "
+        "tasks, A100, fp16, speedup vs Vanilla FA",
+        notes="Ours on the PG-19 stand-in: Paul Graham essays held out from the draft's training text.",
+        threads=True,
     )
-    return out
 
 
 def ablation_variant(checkpoint: str) -> str:
@@ -208,22 +209,18 @@ def table2(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                     "paper_tau": float(p.mean()) if len(p) else float("nan"),
                 }
             )
-    out = pd.DataFrame(rows)
     layer_rows = any("target layer" in row["draft"] for row in rows)
-    out.attrs["caption"] = (
-        f"LongSpec Table 2 (Anchor-Offset ablation). Ours: {ours_setup(df)}; "
-        f"{len(out)} drafts trained by "
-        "training.longspec on the same data and schedule (~1M tokens: the first of the runs behind the "
-        "shipped draft), one with plain position ids"
-        + (
-            ", and (ours, not the paper's ablation) one that reads another target layer's K/V than the last"
-            if layer_rows
-            else ""
-        )
-        + "; 4096-token PG-19 stand-in prompts. Paper: LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the "
-        "two). Same protocol, other scale: compare shapes and orderings, not absolute numbers."
+    layer = ", one (ours, not the paper's ablation) reading another target layer's K/V than the last"
+    return set_caption(
+        pd.DataFrame(rows),
+        df,
+        "LongSpec Table 2 (Anchor-Offset ablation)",
+        ours=f"{len(rows)} drafts{layer if layer_rows else ''}",
+        paper="LLaMA-3.1-8B, Multi-News and RepoBench-P (mean of the two)",
+        notes="The drafts are trained by training.longspec on the same data and schedule (~1M tokens: the "
+        "first of the runs behind the shipped draft), one with plain position ids; 4096-token PG-19 "
+        "stand-in prompts.",
     )
-    return out
 
 
 def tau_over_prompts(samples: pd.DataFrame, prompt_set: str = TAU_PROMPT_SETS[TAU_PROMPTS]) -> pd.DataFrame:
@@ -267,14 +264,16 @@ def tau_over_prompts(samples: pd.DataFrame, prompt_set: str = TAU_PROMPT_SETS[TA
         ]
     )
     out = out.rename_axis("prompt").reset_index()
-    out.attrs["caption"] = (
-        f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table): "
-        f"LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders (and variants of ours, "
-        "named so) on the same prompts. "
-        f"Ours: {ours_setup(df, threads=True)}, draft {_drafts(df)}, {prompt_set}, kv=full. Pooled = "
-        "committed / forwards over every prompt, as in Table 1."
+    return set_caption(
+        out,
+        df,
+        f"Tau (tokens committed per target forward) over {len(wide)} prompts (ours, not a paper's table)",
+        ours=f"draft {_drafts(df)}, kv=full",
+        notes=f"Prompts: {prompt_set}. LongSpec's paper tree {PAPER_WIDTHS} against the draftless decoders "
+        "(and variants of ours, named so) on the same prompts. Pooled = committed / forwards over every "
+        "prompt, as in Table 1.",
+        threads=True,
     )
-    return out
 
 
 def _tau_column(row: pd.Series) -> str:

@@ -150,19 +150,96 @@ def ours_setup(df: pd.DataFrame, threads: bool = False) -> str:
     )
 
 
+def version_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Runs per code version of the frame's runs, most runs first (ties by version, so the order does
+    not depend on the order the records were read in)."""
+    if "git_sha" not in df.columns or not len(df):
+        return {}
+    shas = df.assign(_sha=df["git_sha"].astype(str))
+    runs = shas.groupby("_sha")
+    counts = runs["run_id"].nunique() if "run_id" in df.columns else runs.size()
+    return dict(sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0])))
+
+
+def is_dirty(version: str) -> bool:
+    """A version made from uncommitted code (`runners.provenance.git_sha`'s `-dirty` suffix)."""
+    return "-dirty" in version
+
+
 def code_versions(df: pd.DataFrame) -> str:
     """ "code <sha>" when every run of the frame has one code version; otherwise each version (its sha's
     first 10 digits and any `-dirty-<digest>` suffix) with its number of runs, most runs first."""
-    if "git_sha" not in df.columns or not len(df):
+    counts = version_counts(df)
+    if not counts:
         return "code ?"
-    shas = df["git_sha"].astype(str)
-    if shas.nunique() == 1:
-        return f"code {shas.iloc[0]}"
-    runs = df.assign(_sha=shas).groupby("_sha", sort=False)
-    counts = runs["run_id"].nunique() if "run_id" in df.columns else runs.size()
-    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
-    parts = [f"{sha[:10]}{sha[40:]} ({n} run{'s' if n != 1 else ''})" for sha, n in ordered]
+    if len(counts) == 1:
+        return f"code {next(iter(counts))}"
+    parts = [f"{sha[:10]}{sha[40:]} ({n} run{'s' if n != 1 else ''})" for sha, n in counts.items()]
     return "code versions " + ", ".join(parts)
+
+
+# How each preset of conf/scale/ departs from the paper's protocol (named in every caption).
+SCALE_DIFFERENCES = {
+    "cpu": "fewer samples and tokens, KV budgets as a fraction of each context",
+    "paper_slice8": "the paper's settings on 8 of the task's samples",
+    "cpu_experiment": "the CPU-sized setting of the experiment file (conf/experiment/*_cpu.yaml)",
+}
+
+
+def scale_text(scale: str) -> str:
+    """Where a scale preset's setting is defined and how it departs from the paper's protocol."""
+    if scale in ("paper", UNKNOWN):
+        return "the paper's protocol"
+    source = "conf/experiment" if scale == "cpu_experiment" else f"conf/scale/{scale}.yaml"
+    return f"NOT the paper's setting ({source}: {SCALE_DIFFERENCES.get(scale, 'see that file')})"
+
+
+def scale_label(samples: pd.DataFrame) -> str:
+    """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml)."""
+    scales = sorted({str(v) for v in samples["scale"].dropna()}) if "scale" in samples.columns else []
+    other = [s for s in scales if s not in ("paper", UNKNOWN)]
+    if not other:
+        return ""
+    what = "; ".join(
+        f"{'conf/experiment' if s == 'cpu_experiment' else f'conf/scale/{s}.yaml'}: "
+        f"{SCALE_DIFFERENCES.get(s, 'see that file')}"
+        for s in other
+    )
+    return f"scale={', '.join(other)}: NOT the paper's setting ({what}). "
+
+
+def set_caption(
+    table: pd.DataFrame,
+    runs: pd.DataFrame,
+    title: str,
+    *,
+    ours: str = "",
+    paper: str = "",
+    notes: str = "",
+    threads: bool = False,
+) -> pd.DataFrame:
+    """Caption `table` in two forms. `attrs["caption"]`: one paragraph for the per-paper CLIs (the
+    title, our setup and code versions, `ours`, the paper's setting, `notes`). The parts, for the paper
+    report, which names the setup once in a legend: `title`, `ours` (what this setup's runs add: a
+    draft, parameters held fixed), `paper`, `notes` (what the columns mean, setup-independent) and
+    `run_ids` (the runs the table shows, with their baselines, whose code versions it states)."""
+    ids = sorted(runs["run_id"].astype(str).unique()) if "run_id" in runs.columns else []
+    table.attrs.update(title=title, ours=ours, paper=paper, notes=notes, run_ids=ids)
+    extra = f", {ours}" if ours else ""
+    paper_text = f" Paper: {paper}." if paper else ""
+    table.attrs["caption"] = (
+        f"{title}. {scale_label(runs)}Ours: {ours_setup(runs, threads=threads)}{extra}.{paper_text}"
+        f"{f' {notes}' if notes else ''}"
+    )
+    return table
+
+
+def save_png(fig: object, path: Path | str, dpi: int = 120) -> None:
+    """`fig.savefig` as a PNG without matplotlib's `Software` stamp, so the same data and the same
+    matplotlib give the same bytes (a rebuilt report leaves an unchanged figure unchanged)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})  # type: ignore[attr-defined]
 
 
 def check_one_run(cell: pd.DataFrame, label: str) -> None:

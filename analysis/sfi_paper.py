@@ -1,4 +1,4 @@
-"""SFI's tables from our runs, with the paper's numbers side by side (papers/003).
+"""SFI's tables from our runs, with the paper's numbers side by side (the SFI paper).
 
 - `table4`: quality of SFI against the dense model ("Slow, full KV") and the kvpress baselines at
   compression ratio 0.5, on the tasks our runs used: per method and task the task's score, the share of
@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.fafo_paper import one_setup, render
 from analysis.load import experiments, from_experiments
-from analysis.metrics import AnalysisError, check_one_run, ours_setup
+from analysis.metrics import AnalysisError, check_one_run, set_caption
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_sfi.csv"
 PRESS = {
@@ -81,17 +81,17 @@ def table4(samples: pd.DataFrame, scores: pd.DataFrame, paper_csv: Path | str = 
             }
         )
     out = _against_dense_and_presses(pd.DataFrame(rows))
-    out.attrs["caption"] = (
-        "SFI Table 4 (quality vs dense and the kvpress baselines at ratio 0.5). Ours: "
-        f"{ours_setup(df)}, the offline RULER-style long-context stand-ins; match_dense = "
-        "outputs identical to dense greedy, visible = visible share of the cache over all decode steps "
-        "(SFI's slow steps see everything), slow_share = SFI's dense steps; score = the task's metric, "
-        f"minus_dense / minus_best_press = score minus dense's / minus the best press's on the task "
-        f"(our stated margin to dense: {DENSE_MARGIN}). Paper: "
-        "Qwen3-4B-Instruct-2507, LongBench-V2 average accuracy (paper_lbv2_avg). Same protocol, other scale: "
-        "compare orderings, not absolute numbers."
+    return set_caption(
+        out,
+        df,
+        "SFI Table 4 (quality vs dense and the kvpress baselines at ratio 0.5)",
+        ours="the offline RULER-style long-context stand-ins",
+        paper="Qwen3-4B-Instruct-2507, LongBench-V2 average accuracy (paper_lbv2_avg)",
+        notes="match_dense = outputs identical to dense greedy, visible = visible share of the cache over "
+        "all decode steps (SFI's slow steps see everything), slow_share = SFI's dense steps; score = the "
+        "task's metric, minus_dense / minus_best_press = score minus dense's / minus the best press's on "
+        f"the task (our stated margin to dense: {DENSE_MARGIN}).",
     )
-    return out
 
 
 # SFI's score may fall this far below dense's on a task and still count as "within the margin"
@@ -151,15 +151,15 @@ def _ablation(
                 "paper_lbv1_avg": paper_at.get(values, float("nan")),
             }
         )
-    out = pd.DataFrame(rows)
-    out.attrs["caption"] = (
-        f"SFI {table} in shape ({' / '.join(params)} ablation). Ours: "
-        f"{ours_setup(sfi)}, kv={'/'.join(sorted(sfi['kv'].astype(str).unique()))} on the offline "
-        f"RULER-style stand-ins ({_samples_per_cell(sfi)} samples per cell); "
-        "paper: Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg). Where scores sit near "
-        "the floor (SmolLM2-135M), read match_dense and first_divergence. Same protocol, other scale."
+    return set_caption(
+        pd.DataFrame(rows),
+        sfi,
+        f"SFI {table} in shape ({' / '.join(params)} ablation)",
+        ours=f"kv={'/'.join(sorted(sfi['kv'].astype(str).unique()))} on the offline RULER-style stand-ins "
+        f"({_samples_per_cell(sfi)} samples per cell)",
+        paper="Qwen3-30B-A3B-Instruct-2507, LongBench-V1 average (paper_lbv1_avg)",
+        notes="Where scores sit near the floor (SmolLM2-135M), read match_dense and first_divergence.",
     )
-    return out
 
 
 def _samples_per_cell(runs: pd.DataFrame) -> str:
@@ -220,14 +220,15 @@ def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.Data
     said = "; ".join(
         f"{str(s).split('context=')[-1]}: {v:.2f}x" for s, v in zip(paper["setting"], paper["value"])
     )
-    out.attrs["caption"] = (
-        "SFI Figure 4 in shape (decode throughput vs context). Ours: "
-        f"{ours_setup(df)}, kv=sfi_ctx20 on the sliced backend, offline essays (pg19), batch "
-        "1; decode_speedup = dense decode time / SFI's on the same samples. Paper (Qwen3-4B-Instruct-2507, "
-        f"vLLM on a B200, batch 16, SFI vs full KV): {said}. Same protocol, other scale: compare the "
-        "trend with context, not absolute numbers."
+    return set_caption(
+        out,
+        df,
+        "SFI Figure 4 in shape (decode throughput vs context)",
+        ours="kv=sfi_ctx20 on the sliced backend, offline essays (pg19), batch 1",
+        paper=f"Qwen3-4B-Instruct-2507, vLLM on a B200, batch 16, SFI vs full KV: {said}",
+        notes="decode_speedup = dense decode time / SFI's on the same samples; compare the trend with "
+        "context, not absolute numbers.",
     )
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""TriForce's tables from our runs, with the paper's numbers side by side (papers/002).
+"""TriForce's tables from our runs, with the paper's numbers side by side (the TriForce paper).
 
 - `table1`: acceptance rate (accepted / drafted at the full-cache verification) of self-speculation
   through each draft-cache policy at one budget, per task: StreamingLLM, H2O, Top-K (oracle),
@@ -33,8 +33,9 @@ from analysis.metrics import (
     check_one_run,
     kv_activity,
     kv_bound_speedup,
-    ours_setup,
     paired_speedup,
+    save_png,
+    set_caption,
 )
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_triforce.csv"
@@ -93,20 +94,11 @@ def table1(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                 "paper_acceptance": float(p["value"].iloc[0]) if len(p) else float("nan"),
             }
         )
-    out = pd.DataFrame(rows)
-    out.attrs["caption"] = (
-        f"TriForce Table 1 (acceptance rate per draft-cache policy). Ours: {ours_setup(df)}; "
-        "paper: Llama2-7B-128K, 120k context, budget 4096, first two layers full. Same protocol, other "
-        "scale: compare orderings, not absolute numbers."
-    )
-    return out
-
-
-def _caption(title: str, df: pd.DataFrame, ours: str, paper: str) -> str:
-    return (
-        f"TriForce {title}. Ours: {ours_setup(df, threads=True)}; "
-        f"{ours}. Paper: {paper}. Same protocol, other scale: compare shapes and orderings, not absolute "
-        "numbers."
+    return set_caption(
+        pd.DataFrame(rows),
+        df,
+        "TriForce Table 1 (acceptance rate per draft-cache policy)",
+        paper="Llama2-7B-128K, 120k context, budget 4096, first two layers full",
     )
 
 
@@ -122,10 +114,12 @@ def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
     df = one_setup(ok[ok["decoder"].isin(["triforce", "vanilla"])])
     paper = pd.read_csv(paper_csv)
     paper = paper[paper["table"].str.startswith("Table 8") & (paper["metric"] == "speedup")]
-    rows = []
+    rows, shown = [], []  # the triforce runs and the baselines they pair with, for the caption
     for _, group in df.groupby(ENV, sort=True):
         base = baseline_of(group)
         tri = group[group["decoder"] == "triforce"]
+        if len(tri):
+            shown += [tri, *([] if base is None else [base])]
         tri = tri.assign(variant=tri.apply(_variant, axis=1) if len(tri) else "")
         for (g1, g2, variant), run in tri.groupby(["decoder.gamma1", "decoder.gamma2", "variant"], sort=True):
             g1, g2 = int(g1), int(g2)
@@ -152,19 +146,20 @@ def table8(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.DataF
                     "note": paired["note"],
                 }
             )
-    out = pd.DataFrame(rows)
     first = df.iloc[0] if len(df) else {}
     label = first.get("draft.label", "?") if len(df) else "?"
-    out.attrs["caption"] = _caption(
-        "Table 8 (gamma1 / gamma2 sweeps)",
-        df,
-        f"draft {label}; accept_l1 = draft-model tokens accepted by the target over the KV policy, "
-        "accept_l2 = the paper's acceptance rate (full-cache level); kv_bound_speedup = vanilla's KV bytes "
-        "read per token / the method's (the regime where KV reads dominate a forward)",
-        "Llama2-7B-128K + JackFram/llama-68m, 122k context, retrieval budget 4096, A100 "
+    return set_caption(
+        pd.DataFrame(rows),
+        pd.concat(shown) if shown else df,
+        "TriForce Table 8 (gamma1 / gamma2 sweeps)",
+        ours=f"draft {label}",
+        paper="Llama2-7B-128K + JackFram/llama-68m, 122k context, retrieval budget 4096, A100 "
         "(Table 8a: gamma2 = 6; 8b: gamma1 = 2)",
+        notes="accept_l1 = draft-model tokens accepted by the target over the KV policy, accept_l2 = the "
+        "paper's acceptance rate (full-cache level); kv_bound_speedup = vanilla's KV bytes read per token / "
+        "the method's (the regime where KV reads dominate a forward).",
+        threads=True,
     )
-    return out
 
 
 def figure6(samples: pd.DataFrame, png: Path | str | None = None) -> pd.DataFrame:
@@ -188,12 +183,13 @@ def figure6(samples: pd.DataFrame, png: Path | str | None = None) -> pd.DataFram
                 "matches_vanilla": bool(run["matches_vanilla"].fillna(True).all()),
             }
         )
-    out = pd.DataFrame(rows)
-    out.attrs["caption"] = _caption(
-        "Figure 6 (retrieval cache: acceptance vs budget and chunk size)",
+    out = set_caption(
+        pd.DataFrame(rows),
         df,
-        "decoder=selfspec (retrieval without hierarchy), budget = budget_frac of each context",
-        "Llama2-7B-128K, PG-19, 120k context, budgets 1k-16k, chunk sizes 1-128 (plot only, no numbers)",
+        "TriForce Figure 6 (retrieval cache: acceptance vs budget and chunk size)",
+        paper="Llama2-7B-128K, PG-19, 120k context, budgets 1k-16k, chunk sizes 1-128 (a plot, no numbers)",
+        notes="decoder=selfspec (retrieval without hierarchy); budget = budget_frac of each context.",
+        threads=True,
     )
     if png is not None and len(out):
         _plot_figure6(out, Path(png))
@@ -217,10 +213,9 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
     axes[1].set(
         xlabel=f"chunk size, budget {mode_frac:.1f}% of context", ylabel="acceptance rate", xscale="log"
     )
-    fig.suptitle(table.attrs.get("caption", "")[:160], fontsize=7)
+    fig.suptitle(table.attrs.get("title", ""), fontsize=9)  # the report's caption names the setup
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -80,21 +80,14 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 GEMMs are 2-7x faster than fp32 there; elsewhere bf16 is emulated and slow."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA and on CPUs with native bf16, float32 otherwise."""
+    """`auto`: bfloat16 on CUDA, float32 on a CPU."""
     if name == "auto":
         if device is not None and device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+        # CPU: fp32 whatever the ISA flags: it alone takes the prepacked oneDNN GEMMs (run.linear=auto),
+        # and it keeps the lossless audit exact; bf16 is a choice (model.dtype=bfloat16), not a default
+        return torch.float32
     if name not in DTYPES:
         raise HarnessError(f"unknown dtype {name!r}; use one of auto, float32, bfloat16, float16")
     return DTYPES[name]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import display
 from analysis.metrics import forward_share
 
 
@@ -122,39 +123,67 @@ def comparison_lines(run_path: Path, runs: pd.Series, samples: pd.DataFrame) -> 
     return lines
 
 
+def table_lines(runs: pd.Series, samples: pd.DataFrame, s: dict[str, float]) -> list[str]:
+    """The run's one-row table, at most `display.WIDTH` columns wide (columns that do not fit continue
+    below), and the legend that names the method's parameters."""
+    ok = samples[samples["error"].isna()]
+    lay = display.layout(pd.DataFrame([{**runs.to_dict(), **display.flat_params(runs)}]))
+    row = {
+        "method": lay.labels[0],
+        "samples": str(int(s["samples"])),
+        "turns": str(int(s["turns"])),
+        "failed": str(int(s["failed"])),
+        "new tokens": str(int(s["new_tokens"])),
+        "tau": display.num(s["tau"], "{:.3f}"),
+        "tok/s": display.num(s["tok_s"]),
+        "prefill s": display.num(s["prefill_s"]),
+        "decode s": display.num(s["decode_s"]),
+        **({"in forwards": f"{s['forward_share']:.0%}"} if "forward_share" in s else {}),
+        "peak MB": display.num(s["peak_mem_mb"], "{:.1f}"),
+        display.EXACT_HEADER: display.exactness_text(display.exactness(ok, str(runs.get("dtype")))),
+    }
+    if "restricted_frac" in s and runs.get("kv") != "full":
+        row["kv restricted"] = f"{s['restricted_frac']:.0%}"
+        row["kv visible"] = f"{s['visible_frac']:.0%}"
+    counters = display.counters(ok)
+    row.update(display.counter_cells(counters, counters))
+    return [*display.render(pd.DataFrame([row])), *display.legend_lines(lay.legend)]
+
+
 def print_summary(run_path: Path) -> None:
+    """The end-of-run report: what ran, its table, what a reader must not miss, the comparison with
+    vanilla; every line at most `display.WIDTH` columns (a long one wraps)."""
     path = run_path / "samples.parquet"
     if not path.exists():
         return
     samples = pd.read_parquet(path)
     s = run_summary(samples)
     runs = pd.read_parquet(run_path / "runs.parquet").iloc[0]
-    print(
-        f"\n{runs['decoder']} + kv={runs['kv']} on {runs['task']}  ({runs['model']}, {runs['dtype']}, "
-        f"{runs['device_name']})"
-    )
-    row = {
-        "samples": int(s["samples"]),
-        "turns": int(s["turns"]),
-        "failed": int(s["failed"]),
-        "new tokens": int(s["new_tokens"]),
-        "tau": round(s["tau"], 3),
-        "tok/s": round(s["tok_s"], 2),
-        "prefill s": round(s["prefill_s"], 2),
-        "decode s": round(s["decode_s"], 2),
-        **({"in forwards": f"{s['forward_share']:.0%}"} if "forward_share" in s else {}),
-        "peak mem MB": round(s["peak_mem_mb"], 1),
-        "matches vanilla": round(s["match_rate"], 3),
-    }
-    if "restricted_frac" in s and runs.get("kv") != "full":
-        row["kv restricted"] = f"{s['restricted_frac']:.0%}"
-        row["kv visible"] = f"{s['visible_frac']:.0%}"
-    print(pd.DataFrame([row]).to_string(index=False))
+    lines = [
+        "",
+        *display.wrap(
+            f"{runs['decoder']} + kv={runs['kv']} on {runs['task']}  ({runs['model']}, {runs['dtype']}, "
+            f"{runs['device_name']})"
+        ),
+        *table_lines(runs, samples, s),
+    ]
     if s["failed"]:
-        print(f"FAILED: {int(s['failed'])} sample(s) have errors (column `error` of samples.parquet)")
-    for note in (kv_note(runs, samples, s), divergence_note(runs, samples)):
+        lines.append(f"FAILED: {int(s['failed'])} sample(s) have errors (column `error` of samples.parquet)")
+    notes = [
+        kv_note(runs, samples, s),
+        divergence_note(runs, samples),
+        *comparison_lines(run_path, runs, samples),
+    ]
+    for note in notes:
         if note:
-            print(note)
-    for line in comparison_lines(run_path, runs, samples):
-        print(line)
-    print(f"records: {run_path}/{{runs,samples,steps,scores}}.parquet")
+            lines += display.wrap(note)
+    lines += display.wrap(f"records: {shown_path(run_path)}/{{runs,samples,steps,scores}}.parquet")
+    print("\n".join(lines))
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the working directory when inside it (shorter, and no machine path)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

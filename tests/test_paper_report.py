@@ -21,19 +21,21 @@ def write_run(
     wall: float,
     steps=(),
     device: str = "cpu: test",
+    task: str = "pg19",
+    sha: str = "abc",
     **params,
 ) -> None:
     rd = RunDir(root / "runs", run_id)
     rd.path.mkdir(parents=True)
-    dec = {"_target_": "x", **{k: v for k, v in params.items() if k.startswith("gamma")}}
+    dec = {"_target_": "x", **{k: v for k, v in params.items() if k.startswith("gamma") or k == "n"}}
     rd.write_run(
         {
             "run_id": run_id,
             "status": "complete",
             "decoder": decoder,
             "kv": kv,
-            "task": "pg19",
-            "task_params": json.dumps({"context_length": 4096}),
+            "task": task,
+            "task_params": json.dumps({"context_length": 4096} if task == "pg19" else {}),
             "model": "smollm2-135m",
             "model_name": "smollm2-135m",
             "dtype": "float32",
@@ -42,7 +44,7 @@ def write_run(
             "max_new_tokens": 64,
             "seed": 0,
             "lossless": True,
-            "git_sha": "abc",
+            "git_sha": sha,
             "experiment": experiment,
             "draft": "self_layers" if decoder == "triforce" else "none",
             "draft_params": json.dumps(
@@ -194,6 +196,125 @@ def test_figures_are_filed_by_setup_label_and_stale_ones_removed(tmp_path):
     stale.write_bytes(b"old")
     paper.main(["--root", str(root), "--out", str(out)])
     assert not stale.exists()
-    folder = paper.figure_folder(out, "model=qwen25-coder-0.5b, scale=cpu")
-    assert folder == out / "figures" / "model-qwen25-coder-0.5b-scale-cpu"
+    folder = paper.figure_folder(out, "cpu-epyc2-fp32-qwen25-coder-0.5b@cpu")
+    assert folder == out / "figures" / "cpu-epyc2-fp32-qwen25-coder-0.5b-cpu"
     assert paper.figure_folder(out, "") == out / "figures" / "all"
+
+
+def fafo_records(root, sha: str = "abc") -> None:
+    """FAFO Table 1's MT-Bench runs: FAFO-Stream and vanilla only (Lookahead, FAFO-2forward, TriForce and
+    SWIFT have no run), plus TriForce Table 8's PG-19 runs on a GPU (a second setup)."""
+    write_run(root, "v", "vanilla", "full", "fafo_baselines", 10.0, task="mtbench", sha=sha)
+    write_run(
+        root,
+        "f",
+        "fafo",
+        "streaming",
+        "fafo_table1",
+        5.0,
+        task="mtbench",
+        sha=sha + "-dirty-0123456789",
+        n=40,
+    )
+    write_run(root, "gv", "vanilla", "full", "triforce_pg19_vanilla_cpu", 10.0, device="NVIDIA H200", sha=sha)
+    write_run(root, "gt", "triforce", "retrieval", "triforce_table8a_cpu", 5.0, device="NVIDIA H200", sha=sha,
+              gamma1=1, gamma2=6)  # fmt: skip
+
+
+def tables(text: str) -> list[list[str]]:
+    """The markdown tables of `text`, each as its lines."""
+    out, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    return out
+
+
+def test_report_reads_at_a_glance(tmp_path):
+    """A table of contents; the setups named once in a legend; each table's caption one line naming its
+    setup and code version (-dirty flagged); no row without a run of ours, those rows listed under
+    "Not reproduced, and why" with the reason; no absolute path."""
+    root, out = tmp_path / "records", tmp_path / "paper"
+    fafo_records(root)
+    paper.main(["--root", str(root), "--out", str(out)])
+    text = (out / "REPORT.md").read_text()
+    lines = text.splitlines()
+    # the table of contents links every section and table heading
+    toc = lines[lines.index("## Contents") + 2 : lines.index("## Setups")]
+    headings = [line.lstrip("#").strip() for line in lines if line.startswith(("## ", "### "))]
+    assert [t.split("](")[0].lstrip(" -[") for t in toc if t] == [h for h in headings if h != "Contents"]
+    assert (
+        "  - [FAFO Table 1](#fafo-table-1)" in toc
+        and "- [Not reproduced, and why](#not-reproduced-and-why)" in toc
+    )
+    # the legend defines each setup's short name once, with model, dtype, device, threads, linear, scale
+    legend = tables(text[text.index("## Setups") :])[0]
+    assert legend[0] == "| setup | model | dtype | device | threads | linear | scale | runs | code |"
+    assert any(
+        row.startswith("| `cpu-test2-fp32@paper` | smollm2-135m | float32 | cpu: test | 2 |")
+        for row in legend
+    )
+    assert any(
+        row.startswith("| `h200-fp32@paper` | smollm2-135m | float32 | NVIDIA H200 | 2 |") for row in legend
+    )
+    # captions: one line each, naming a legend setup and the code version of the table's runs
+    captions = [line for line in lines if line.startswith("**") and " · setup `" in line]
+    assert captions and all(len(c) < 300 for c in captions)
+    t1 = next(c for c in captions if c.startswith("**FAFO Table 1"))
+    assert "setup `cpu-test2-fp32@paper`" in t1 and "code: 2 versions, 1 of them -dirty" in t1
+    t8 = next(c for c in captions if c.startswith("**TriForce Table 8"))
+    assert "setup `h200-fp32@paper`" in t8 and "code `abc`" in t8 and "dirty" not in t8
+    assert "Setups in these records" not in text and "code versions abc" not in text
+    # no empty row and no block of rows without runs
+    assert "no runs" not in text and "nan vs nan" not in text
+    for table in tables(text):
+        head = [c.strip() for c in table[0].strip("|").split("|")]
+        ours = [i for i, c in enumerate(head) if c.startswith("ours_") and not c.endswith(paper.NOT_MEASURES)]
+        for row in table[2:]:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert any(cells[1:]), row
+            assert not ours or any(cells[i] for i in ours), row
+    fafo_t1 = tables(text[text.index("### FAFO Table 1") :])[0]
+    assert [r.split("|")[1].strip() for r in fafo_t1[2:]] == ["FAFO-Stream"]
+    # the rows left out are listed under "Not reproduced, and why" with their reason
+    gaps = text[text.index("## Not reproduced, and why") :]
+    assert "| FAFO | Table 1 | `cpu-test2-fp32@paper` | SWIFT | no SWIFT decoder in the harness" in gaps
+    assert (
+        "| FAFO | Table 1 | `cpu-test2-fp32@paper` | FAFO-2forward; Lookahead | no run of this setup: "
+        in gaps
+    )
+    # the code versions section flags the -dirty run and prices a rerun: 2 x 9 s + 2 x 4 s of decode
+    code = text[text.index("## Code versions") : text.index("## Not reproduced")]
+    assert "| FAFO Table 1 | `cpu-test2-fp32@paper` | 2 | abc (1), abc-dirty (1) | 1 | no | 0.4 min |" in code
+    # relative paths only
+    assert str(tmp_path) not in text and "/records" not in text.replace("`../records`", "")
+
+
+def test_two_builds_are_byte_identical_and_leave_files_alone(tmp_path):
+    """A second build from the same records writes the same bytes and rewrites no file (figures
+    included), so `make paper` on a clean checkout leaves `git status` clean; a figure no longer made
+    is removed."""
+    root, out = tmp_path / "records", tmp_path / "paper"
+    fafo_records(root)
+    write_run(root, "f10", "fafo", "streaming", "fafo_figure1", 6.0, task="mtbench", n=10)  # Figure 1's PNG
+    paper.main(["--root", str(root), "--out", str(out)])
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert any(p.name == "fafo_figure1.png" for p in files)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    stale = out / "figures" / "gone" / "old.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    paper.main(["--root", str(root), "--out", str(out)])
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == files and not stale.parent.exists()
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == before
+    assert all(b"matplotlib" not in p.read_bytes() for p in files if p.suffix == ".png")
+
+
+def test_setup_names():
+    key = {"device_name": "cpu: AMD EPYC 7B13 [avx512_bf16] x2 threads", "threads": "2", "dtype": "float32"}
+    assert paper.setup_name({**key, "model": "smollm2-135m", "scale": "cpu"}) == "cpu-epyc2-fp32@cpu"
+    gpu = {"device_name": "NVIDIA H100 80GB HBM3", "threads": "16", "dtype": "bfloat16", "scale": "paper"}
+    assert paper.setup_name({**gpu, "model": "qwen25-coder-0.5b"}) == "h100-bf16-qwen25-coder-0.5b@paper"
