@@ -1,10 +1,9 @@
 """Decode forwards with fixed shapes, replayed as CUDA graphs (`run.cuda_graphs=true`).
 
-On a GPU a small model's forward is bound by kernel launches, not by the GPU: SmolLM2-135M's ~1300
-operators take 12-16 ms per eager forward on an H100 and 2.6 ms as one replayed graph
-(results/gpu/2026-11-26-nvidia-h100/). A CUDA graph replays the whole forward as one launch, which
-needs every shape and address fixed when it is captured. So these forwards read their tokens,
-positions, cache length and visibility from device buffers, write the block's entries at slots
+On a GPU a small model's forward is bound by kernel launches, not by the GPU: each of a forward's ~1300
+operators (SmolLM2-135M) is its own launch from the host. A CUDA graph replays the whole forward as one
+launch, which needs every shape and address fixed when it is captured. So these forwards read their
+tokens, positions, cache length and visibility from device buffers, write the block's entries at slots
 `length + i` through a device index (not a Python slice), and attend over the whole allocated cache
 through a boolean visibility of every slot.
 
@@ -34,6 +33,16 @@ def padded_rows(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def fits(cache, n: int, view) -> bool:
+    """Whether a step of `n` rows under `view` can run as a fixed-shape forward over `cache` (hooks
+    aside: the engine decides those)."""
+    if cache.length + padded_rows(n) > cache.capacity:
+        return False
+    if type(view) is MaskView:  # one visibility for every head, over exactly [cache | block]
+        return tuple(view.mask.shape) == (n, cache.length + n)
+    return type(view) is CausalView
+
+
 class StaticForwards:
     """The fixed-shape forwards of `engine`, one per padded block size (captured as CUDA graphs when
     `capture`). `applies` says whether a step can take them; calling it runs one like `Engine.step`."""
@@ -47,12 +56,7 @@ class StaticForwards:
         return sum(f.captures for f in self.by_rows.values())
 
     def applies(self, n: int, view) -> bool:
-        cache = self.engine.cache
-        if cache.length + padded_rows(n) > cache.capacity:
-            return False
-        if type(view) is MaskView:  # one visibility for every head, over exactly [cache | block]
-            return tuple(view.mask.shape) == (n, cache.length + n)
-        return type(view) is CausalView
+        return fits(self.engine.cache, n, view)
 
     def __call__(
         self,

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from core.attention import CausalView
+from core.decode_graph import fits
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 
@@ -69,6 +70,9 @@ class Engine:
         elif linear != "aten":
             raise ValueError(f"linear must be 'aten' or 'onednn', got {linear!r}")
         self.graphs = None  # plain decode steps replayed as CUDA graphs (core/decode_graph.py)
+        # decode steps (every step but the prefill's) that took the fixed-shape forward, or would have
+        # with graphs on: what `run.cuda_graphs` covers (the runner's `static_frac`)
+        self.fixed_shape_steps = 0
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
@@ -130,8 +134,10 @@ class Engine:
         """One forward over a block. Returns float logits for `logits_rows` (all rows if None).
         With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
         `replay=False` (the prefill: its chunks have every size)."""
-        if replay and self.graphs is not None and not hooks and self.graphs.applies(tokens.numel(), view):
-            return self.graphs(tokens, position_ids, view, logits_rows)
+        if replay and not hooks and fits(self.cache, tokens.numel(), view):
+            self.fixed_shape_steps += 1
+            if self.graphs is not None:
+                return self.graphs(tokens, position_ids, view, logits_rows)
         cache = self.cache
         tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
         cache.stage_positions(position_ids)

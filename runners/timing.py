@@ -58,21 +58,25 @@ class SampleClock:
 
 class StepClock:
     """Wraps `engine.step` until `close()` (or the end of a `with` block): records (rows, cache length,
-    seconds) of every forward, the device synchronised at both ends of each. `mark()` notes where the
-    decode phase starts (at the prefill mark); `seconds_since_mark` sums the forwards after it."""
+    seconds) of every forward, the device synchronised at both ends of each, and whether it took (with
+    graphs off: would take) the fixed-shape forward (`fixed`, from the engine's count). `mark()` notes
+    where the decode phase starts (at the prefill mark); `seconds_since_mark` sums the forwards after it."""
 
     def __init__(self, engine) -> None:
         self.engine, self.inner, self.calls = engine, engine.step, []
+        self.fixed: list[bool] = []
         self.marked_at = 0
         engine.step = self
 
     def __call__(self, tokens, position_ids, view, *args, **kwargs):
-        length, device = self.engine.length, self.engine.device
+        eng = self.engine
+        length, device, fixed = eng.length, eng.device, getattr(eng, "fixed_shape_steps", 0)
         synchronize(device)
         t0 = time.perf_counter()
         out = self.inner(tokens, position_ids, view, *args, **kwargs)
         synchronize(device)
         self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
+        self.fixed.append(getattr(eng, "fixed_shape_steps", 0) != fixed)
         return out
 
     def mark(self) -> None:
@@ -86,11 +90,71 @@ class StepClock:
     def seconds_since_mark(self) -> float:
         return sum(s for _, _, s in self.calls[self.marked_at :])
 
+    @property
+    def forwards_since_mark(self) -> int:
+        return len(self.calls) - self.marked_at
+
+    @property
+    def static_frac_since_mark(self) -> float:
+        """Share of the forwards after the mark that took (or, with graphs off, would take) the
+        fixed-shape forward; NaN without any."""
+        after = self.fixed[self.marked_at :]
+        return sum(after) / len(after) if after else float("nan")
+
     def close(self) -> None:
         if vars(self.engine).get("step") is self:
             del self.engine.step  # the class's own method again
 
     def __enter__(self) -> StepClock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DraftClock:
+    """Times a decoder's draft model (`decoder.draft`, when it has one) like `StepClock` times the
+    target: each method its class names in `FORWARDS` is wrapped until `close()`, its calls' seconds
+    summed, the device synchronised at both ends of each; `mark()` notes where decode starts."""
+
+    def __init__(self, decoder, device: torch.device) -> None:
+        self.device, self.seconds_each = device, []
+        self.marked_at = self.depth = 0
+        self.draft = getattr(decoder, "draft", None)
+        self.names = tuple(getattr(self.draft, "FORWARDS", ()))
+        for name in self.names:
+            setattr(self.draft, name, self._timed(getattr(self.draft, name)))
+
+    def _timed(self, inner: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            if self.depth:  # a forward inside another one is timed by the outer one
+                return inner(*args, **kwargs)
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            self.depth += 1
+            try:
+                out = inner(*args, **kwargs)
+            finally:
+                self.depth -= 1
+            synchronize(self.device)
+            self.seconds_each.append(time.perf_counter() - t0)
+            return out
+
+        return forward
+
+    def mark(self) -> None:
+        self.marked_at = len(self.seconds_each)
+
+    @property
+    def seconds_since_mark(self) -> float:
+        return sum(self.seconds_each[self.marked_at :])
+
+    def close(self) -> None:
+        for name in self.names:
+            if name in vars(self.draft):
+                delattr(self.draft, name)  # the class's own method again
+
+    def __enter__(self) -> DraftClock:
         return self
 
     def __exit__(self, *exc) -> None:

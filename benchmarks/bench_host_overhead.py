@@ -1,0 +1,211 @@
+"""What each decoder x KV policy of the paper experiments costs besides its forwards, at a small CPU size.
+
+    flock results/bench/.lock python -m benchmarks.bench_host_overhead \\
+        [--questions 2] [--new 64] [--repeats 3] [--count-new 32] [--threads 1] [--only fafo+streaming ...]
+        [--device cuda --dtype bfloat16 --cuda-graphs]
+
+Per decoder/policy (SmolLM2-135M, by default fp32 on the CPU; `scale=cpu`: each experiment's decoder
+settings, KV budgets at 10% of the context; the first MT-Bench questions, turn 1): the counters every
+run record carries (`runners.records.host_counters`):
+- static_frac: share of decode target forwards that took, or with `run.cuda_graphs` would take, the
+  fixed-shape path (core/decode_graph.py);
+- syncs/step: host-device synchronisations per decode step (runners/host_syncs.py), counted in untimed
+  generations of the same prompts up to --count-new tokens (as the runner's `run.count_syncs`);
+- host ms/forward: decode seconds outside the target's and the draft model's forwards, per decode target
+  forward, summed over the prompts; `x vanilla` is its ratio to vanilla's in the same repeat.
+Timed like the runner (`runners.timing`): every method runs on every prompt in turn within a repeat (so
+background load hits all alike); the medians over repeats are printed. `exact` counts outputs identical
+to vanilla's (expected for lossless methods only). `sites` lists where the syncs come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from core.engine import Engine
+from core.models import load_model
+from core.sampling import Sampler
+from core.types import Counts
+from decoders.base import BaseDecoder
+from decoders.draft_model import build_draft
+from runners.config import build, resolve_linear, stop_ids_for
+from runners.host_syncs import HostSyncs
+from runners.timing import DraftClock, StepClock, timed_generate
+from tasks.mtbench import MTBench
+
+REPO = Path(__file__).resolve().parents[1]
+# (decoder, kv, overrides) of the experiments in conf/experiment/ on this model (decoder=triforce brings
+# its default draft, the layer-truncated self-draft); block=auto variants and sweeps of one setting
+# omitted. FAFO at the CPU size conf/experiment/fafo_table1.yaml names (its paper setting's 481-row
+# blocks take a second per forward here); kvpress with a press that scores MT-Bench's short prompts.
+FAFO_CPU = ("decoder.k=4", "decoder.n=6", "decoder.m=6")
+COMBOS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("vanilla", "full", ()),
+    ("pld", "full", ()),
+    ("lookahead", "full", ()),
+    ("fafo", "streaming", FAFO_CPU),
+    ("fafo", "quest", FAFO_CPU),
+    ("fafo", "snapkv", FAFO_CPU),
+    ("fafo", "h2o", FAFO_CPU),
+    ("fafo_2forward", "streaming", FAFO_CPU),
+    ("longspec", "full", ()),
+    ("selfspec", "streaming", ()),
+    ("selfspec", "retrieval", ()),
+    ("triforce", "retrieval", ()),
+    ("sfi", "sfi_ctx20", ()),
+    ("vanilla", "kvpress", ("kv.press=StreamingLLMPress",)),
+)
+
+
+@dataclass
+class Method:
+    decoder: str
+    kv: str
+    dec: BaseDecoder
+    host_ms: list[float] = field(default_factory=list)  # per repeat
+    forward_ms: list[float] = field(default_factory=list)
+    static: list[float] = field(default_factory=list)  # per timed generation
+    forwards: int = 0
+    committed: int = 0
+    exact: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+    syncs: float = float("nan")
+    sites: list[tuple[str, float]] = field(default_factory=list)  # (where, syncs per decode step)
+
+    @property
+    def name(self) -> str:
+        return f"{self.decoder}+{self.kv}"
+
+
+def make_decoder(decoder: str, kv: str, extra_overrides: tuple[str, ...], lm, eng: Engine) -> BaseDecoder:
+    """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=cpu <extra_overrides>`."""
+    overrides = [f"decoder={decoder}", f"kv={kv}", "scale=cpu", "model=smollm2-135m", *extra_overrides]
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    factory = build(cfg.decoder, "decoder")
+    needs = getattr(factory, "func", factory).needs
+    extra: dict = {"tokenizer": lm.tokenizer} if "tokenizer" in needs else {}
+    if "draft" in needs:
+        extra["draft"] = build_draft(cfg.get("draft"), lm, eng)
+    return factory(engine=eng, kv=build(cfg.kv, "kv"), sampler=Sampler(), **extra)
+
+
+def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -> None:
+    """Syncs per decode step over every prompt and where they come from, in untimed generations (the
+    counter slows every operator)."""
+    syncs = HostSyncs(m.dec.engine.device, trace=True)
+    assert syncs.sites is not None
+    decode_sites: Counter[str] = Counter()
+    total = steps = 0
+    for prompt in prompts:
+        syncs.sites.clear()
+        counts = Counts(on_prefill_done=lambda: (syncs.mark(), syncs.sites.clear()), keep_steps=False)
+        with syncs:
+            m.dec.generate(prompt, new, stop, counts)
+        total, steps = total + syncs.since_mark, steps + counts.forwards
+        decode_sites.update(syncs.sites)
+    m.syncs = total / steps
+    m.sites = [(site, n / steps) for site, n in decode_sites.most_common()]
+
+
+def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop: set[int]) -> None:
+    host = {m.name: 0.0 for m in methods}
+    fwd_s = {m.name: 0.0 for m in methods}
+    n_fwd = {m.name: 0 for m in methods}
+    for prompt in prompts:
+        for m in methods:
+            eng = m.dec.engine
+            with StepClock(eng) as clock, DraftClock(m.dec, eng.device) as drafts:
+                timed = timed_generate(
+                    m.dec, prompt, new, stop, on_prefill_done=lambda c=clock, d=drafts: (c.mark(), d.mark())
+                )
+            host[m.name] += timed.decode_s - clock.seconds_since_mark - drafts.seconds_since_mark
+            fwd_s[m.name] += clock.seconds_since_mark
+            n_fwd[m.name] += clock.forwards_since_mark
+            m.static.append(clock.static_frac_since_mark)
+            m.forwards += timed.counts.forwards
+            m.committed += timed.counts.committed
+            m.outputs.append(timed.output)
+            m.exact += timed.output == methods[0].outputs[-1]  # vanilla runs first
+    for m in methods:
+        m.host_ms.append(1e3 * host[m.name] / n_fwd[m.name])
+        m.forward_ms.append(1e3 * fwd_s[m.name] / n_fwd[m.name])
+
+
+def print_table(methods: list[Method], repeats: int) -> None:
+    base = methods[0]
+    print(
+        "| decoder | kv | tau | static_frac | syncs/step | host ms/forward | x vanilla | forward ms | exact |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for m in methods:
+        ratio = statistics.median(h / b for h, b in zip(m.host_ms, base.host_ms, strict=True))
+        print(
+            f"| {m.decoder} | {m.kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
+            f"{m.syncs:.2f} | {statistics.median(m.host_ms):.2f} | {ratio:.2f} | "
+            f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
+        )
+    print(f"\nmedians over {repeats} repeats; x vanilla: median of the per-repeat ratios")
+
+
+def print_sites(methods: list[Method], top: int) -> None:
+    print("\nwhere the syncs come from (per decode step, the most frequent):\n")
+    for m in methods:
+        sites = "; ".join(f"{n:.2f} {site}" for site, n in m.sites[:top]) or "none"
+        print(f"- {m.name}: {sites}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=2, help="MT-Bench questions (turn 1)")
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--count-new", type=int, default=32, help="new tokens of the sync-counting runs (run.count_syncs)"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--cuda-graphs", action="store_true", help="graphs for fixed-shape forwards")
+    ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
+    ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
+    eng = Engine(lm.model, linear=resolve_linear("auto", lm), cuda_graphs=args.cuda_graphs)
+    stop = stop_ids_for(lm.tokenizer, lm.model)
+    task = MTBench(limit=args.questions)
+    prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
+    combos = [c for c in COMBOS if args.only is None or c == COMBOS[0] or f"{c[0]}+{c[1]}" in args.only]
+    methods = [Method(d, k, make_decoder(d, k, extra, lm, eng)) for d, k, extra in combos]
+    print(
+        f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} ({eng.linear}"
+        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale=cpu, MT-Bench turn 1 x "
+        f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
+        f"threads={args.threads}, torch {torch.__version__}\n"
+    )
+    eng.reserve(max(len(p) for p in prompts) + args.new + 512)
+    for m in methods:  # warm-up: layouts, allocator, kernels
+        m.dec.generate(prompts[0], 8, stop, Counts(keep_steps=False))
+    for _ in range(args.repeats):
+        time_repeat(methods, prompts, args.new, stop)
+    for m in methods:
+        count_syncs(m, prompts, min(args.count_new, args.new), stop)
+    print_table(methods, args.repeats)
+    print("overrides: " + "; ".join(f"{d}+{k}: {' '.join(e)}" for d, k, e in combos if e))
+    if args.sites:
+        print_sites(methods, args.sites)
+
+
+if __name__ == "__main__":
+    from benchmarks.output import recorded
+
+    with recorded("bench_host_overhead"):
+        main()

@@ -1,0 +1,177 @@
+"""The host counters of every run record: host syncs per step (a dispatch-level counter that works on a
+CPU), the share of decode forwards that take the fixed-shape path, host milliseconds per forward outside
+the target's and the draft model's forwards; older records without them still load."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from analysis.load import HOST_COLUMNS, load_samples
+from core.engine import Engine
+from core.types import Counts
+from decoders.vanilla import Vanilla
+from kv_policies.streaming import StreamingLLM
+from runners.host_syncs import HostSyncs, syncs_per_step
+from runners.runner import Runner
+from runners.timing import DraftClock, StepClock, timed_generate
+from tests.test_runner import make_cfg
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_counts_item_calls_and_other_reads_of_device_tensors():
+    dev = torch.device("cpu")
+    x = torch.arange(8.0, device=dev)  # made before counting: a device tensor
+    with HostSyncs(dev) as syncs:
+        for i in range(5):
+            x[i].item()
+    assert syncs.count == 5
+    with HostSyncs(dev) as syncs:
+        int(x.argmax())  # 1
+        bool(x[1] > 0)  # 2
+        x.tolist()  # 3
+        x[x > 3]  # 4: a boolean mask's output shape is its data
+        x.nonzero()  # 5
+        x.argmax(-1).cpu().tolist()  # 6: the copy to the host; reading the host copy is free
+        torch.tensor([x[0], x[1]])  # 7
+        syncs.mark()
+        x + 1
+        x[torch.tensor([0, 2])]
+        torch.where(x > 3, x, 0)
+    assert (syncs.count, syncs.since_mark) == (7, 0)
+
+
+def test_host_tensors_read_for_free_on_a_cpu():
+    """What a GPU run keeps on the host (no `device` named, or `.cpu()`'s copy) never waits there."""
+    dev = torch.device("cpu")
+    with HostSyncs(dev) as syncs:
+        keep = torch.as_tensor([0, 1, 2])
+        keep.min().item()
+        torch.equal(keep, torch.arange(3))
+        (torch.arange(5) > 2).nonzero().tolist()
+        mask = torch.zeros(3, 3, dtype=torch.bool)
+        mask[1] = mask[0]
+        mask[1, 1] = True  # the Python value becomes a host tensor: no copy from the device
+        assert syncs.count == 0
+        torch.tensor([3, 4]).to(dev)[0].item()  # moved to the device, then read: waits
+        torch.arange(4, device=dev).sum().item()
+    assert syncs.count == 2
+
+
+def test_static_frac_is_one_for_vanilla_and_less_under_a_kv_policy_view(tiny_lm):
+    eng = Engine(tiny_lm.model)
+    prompt = list(range(3, 40))
+
+    def static_frac(dec: Vanilla) -> float:
+        with StepClock(eng) as clock:
+            timed_generate(dec, prompt, 24, on_prefill_done=clock.mark)
+        assert clock.forwards_since_mark == 23
+        return clock.static_frac_since_mark
+
+    assert static_frac(Vanilla(eng)) == 1.0
+    streaming = StreamingLLM(budget=16, sinks=4)  # the cache outgrows it at once: restricted views
+    assert static_frac(Vanilla(eng, kv=streaming)) < 1.0
+    assert eng.graphs is None  # counted without graphs, nothing changed in what ran
+
+
+def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
+    """Vanilla's one read per step is the token it picks."""
+    dec = Vanilla(Engine(tiny_lm.model))
+    assert syncs_per_step(dec, list(range(3, 20)), 12, set()) == 1.0
+
+
+def test_no_sync_count_where_attention_compiles(tiny_lm):
+    """torch.compile does not run under the counter's dispatch modes: such runs record no count."""
+    from kv_policies.base import build_policy
+
+    dec = Vanilla(Engine(tiny_lm.model), kv=build_policy("streaming", budget=16, backend="flex"))
+    assert math.isnan(syncs_per_step(dec, list(range(3, 40)), 8, set()))
+
+
+def test_draft_clock_times_the_draft_forwards_after_the_mark_and_unwraps():
+    class Draft:
+        FORWARDS = ("step",)
+
+        def step(self, n: int) -> int:
+            return self.inner(n) if n > 1 else n
+
+        def inner(self, n: int) -> int:
+            return self.step(n - 1)  # nested: timed once, by the outer call
+
+    class Decoder:
+        draft = Draft()
+
+    dec = Decoder()
+    with DraftClock(dec, torch.device("cpu")) as clock:
+        dec.draft.step(1)
+        clock.mark()
+        assert dec.draft.step(3) == 1
+    assert len(clock.seconds_each) == 2 and clock.seconds_since_mark == clock.seconds_each[1] > 0
+    assert "step" not in vars(dec.draft)
+    with DraftClock(object(), torch.device("cpu")) as none:  # no draft model: nothing to time
+        assert none.seconds_since_mark == 0
+
+
+def test_run_records_the_host_counters(tmp_path):
+    path = Runner(make_cfg(tmp_path)).run()
+    samples = pd.read_parquet(path / "samples.parquet")
+    assert (samples["static_frac"] == 1.0).all() and (samples["syncs_per_step"] == 1.0).all()
+    assert (samples["draft_forward_s"] == 0).all()
+    host = samples["host_ms_per_forward"]
+    assert host.map(math.isfinite).all() and (host >= 0).all()
+    expected = (samples["decode_s"] - samples["forward_s"]) / samples["forwards"] * 1e3
+    assert host.to_numpy() == pytest.approx(expected.to_numpy())
+
+
+def test_triforce_run_times_its_draft_model_and_can_skip_the_sync_count(tmp_path):
+    overrides = ("decoder=triforce", "draft=tiny", "kv=streaming", "kv.budget=8", "run.count_syncs=0")
+    cfg = make_cfg(tmp_path, *overrides)
+    samples = pd.read_parquet(Runner(cfg).run() / "samples.parquet")
+    assert (samples["draft_forward_s"] > 0).all() and samples["syncs_per_step"].isna().all()
+    assert (samples["static_frac"] < 1).all() and (samples["host_ms_per_forward"] >= 0).all()
+    assert (samples["draft_forward_s"] + samples["forward_s"] < samples["decode_s"]).all()
+
+
+def test_records_without_the_host_counters_still_load(tmp_path):
+    path = Runner(make_cfg(tmp_path, "run.count_syncs=0")).run()
+    old = pd.read_parquet(path / "samples.parquet").drop(columns=list(HOST_COLUMNS))
+    old.to_parquet(path / "samples.parquet", index=False)
+    samples = load_samples(tmp_path)
+    assert len(samples) == len(old) and samples[list(HOST_COLUMNS)].isna().all().all()
+
+
+def test_the_counting_generation_reproduces_the_timed_one(tiny_lm):
+    """The untimed counting pass runs the same decode (same tokens) as the timed generation."""
+    dec = Vanilla(Engine(tiny_lm.model))
+    prompt = list(range(3, 20))
+    timed = dec.generate(prompt, 10, set(), Counts())
+    with HostSyncs(dec.engine.device):
+        counted = dec.generate(prompt, 10, set(), Counts())
+    assert counted == timed
+
+
+def test_host_overhead_benchmark_names_existing_configs():
+    from benchmarks.bench_host_overhead import COMBOS, REPO
+
+    assert COMBOS[0][:2] == ("vanilla", "full")  # the ratios' reference runs first
+    for decoder, kv, _ in COMBOS:
+        assert (REPO / "conf" / "decoder" / f"{decoder}.yaml").exists(), decoder
+        assert (REPO / "conf" / "kv" / f"{kv}.yaml").exists(), kv
+
+
+def test_draft_clock_times_a_longspec_draft_and_leaves_the_output_alone(tiny_lm):
+    from decoders.longspec.decoder import LongSpec
+
+    prompt = list(range(10, 30))
+    ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 12, set(), Counts())
+    eng = Engine(tiny_lm.model)
+    dec = LongSpec(eng, depth=2, widths=[1, 1], checkpoint="random", window=8)
+    with StepClock(eng) as forwards, DraftClock(dec, eng.device) as drafts:
+        timed = timed_generate(dec, prompt, 12, on_prefill_done=lambda: (forwards.mark(), drafts.mark()))
+    assert timed.output == ref and drafts.seconds_since_mark > 0
+    assert forwards.seconds_since_mark + drafts.seconds_since_mark < timed.decode_s
+    assert not {"step", "commit"} & set(vars(dec.draft))  # the draft's own methods again
