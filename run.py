@@ -4,8 +4,14 @@ python run.py                                   # SmolLM2 + vanilla + full KV on
 python run.py decoder=fafo kv=quest task=mtbench
 python run.py -m decoder=vanilla,lookahead,fafo launcher=slurm cluster=gpu
 
-In a sweep (`-m`) a job with bad input prints `error: job <n> (<overrides>): <message>` and the
-other jobs still run; the sweep then ends with one line counting the failed jobs and exits non-zero.
+Every job of the command line (each combination of a sweep) is composed and checked before anything
+is loaded or written: bad input is one `error: ...` line, exit status 2, and nothing on disk. A run's
+Hydra folder is its `run.out_dir` (a sweep's: `<out_dir>/multirun/<date>/<time>/`), and the composed
+config is saved beside the run's records (`<out_dir>/runs/<run_id>/config.yaml`).
+
+A sweep job that fails only once its model is loaded (a prompt longer than the model's context, say)
+prints `error: job <n> (<overrides>): <message>` and the other jobs still run; the sweep then ends with
+one line counting the failed jobs and exits non-zero.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.types import HarnessError
 from runners.overrides import check_overrides
@@ -28,8 +34,8 @@ CONF = Path(__file__).resolve().parent / "conf"
 FAILURES_ENV = "HARNESS_SWEEP_FAILURES"  # file where sweep jobs append their one-line failures
 
 
-def check_group_choices(argv: list[str]) -> None:
-    """Fail fast, in one line, on `group=option` overrides that name no config file."""
+def check_group_choices(argv: list[str]) -> str | None:
+    """The one-line problem with `group=option` overrides that name no config file, or None."""
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
         group = CONF / key
@@ -40,7 +46,56 @@ def check_group_choices(argv: list[str]) -> None:
             if choice.startswith(("glob(", "range(")):
                 continue
             if choice not in options:
-                sys.exit(f"error: unknown {key} {choice!r}; available: {', '.join(options)}")
+                return f"unknown {key} {choice!r}; available: {', '.join(options)}"
+    return None
+
+
+def preflight(argv: list[str], composed: list[DictConfig] | None = None) -> str | None:
+    """The one-line problem with the command line, found before Hydra runs (so before any folder is
+    made): unknown options and keys, and every job's config checked as the runner will check it. The
+    jobs' configs are appended to `composed` when given."""
+    from runners.config import check_config, check_decoder
+    from runners.overrides import compose_checked, job_overrides
+
+    problem = check_group_choices(argv) or check_overrides(argv, CONF)
+    if problem:
+        return problem
+    jobs = job_overrides(argv, CONF)
+    if isinstance(jobs, str):
+        return jobs
+    for num, job in enumerate(jobs):
+        cfg, problem = compose_checked(job, CONF)
+        if cfg is not None:
+            if composed is not None:
+                composed.append(cfg)
+            try:
+                check_config(cfg)
+                check_decoder(cfg)
+            except HarnessError as exc:
+                problem = str(exc)
+        if problem:
+            return problem if len(jobs) == 1 else f"job {num} ({' '.join(job)}): {problem}; no job was run"
+    return None
+
+
+def missing_top(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (None when `path` exists)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def discard_empty(path: Path, top: Path | None) -> None:
+    """Remove `path` and the folders above it up to `top`, those of them that are empty: what Hydra
+    made for a run that was then refused."""
+    if top is None:
+        return
+    for level in (path, *path.parents):
+        try:
+            level.rmdir()
+        except OSError:
+            return
+        if level == top:
+            return
 
 
 class QuietSacct(logging.Filter):
@@ -73,6 +128,17 @@ def _report_job_failure(exc: HarnessError) -> None:
             f.write(f"{os.getpid()}\t{line}\n")
 
 
+NEW_OUT_DIR: Path | None = None  # outermost folder of a single run's out_dir that this process made
+
+
+def save_config(run_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
+    """The composed config beside the run's records, headed by the command line's overrides."""
+    text = f"# python run.py {' '.join(overrides)}\n{OmegaConf.to_yaml(cfg)}"
+    tmp = run_dir / f".config.yaml.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    tmp.replace(run_dir / "config.yaml")
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from runners.runner import run
@@ -81,13 +147,15 @@ def main(cfg: DictConfig) -> None:
     with open_dict(cfg):
         cfg.choices = {k: v for k, v in hc.runtime.choices.items() if "/" not in k}
     try:
-        run(cfg)
+        run_dir = run(cfg)
     except HarnessError as exc:
         if hc.mode == RunMode.MULTIRUN:
             _report_job_failure(exc)  # the sweep goes on with its other jobs
             return
+        discard_empty(Path(hc.runtime.output_dir), NEW_OUT_DIR)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    save_config(run_dir, cfg, list(hc.overrides.task))
 
 
 def sweep_failures(path: Path) -> list[tuple[int, str]]:
@@ -96,15 +164,35 @@ def sweep_failures(path: Path) -> list[tuple[int, str]]:
     return [(int(pid), line) for pid, _, line in (r.partition("\t") for r in rows)]
 
 
+def quiet_sacct_stderr() -> None:
+    """submitit polls `sacct` with its stderr on the terminal, so on a cluster without accounting every
+    poll prints "Slurm accounting storage is disabled"; QuietSacct says it once instead."""
+    try:
+        from submitit.slurm.slurm import SlurmInfoWatcher
+    except ImportError:
+        return
+    make = SlurmInfoWatcher._make_command
+
+    def quiet(self: SlurmInfoWatcher) -> list[str] | None:
+        command = make(self)
+        return None if command is None else ["sh", "-c", '"$0" "$@" 2>/dev/null', *command]
+
+    SlurmInfoWatcher._make_command = quiet
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    check_group_choices(argv)
-    problem = check_overrides(argv, CONF)
+    configs: list[DictConfig] = []
+    problem = preflight(argv, configs)
     if problem:
-        sys.exit(f"error: {problem}")
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    if len(configs) == 1 and not any(a in ("-m", "--multirun") for a in argv):
+        NEW_OUT_DIR = missing_top(Path(str(configs[0].run.out_dir)))
     failures = Path(tempfile.gettempdir()) / f"harness-sweep-{os.getpid()}.failures"
     os.environ[FAILURES_ENV] = str(failures)
     logging.getLogger("submitit").addFilter(QuietSacct())
+    quiet_sacct_stderr()
     try:
         main()
     finally:

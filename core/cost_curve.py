@@ -1,6 +1,7 @@
 """The cost curve t(B, ctx) of one environment: seconds for one forward of B query rows over a cache
 of ctx entries, measured on a grid (`measure_grid`), interpolated between grid points (`CostCurve`)
-and cached on disk per (device, model, dtype, linear, threads) (`cached_curve`, `store_curve`).
+and cached on disk per (device with its ISA features, model, dtype, linear, threads) (`cached_curve`,
+`store_curve`).
 
 `python -m benchmarks.block_cost` measures the full grid and prints it beside the roofline model
 (`analysis.cost_model`); the runner measures a compact grid once per environment when a decoder sizes
@@ -10,6 +11,7 @@ its blocks by cost (`decoder.block=auto`), before anything is timed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -21,13 +23,15 @@ from pathlib import Path
 import torch
 
 from core.attention import CausalView
+from core.types import HarnessError
 
 CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
 
 # What `step_seconds` times: bumped whenever that changes (an attention path a verification block
 # takes, the view it runs under), so that curves cached before are measured again, not reused.
-# 2: blocks of 2-10 rows over long CPU caches take `few_rows_attention`; 3: logits for every row
-MEASURE_VERSION = 3
+# 2: blocks of 2-10 rows over long CPU caches take `few_rows_attention`; 3: logits for every row;
+# 4: noisy points measured again, a curve that stays noisy refused
+MEASURE_VERSION = 4
 
 
 def measurement_meta(reps: int) -> dict[str, object]:
@@ -57,12 +61,18 @@ class CostCurve:
             raise ValueError("cost curve: rows and contexts must be increasing")
         if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.rows) for r in self.seconds):
             raise ValueError("cost curve: seconds must be a [contexts x rows] grid")
+        if not all(math.isfinite(t) and t > 0 for line in self.seconds for t in line):
+            raise ValueError("cost curve: every measured forward must take a positive, finite time")
 
     def __call__(self, rows: int, ctx: float) -> float:
-        """Interpolated linearly in rows and in context; linear extrapolation past the grid's ends
-        (the last two points' slope: cost grows with rows and entries), never below 0."""
+        """Interpolated linearly in rows and in context inside the grid; outside it, the nearest measured
+        point (a line through two points can dive below zero past the grid's ends). Never <= 0."""
         per_ctx = [_interp(self.rows, line, rows) for line in self.seconds]
-        return max(_interp(self.contexts, per_ctx, ctx), 0.0)
+        return max(_interp(self.contexts, per_ctx, ctx), self._floor)
+
+    @property
+    def _floor(self) -> float:
+        return min(min(line) for line in self.seconds)
 
     def ratio(self, rows: int, ctx: float) -> float:
         return self(rows, ctx) / self(1, ctx)
@@ -76,9 +86,12 @@ class CostCurve:
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:
-    if len(xs) == 1:
+    """Linear between the grid points around `x`; the end point's value beyond either end."""
+    if x <= xs[0]:
         return ys[0]
-    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_left(xs, x)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
@@ -127,9 +140,9 @@ def _vocab(eng) -> int:
     return int(eng.model.config.vocab_size)
 
 
-def step_seconds(eng, context: int, rows: int, reps: int) -> float:
-    """Median seconds of a causal `rows`-row step over the engine's `context`-entry cache (nothing
-    kept: the cache stays at `context`)."""
+def step_times(eng, context: int, rows: int, reps: int) -> list[float]:
+    """Seconds of `reps` causal `rows`-row steps over the engine's `context`-entry cache (nothing kept:
+    the cache stays at `context`)."""
     # the attention a causal block of this size gets in a decoder's verification (one row: vanilla's
     # split decode attention; a few rows over a long CPU cache: `few_rows_attention`; else masked SDPA)
     view = CausalView(eng.scale)
@@ -143,22 +156,104 @@ def step_seconds(eng, context: int, rows: int, reps: int) -> float:
         synchronize(eng.device)
         times.append(time.perf_counter() - t0)
         eng.commit([])
-    return statistics.median(times)
+    return times
+
+
+def step_seconds(eng, context: int, rows: int, reps: int) -> float:
+    """Median seconds of a causal `rows`-row step over the engine's `context`-entry cache."""
+    return statistics.median(step_times(eng, context, rows, reps))
+
+
+# A measured point is trusted when the middle half of its repeats spans at most NOISY_SPREAD of their
+# median (plus JITTER_FLOOR_S, below which a scheduler's time slice decides); a row count may cost less
+# than a smaller one only by both points' jitter plus FLAT_SLACK of the smaller one's time (more rows
+# never cost less work). Points failing either are measured again with RETRY_REPS times the repeats,
+# up to MEASURE_TRIES times in all, and a curve still failing is refused rather than cached: one busy
+# moment would otherwise size every later `block=auto` run on this machine.
+NOISY_SPREAD = 0.5
+FLAT_SLACK = 0.05
+JITTER_FLOOR_S = 1e-3
+MEASURE_TRIES = 3
+RETRY_REPS = 3
+
+
+class NoisyCurve(HarnessError):
+    """The machine was too busy for a cost curve that can be trusted; nothing was cached."""
+
+
+def _middle(times: list[float]) -> list[float]:
+    ordered = sorted(times)
+    cut = len(ordered) // 4
+    return ordered[cut : len(ordered) - cut]
+
+
+def _jitter(times: list[float]) -> float:
+    """Half the spread of the middle repeats, in seconds."""
+    middle = _middle(times)
+    return (middle[-1] - middle[0]) / 2
+
+
+def _noisy(times: list[float]) -> bool:
+    return 2 * _jitter(times) > NOISY_SPREAD * statistics.median(times) + JITTER_FLOOR_S
+
+
+def _drops(line: list[list[float]]) -> list[int]:
+    """Indexes j where j + 1 rows' median costs less than j rows' by more than the jitter allows."""
+    med = [statistics.median(t) for t in line]
+    return [
+        j
+        for j in range(len(line) - 1)
+        if med[j + 1] < med[j] * (1 - FLAT_SLACK) - _jitter(line[j]) - _jitter(line[j + 1]) - JITTER_FLOOR_S
+    ]
+
+
+def suspect_points(line: list[list[float]]) -> list[int]:
+    """Indexes of the points of one context's line (repeat times per row count) to measure again:
+    those whose repeats disagree, and both ends of every drop in cost as rows grow."""
+    bad = {j for j, times in enumerate(line) if _noisy(times)}
+    for j in _drops(line):
+        bad |= {j, j + 1}
+    return sorted(bad)
+
+
+def _why(line: list[list[float]], rows: list[int], ctx: int) -> str:
+    med = [statistics.median(t) for t in line]
+    drops = _drops(line)
+    if drops:
+        j = drops[0]
+        more, fewer = f"{rows[j + 1]} rows took {med[j + 1]:.3g} s", f"{rows[j]} rows {med[j]:.3g} s"
+        return f"at {ctx} cache entries {more}, {fewer}"
+    j = next(j for j, t in enumerate(line) if _noisy(t))
+    lo, hi = min(_middle(line[j])), max(_middle(line[j]))
+    return f"at {ctx} cache entries repeats of {rows[j]} rows took {lo:.3g} to {hi:.3g} s"
 
 
 def measure_grid(eng, rows: list[int], contexts: list[int], reps: int) -> list[list[float]]:
     """Median seconds per forward, [context][rows]; each context is measured twice (the first pass
-    warms the allocator and kernels) and the second pass kept. Leaves the engine's cache in an
-    arbitrary state: callers reset it before generating."""
+    warms the allocator and kernels) and the second pass kept, then its suspect points (see
+    `suspect_points`) measured again. Raises NoisyCurve when a context's line stays suspect. Leaves the
+    engine's cache in an arbitrary state: callers reset it before generating."""
     grid = []
     for ctx in contexts:
         eng.reset(ctx + max(rows) + 1)
         vocab = _vocab(eng)
         eng.prefill([(100 + i % 1000) % vocab for i in range(ctx)])
-        line: list[float] = []
+        line: list[list[float]] = []
         for _ in range(2):
-            line = [step_seconds(eng, ctx, b, reps) for b in rows]
-        grid.append(line)
+            line = [step_times(eng, ctx, b, reps) for b in rows]
+        for _ in range(MEASURE_TRIES - 1):
+            bad = suspect_points(line)
+            if not bad:
+                break
+            for j in bad:
+                line[j] = step_times(eng, ctx, rows[j], reps * RETRY_REPS)
+        if suspect_points(line):
+            raise NoisyCurve(
+                f"the cost curve measured for decoder.block=auto stays noisy after {MEASURE_TRIES} tries "
+                f"({_why(line, rows, ctx)}): the machine is busy; nothing was cached. Rerun when it is "
+                "quieter (the curve is measured again), or use decoder.block=fixed"
+            )
+        grid.append([statistics.median(t) for t in line])
     return grid
 
 

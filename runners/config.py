@@ -1,9 +1,15 @@
 """Turning the composed config into parts the runner uses, with bad values as one clear error line:
-parameters of a config group (for the run's identity), instantiation, positive integers, threads, the
-engine's GEMM choice, the stop tokens."""
+the typed, validated `run.*` settings (`check_config`, also run by run.py on every job of a command line
+before anything is loaded or written), parameters of a config group (for the run's identity),
+instantiation, threads, the engine's GEMM choice, the stop tokens."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,8 +18,224 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from core import checks
 from core.engine import onednn_applies
 from core.types import HarnessError
+
+LINEARS = ("aten", "onednn", "auto")
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+MODEL_SOURCES = ("packaged", "hub", "tiny")
+TINY_ARCHS = ("llama", "qwen2")
+TASK_SOURCES = ("auto", "package", "local", "hub")
+WANDB_MODES = ("online", "offline", "disabled")
+SEED_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The `run.*` section (and the task's own `limit` / `max_new_tokens`), typed and checked."""
+
+    limit: int | None  # samples per run (None = the whole task); the task's own limit wins over run.limit
+    limit_field: str  # which field set it: run.limit or task.limit
+    stratify: bool
+    max_new_tokens: int | None  # None = the task's own value
+    seed: int
+    threads: int | None  # None = torch's default count
+    warmup: bool
+    warmup_s: float | None
+    audit: bool
+    keep_steps: bool
+    count_syncs: int  # new tokens of the untimed sync-counting rerun of each generation (0 = none)
+    prefill_chunk: int
+    linear: str
+    cuda_graphs: bool
+    out_dir: Path
+    device: torch.device  # where model.device puts the model on this machine
+
+
+def _optional_int(field: str, value: Any, low: int, high: int | None = None) -> int | None:
+    return None if value is None else checks.integer(field, value, low, high)
+
+
+def run_settings(cfg: Any) -> RunSettings:
+    """`cfg.run` (+ `task.limit`, `task.max_new_tokens`) checked field by field: one HarnessError naming
+    the field and its allowed values for the first bad one."""
+    run = cfg.run
+    if not hasattr(run, "get"):
+        raise HarnessError(f"run must be a section of settings (run.limit=..., run.seed=...), got {run!r}")
+    task = cfg.get("task") or {}
+    own = task.get("limit")
+    limit_field = "run.limit" if own is None else "task.limit"  # the task's own limit is more specific
+    limit = _optional_int(limit_field, run.get("limit") if own is None else own, 1)
+    if task.get("max_new_tokens") is not None:
+        checks.integer("task.max_new_tokens", task.get("max_new_tokens"), 1)
+    warmup_s = run.get("warmup_s")
+    if warmup_s is not None:
+        warmup_s = checks.number("run.warmup_s", warmup_s, 0)
+    device = model_device(cfg.get("model") or {})
+    graphs = run.get("cuda_graphs")
+    cuda_graphs = False if graphs is None else checks.flag("run.cuda_graphs", graphs)
+    if cuda_graphs and device.type != "cuda":
+        raise HarnessError(f"run.cuda_graphs=true needs a CUDA device (the model goes to {device.type})")
+    return RunSettings(
+        limit=limit,
+        limit_field=limit_field,
+        stratify=checks.flag("run.stratify", run.get("stratify", False)),
+        max_new_tokens=_optional_int("run.max_new_tokens", run.get("max_new_tokens"), 1),
+        seed=checks.integer("run.seed", run.get("seed", 0), 0, SEED_MAX),
+        threads=_optional_int("run.threads", run.get("threads"), 1, os.cpu_count() or 1),
+        warmup=checks.flag("run.warmup", run.get("warmup", True)),
+        warmup_s=warmup_s,
+        audit=checks.flag("run.audit", run.get("audit", True)),
+        keep_steps=checks.flag("run.keep_steps", run.get("keep_steps", True)),
+        count_syncs=checks.integer("run.count_syncs", run.get("count_syncs", 8), 0),
+        prefill_chunk=checks.integer("run.prefill_chunk", run.get("prefill_chunk", 1024), 1),
+        linear=checks.choice("run.linear", run.get("linear") or "auto", LINEARS),
+        cuda_graphs=cuda_graphs,
+        out_dir=writable_folder("run.out_dir", run.get("out_dir")),
+        device=device,
+    )
+
+
+def model_device(model: Any) -> torch.device:
+    """The device `model.device` names, checked against this machine: auto | cpu | cuda | cuda:<n>."""
+    value = model.get("device", "auto")
+    if value in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(value) if isinstance(value, str) else None
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise HarnessError(f"model.device must be auto, cpu, cuda or cuda:<index>, got {value!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise HarnessError(
+                f"model.device={value} but this machine has no CUDA device; use model.device=cpu"
+            )
+        if device.index is not None and device.index >= count:
+            raise HarnessError(f"model.device={value}: this machine has CUDA devices 0..{count - 1}")
+    return device
+
+
+def check_model(model: Any, device: torch.device) -> None:
+    """`model.*` fields that can be checked without loading it."""
+    dtype = checks.choice("model.dtype", model.get("dtype", "float32"), DTYPES)
+    if dtype in ("float16", "fp16") and device.type == "cpu":
+        raise HarnessError(
+            "float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32"
+        )
+    if "source" in model:
+        source = checks.choice("model.source", model.get("source"), MODEL_SOURCES)
+        if source == "tiny":
+            checks.choice("model.arch", model.get("arch", "llama"), TINY_ARCHS)
+
+
+def check_backends(cfg: Any, device: torch.device) -> None:
+    """`decoder.backend` / `kv.backend`: one of the attention backends, flash only on a CUDA device."""
+    from core.sparse_attention import flash_available
+    from kv_policies.base import BACKENDS
+
+    for group in ("decoder", "kv"):
+        node = cfg.get(group) or {}
+        backend = node.get("backend") if hasattr(node, "get") else None
+        if backend is None:
+            continue
+        checks.choice(f"{group}.backend", backend, BACKENDS)
+        if backend == "flash" and not flash_available(device):
+            raise HarnessError(
+                f"{group}.backend=flash needs a CUDA device with flash-attn installed (the model goes to "
+                f"{device.type}); use {group}.backend=dense, flex or sliced"
+            )
+
+
+def check_sections(cfg: Any) -> None:
+    """`sampling.*`, `wandb.*`, the decoder's `block`, the task's `source` and `data_path`."""
+    from core.sampling import Sampler
+
+    s = cfg.get("sampling") or {}
+    Sampler(s.get("temperature", 0.0), s.get("top_p", 1.0), s.get("top_k", 0))
+    w = cfg.get("wandb") or {}
+    checks.flag("wandb.enabled", w.get("enabled", False))
+    if w.get("mode") is not None:
+        checks.choice("wandb.mode", w.get("mode"), WANDB_MODES)
+    decoder = cfg.get("decoder") or {}
+    if decoder.get("block") is not None:
+        checks.choice("decoder.block", decoder.get("block"), ("fixed", "auto"))
+    task = cfg.get("task") or {}
+    if task.get("source") is not None:
+        checks.choice("task.source", task.get("source"), TASK_SOURCES)
+    data_path = task.get("data_path")
+    if data_path and not Path(str(data_path)).expanduser().exists():
+        raise HarnessError(f"task.data_path {data_path} not found")
+
+
+class _NeedsModel(Exception):  # noqa: N818 - a signal, not an error: this check needs the real model
+    """Raised by the stand-in engine: what comes next can only be checked with the model loaded."""
+
+
+class _StandIn:
+    """Stands in for the engine (and a tokenizer, a draft) while a decoder checks its own fields:
+    touching it in any way ends the check."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NeedsModel(name)
+
+
+def check_decoder(cfg: Any) -> None:
+    """The KV policy's and the decoder's own checks of their fields, without a model: the decoder is
+    constructed over a stand-in engine, and what it would do with the engine is left to the job."""
+    kv = build(cfg.kv, "kv")
+    partial = build(cfg.decoder, "decoder")
+    target = getattr(partial, "func", partial)
+    extra = {name: _StandIn() for name in getattr(target, "needs", ())}
+    try:
+        partial(engine=_StandIn(), kv=kv, sampler=None, **extra)
+    except HarnessError:
+        raise
+    except Exception:  # noqa: BLE001, S110 - past its own checks, the decoder needs the real engine
+        pass
+
+
+def check_config(cfg: Any) -> RunSettings:
+    """Everything about a composed config that can be checked before a model is loaded or anything is
+    written; returns the typed `run.*` settings. Raises one HarnessError for the first bad field."""
+    settings = run_settings(cfg)
+    check_model(cfg.get("model") or {}, settings.device)
+    check_backends(cfg, settings.device)
+    check_sections(cfg)
+    return settings
+
+
+def writable_folder(field: str, value: Any) -> Path:
+    """`value` as a folder this process can write into. Tried by creating it (and the folders above it
+    that are missing) with a probe file, then removing all of that again, so a refused run writes
+    nothing and an accepted one meets no surprise later (read-only file systems included)."""
+    if not isinstance(value, str) or not value.strip():
+        raise HarnessError(f"{field} must be a folder path, got {value!r}")
+    path = Path(value).expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies below {existing}, which is a file"
+        raise HarnessError(f"{field}={value} {where}: give a folder")
+    created: list[Path] = []
+    try:
+        for level in reversed([p for p in (path, *path.parents) if p not in (existing, *existing.parents)]):
+            level.mkdir()
+            created.append(level)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise HarnessError(
+            f"{field}={value} cannot be written ({exc.strerror}): give a writable folder"
+        ) from None
+    finally:
+        for level in reversed(created):
+            with contextlib.suppress(OSError):
+                level.rmdir()
+    return path
 
 
 def group_params(node: Any) -> dict[str, Any]:

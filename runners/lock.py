@@ -20,8 +20,14 @@ class RunLock:
         self._fh: IO[str] | None = None
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")  # noqa: SIM115 - held for the lifetime of the run
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+")  # noqa: SIM115 - held for the lifetime of the run
+        except OSError as exc:  # a read-only or full file system, a file where a folder should be
+            raise HarnessError(
+                f"cannot write the run's records in {self.path.parent} ({exc.strerror}): "
+                "set run.out_dir to a writable folder"
+            ) from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

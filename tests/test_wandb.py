@@ -37,3 +37,28 @@ def test_wandb_failure_does_not_break_the_run(tmp_path, monkeypatch, capsys):
     path = Runner(make_cfg(tmp_path, "wandb.enabled=true", "+task.n=1")).run()
     assert (path / "COMPLETE").exists()
     assert "wandb is down" in capsys.readouterr().err
+
+
+def test_wandb_offline_stages_nothing_outside_its_folder(tmp_path, monkeypatch):
+    """Artifact copies and W&B's caches go under wandb.dir, not under the home folder."""
+    pytest.importorskip("wandb")
+    from runners import wandb_sink
+
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.delenv(var, raising=False)  # restored (unset) afterwards
+    monkeypatch.setattr(wandb_sink, "USER_SET", set(), raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "w"
+    cfg = make_cfg(
+        tmp_path / "out", "wandb.enabled=true", "wandb.mode=offline", f"wandb.dir={run_dir}", "+task.n=1"
+    )
+    path = Runner(cfg).run()
+    assert (path / "COMPLETE").exists()
+    outside = [p for p in home.rglob("*") if p.is_file() and "wandb" in str(p)]
+    assert not outside, outside

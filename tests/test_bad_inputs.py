@@ -1,0 +1,128 @@
+"""Bad input ends in one `error:` line, no traceback, and nothing written anywhere: every case of
+tests/bad_inputs.py that the pre-flight check can see (in process: fast), a few end to end through
+run.py started from an empty folder (which must stay empty), and the same for the summary's figure."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run as entry
+from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
+from tests.bad_inputs import CASES, Case, expand
+
+REPO = Path(__file__).resolve().parents[1]
+PREFLIGHT = [c for c in CASES if not c.model]
+
+
+@pytest.mark.parametrize("case", PREFLIGHT, ids=[c.id for c in PREFLIGHT])
+def test_preflight_refuses_before_anything_is_loaded_or_written(case: Case, tmp_path):
+    filled = expand(case, tmp_path)
+    if filled is None:
+        pytest.skip("no read-only file system here")
+    args, out = filled
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        problem = entry.preflight(["debug=quick", *args])
+    assert problem is not None and case.message in problem, problem
+    assert "\n" not in problem
+    assert not out.exists()
+
+
+def _run_from_empty_folder(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """run.py started from an empty folder (where Hydra used to leave outputs/<date>/<time>/)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, str(REPO / "run.py"), "debug=quick", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600, env=env), cwd
+
+
+END_TO_END = [
+    (("run.seed=abc",), "run.seed must be an integer >= 0"),
+    (("run.stratify=maybe",), "run.stratify must be true or false"),
+    (("model.device=cuda",), "model.device"),
+    (("-m", "decoder=vanilla,fafo", "decoder.k=0"), "decoder.k"),
+    (("decoder=fafo", "decoder.backend=flash"), "decoder.backend=flash needs a CUDA device"),
+    (("run.limit=100000",), "run.limit=100000 exceeds the 80 samples of task mtbench"),  # after loading
+]
+
+
+@pytest.mark.parametrize(("args", "message"), END_TO_END, ids=[" ".join(a) for a, _ in END_TO_END])
+def test_bad_input_end_to_end_writes_nothing(tmp_path, args, message):
+    if "cuda" in " ".join(args):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    out = tmp_path / "out"
+    res, cwd = _run_from_empty_folder(tmp_path, *args, f"run.out_dir={out}")
+    assert res.returncode == 2 or res.returncode == 1, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip() and "Warning" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "HYDRA_FULL_ERROR" not in res.stderr
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+    assert not any(cwd.iterdir()), sorted(str(p) for p in cwd.rglob("*"))
+
+
+def test_a_run_keeps_its_hydra_files_beside_its_records_and_says_why_scores_are_empty(tmp_path):
+    out = tmp_path / "out"
+    res, cwd = _run_from_empty_folder(tmp_path, f"run.out_dir={out}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not any(cwd.iterdir())  # nothing where the command was started
+    (run_dir,) = (out / "runs").iterdir()
+    assert (run_dir / "COMPLETE").exists() and not (run_dir / "parts").exists()  # each sample stored once
+    assert "debug=quick" in (run_dir / "config.yaml").read_text().splitlines()[0]
+    assert "task mtbench has no automatic score" in res.stdout
+
+
+def _complete_runs(root: Path) -> None:
+    from tests.test_analysis import _synthetic
+
+    df = _synthetic(4)
+    for run_id, run in df.groupby("run_id"):
+        rd = RunDir(root / "runs", run_id)
+        rd.path.mkdir(parents=True)
+        rd.write_run(
+            {
+                "run_id": run_id,
+                "status": "complete",
+                "decoder": run["decoder"].iloc[0],
+                "kv": "full",
+                "task": "t",
+                "model": "m",
+                "model_name": "m",
+                "dtype": "float32",
+                "device_name": "cpu",
+                "max_new_tokens": 50,
+                "seed": 0,
+                "lossless": True,
+                "git_sha": "x",
+                "decoder_params": json.dumps({"_target_": "x", "k": 3}),
+                "kv_params": "{}",
+            }
+        )
+        cols = [c for c in SAMPLE_COLUMNS if c in run.columns]
+        rows = typed_frame(run[cols].to_dict("records"), {c: SAMPLE_COLUMNS[c] for c in cols})
+        rd.write_sample("all", rows.to_dict("records"), [], [])
+        rd.consolidate()
+        rd.mark_complete()
+
+
+def test_summary_figure_to_an_unwritable_path_is_one_line(tmp_path):
+    from analysis.summary import main as summary_main
+
+    _complete_runs(tmp_path)
+    target = tmp_path / "a-file"
+    target.write_text("not a folder\n")
+    with pytest.raises(SystemExit) as exc, contextlib.redirect_stdout(io.StringIO()):
+        summary_main(["--root", str(tmp_path), "--figure", str(target / "summary.png")])
+    assert str(exc.value.code).startswith("error: cannot write the figure")
+    assert "\n" not in str(exc.value.code)
