@@ -21,8 +21,9 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def git_sha(repo: Path) -> str:
-    """The code version: the commit, plus `-dirty-<hash of the diff>` when tracked files differ from it
-    (two different uncommitted states never share a version). `HARNESS_CODE_VERSION`, when set, is
+    """The code version: the commit, plus `-dirty-<hash of the diff>` when tracked files outside
+    `results/` differ from it (two different uncommitted states never share a version; records and
+    benchmark outputs are not code, so replacing committed records keeps the version). `HARNESS_CODE_VERSION`, when set, is
     taken instead: for a copy of a commit's code that travels without its data folders or its `.git`
     (a GPU lease's working tree, scripts/gpu_checks.sh), where git cannot tell the version."""
     if os.environ.get("HARNESS_CODE_VERSION"):
@@ -31,7 +32,7 @@ def git_sha(repo: Path) -> str:
         sha = _git(repo, "rev-parse", "HEAD")
         if sha.returncode != 0:
             return "unknown"
-        diff = _git(repo, "diff", "HEAD", "--no-ext-diff", "--binary")
+        diff = _git(repo, "diff", "HEAD", "--no-ext-diff", "--binary", "--", ".", ":(exclude)results")
         if diff.returncode != 0:
             return sha.stdout.strip() + "-dirty"
         if not diff.stdout:

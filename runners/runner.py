@@ -226,10 +226,7 @@ class Runner:
                 sink.finish()
         print_summary(self.rundir.path)
         if self.task.unscored:
-            print(
-                f"[run] task {self.names['task']} has no automatic score (the scores table is empty): "
-                f"{self.task.unscored}"
-            )
+            print(f"[run] task {self.names['task']} has no automatic score: {self.task.unscored}")
         if failed:
             self._raise_failed(failed, len(samples))
         return self.rundir.path

@@ -21,7 +21,7 @@ REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 class MTBench(Task):
     name = "mtbench"
     version = "1"
-    unscored = "MT-Bench is judged by GPT-4, which this harness does not call; compare speed and exactness"
+    unscored = "GPT-4 judges MT-Bench, not called here (scores table empty)"
 
     def _load(self) -> list[Sample]:
         if self.source == "hub":

@@ -71,3 +71,14 @@ def test_the_runner_refuses_a_dirty_tree_before_writing(repo: Path, monkeypatch)
     with pytest.raises(HarnessError, match="whose records must come from a commit"):
         runner_module.Runner(make_cfg(out))
     assert list((out / "runs").iterdir()) == []
+
+
+def test_the_code_version_ignores_records_and_sees_code(repo: Path):
+    """Replacing committed records (a rerun deletes a slice's old runs first) keeps the code version;
+    any change to code makes it `-dirty`."""
+    clean = provenance.git_sha(repo)
+    assert "-dirty" not in clean and len(clean) == 40
+    (repo / "results" / "paper" / "REPORT.md").unlink()
+    assert provenance.git_sha(repo) == clean
+    (repo / "code.py").write_text("x = 2\n")
+    assert provenance.git_sha(repo).startswith(clean + "-dirty-")
