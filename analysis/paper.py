@@ -288,13 +288,15 @@ class Setup:
 
 
 def _hardware(key: dict[str, str]) -> str:
-    """`cpu-<chip><threads>` or the GPU's model: the device name without its vendor words."""
+    """`cpu-<chip><threads>[-<ISA features>]` or the GPU's model: the device name without its vendor
+    words (a CPU's name carries, in brackets, the ISA features the kernels branch on)."""
     device = key.get("device_name", UNKNOWN)
     is_cpu = device.startswith("cpu")
-    words = re.sub(r"^cpu:\s*", "", device).split()
+    features = "".join(re.sub(r"[^a-z0-9]", "", f.lower()) for f in re.findall(r"\[([^\]]*)\]", device))
+    words = re.sub(r"\[[^\]]*\]", "", re.sub(r"^cpu:\s*", "", device)).split()
     chip = next((w for w in words if w.lower() not in VENDOR_WORDS and not re.fullmatch(r"x\d+", w)), "")
     chip = re.sub(r"[^a-z0-9.]", "", chip.lower()) or ("cpu" if is_cpu else "gpu")
-    return f"cpu-{chip}{key.get('threads', '')}" if is_cpu else chip
+    return f"cpu-{chip}{key.get('threads', '')}" + (f"-{features}" if features else "") if is_cpu else chip
 
 
 def setup_name(key: dict[str, str]) -> str:

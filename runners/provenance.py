@@ -21,11 +21,11 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def git_sha(repo: Path) -> str:
-    """The code version: the commit, plus `-dirty-<hash of the diff>` when tracked files outside
-    `results/` differ from it (two different uncommitted states never share a version; records and
-    benchmark outputs are not code, so replacing committed records keeps the version). `HARNESS_CODE_VERSION`, when set, is
-    taken instead: for a copy of a commit's code that travels without its data folders or its `.git`
-    (a GPU lease's working tree, scripts/gpu_checks.sh), where git cannot tell the version."""
+    """The code version: the commit, plus `-dirty-<hash of the diff>` when tracked files outside `results/`
+    differ from it (two different uncommitted states never share a version; records and benchmark
+    outputs are not code, so replacing committed records keeps the version). `HARNESS_CODE_VERSION`,
+    when set, is taken instead: for a copy of a commit's code that travels without its data folders or
+    its `.git` (a GPU lease's working tree, scripts/gpu_checks.sh), where git cannot tell the version."""
     if os.environ.get("HARNESS_CODE_VERSION"):
         return os.environ["HARNESS_CODE_VERSION"]
     try:

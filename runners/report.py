@@ -75,7 +75,13 @@ def divergence_note(runs: pd.Series, samples: pd.DataFrame) -> str | None:
         f"are within {dtype} rounding (gap <= {tol:g}: a numerical tie, not a decoding error)"
     )
     if ties < diverged:
-        line += f"; {diverged - ties} beyond it: compare in float32 (samples.parquet: divergence_gap)"
+        beyond = diverged - ties
+        if not bool(runs.get("lossless", True)):
+            line += f"; {beyond} beyond it, as a lossy decoder or KV policy may"
+        elif dtype == "float32":
+            line += f"; {beyond} beyond it, unexpected of a lossless run (samples.parquet: first_divergence)"
+        else:
+            line += f"; {beyond} beyond it: compare in float32 (samples.parquet: divergence_gap)"
     return line
 
 

@@ -315,6 +315,10 @@ def test_two_builds_are_byte_identical_and_leave_files_alone(tmp_path):
 
 def test_setup_names():
     key = {"device_name": "cpu: AMD EPYC 7B13 [avx512_bf16] x2 threads", "threads": "2", "dtype": "float32"}
-    assert paper.setup_name({**key, "model": "smollm2-135m", "scale": "cpu"}) == "cpu-epyc2-fp32@cpu"
+    assert (
+        paper.setup_name({**key, "model": "smollm2-135m", "scale": "cpu"}) == "cpu-epyc2-avx512bf16-fp32@cpu"
+    )
+    plain = {**key, "device_name": "cpu: AMD EPYC x2 threads"}  # records made before ISA features were named
+    assert paper.setup_name({**plain, "model": "smollm2-135m", "scale": "cpu"}) == "cpu-epyc2-fp32@cpu"
     gpu = {"device_name": "NVIDIA H100 80GB HBM3", "threads": "16", "dtype": "bfloat16", "scale": "paper"}
     assert paper.setup_name({**gpu, "model": "qwen25-coder-0.5b"}) == "h100-bf16-qwen25-coder-0.5b@paper"

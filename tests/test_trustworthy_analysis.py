@@ -230,4 +230,6 @@ def test_divergences_at_a_numerical_tie_are_told_apart_from_real_ones():
     note = divergence_note(pd.Series({"dtype": "bfloat16"}), samples)
     assert "3 turn(s) diverge" in note and "2 of them" in note and "1 beyond it" in note
     assert "no tie tolerance" in divergence_note(pd.Series({"dtype": "int8"}), samples)
+    lossy = divergence_note(pd.Series({"dtype": "bfloat16", "lossless": False}), samples)
+    assert "as a lossy decoder or KV policy may" in lossy and "compare in float32" not in lossy
     assert divergence_note(pd.Series({"dtype": "bfloat16"}), samples.iloc[[0, 4]]) is None
