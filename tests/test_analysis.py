@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -69,10 +70,11 @@ def test_bootstrap_interval_narrows_with_more_samples():
     assert width(400) < width(10)
 
 
-def test_summary_cli_on_written_records(tmp_path):
-    df = _synthetic(4)
+def write_synthetic_runs(root: Path, n: int = 4) -> None:
+    """`_synthetic(n)` written as complete runs under `root/runs/` (what the summary CLI reads)."""
+    df = _synthetic(n)
     for run_id, run in df.groupby("run_id"):
-        rd = RunDir(tmp_path / "runs", run_id)
+        rd = RunDir(root / "runs", run_id)
         rd.path.mkdir(parents=True)
         rd.write_run(
             {
@@ -104,6 +106,10 @@ def test_summary_cli_on_written_records(tmp_path):
         )
         rd.consolidate()
         rd.mark_complete()
+
+
+def test_summary_cli_on_written_records(tmp_path):
+    write_synthetic_runs(tmp_path)
     table = summary_main(["--root", str(tmp_path)])
     assert set(table["decoder"]) == {"vanilla", "lookahead"}
     assert (tmp_path / "figures" / "summary.png").stat().st_size > 1000

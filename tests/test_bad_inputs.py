@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import run as entry
-from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 from tests.bad_inputs import CASES, Case, expand
+from tests.test_analysis import write_synthetic_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PREFLIGHT = [c for c in CASES if not c.model]
@@ -83,43 +82,10 @@ def test_a_run_keeps_its_hydra_files_beside_its_records_and_says_why_scores_are_
     assert "task mtbench has no automatic score" in res.stdout
 
 
-def _complete_runs(root: Path) -> None:
-    from tests.test_analysis import _synthetic
-
-    df = _synthetic(4)
-    for run_id, run in df.groupby("run_id"):
-        rd = RunDir(root / "runs", run_id)
-        rd.path.mkdir(parents=True)
-        rd.write_run(
-            {
-                "run_id": run_id,
-                "status": "complete",
-                "decoder": run["decoder"].iloc[0],
-                "kv": "full",
-                "task": "t",
-                "model": "m",
-                "model_name": "m",
-                "dtype": "float32",
-                "device_name": "cpu",
-                "max_new_tokens": 50,
-                "seed": 0,
-                "lossless": True,
-                "git_sha": "x",
-                "decoder_params": json.dumps({"_target_": "x", "k": 3}),
-                "kv_params": "{}",
-            }
-        )
-        cols = [c for c in SAMPLE_COLUMNS if c in run.columns]
-        rows = typed_frame(run[cols].to_dict("records"), {c: SAMPLE_COLUMNS[c] for c in cols})
-        rd.write_sample("all", rows.to_dict("records"), [], [])
-        rd.consolidate()
-        rd.mark_complete()
-
-
 def test_summary_figure_to_an_unwritable_path_is_one_line(tmp_path):
     from analysis.summary import main as summary_main
 
-    _complete_runs(tmp_path)
+    write_synthetic_runs(tmp_path)
     target = tmp_path / "a-file"
     target.write_text("not a folder\n")
     with pytest.raises(SystemExit) as exc, contextlib.redirect_stdout(io.StringIO()):
