@@ -2,10 +2,11 @@
 
     flock results/bench/.lock python -m benchmarks.bench_host_overhead \\
         [--questions 2] [--new 64] [--repeats 3] [--count-new 32] [--threads 1] [--only fafo+streaming ...]
-        [--device cuda --dtype bfloat16 --cuda-graphs]
+        [--device cuda --dtype bfloat16 --cuda-graphs --scale paper]
 
-Per decoder/policy (SmolLM2-135M, by default fp32 on the CPU; `scale=cpu`: each experiment's decoder
-settings, KV budgets at 10% of the context; the first MT-Bench questions, turn 1): the counters every
+Per decoder/policy (SmolLM2-135M, by default fp32 on the CPU; `--scale cpu`: each experiment's decoder
+settings, KV budgets at 10% of the context, FAFO at its CPU size; `--scale paper`: the papers' decoder
+settings and absolute budgets; the first MT-Bench questions, turn 1): the counters every
 run record carries (`runners.records.host_counters`):
 - static_frac: share of decode target forwards that took, or with `run.cuda_graphs` would take, the
   fixed-shape path (core/decode_graph.py);
@@ -84,9 +85,11 @@ class Method:
         return f"{self.decoder}+{self.kv}"
 
 
-def make_decoder(decoder: str, kv: str, extra_overrides: tuple[str, ...], lm, eng: Engine) -> BaseDecoder:
-    """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=cpu <extra_overrides>`."""
-    overrides = [f"decoder={decoder}", f"kv={kv}", "scale=cpu", "model=smollm2-135m", *extra_overrides]
+def make_decoder(
+    decoder: str, kv: str, extra_overrides: tuple[str, ...], lm, eng: Engine, scale: str = "cpu"
+) -> BaseDecoder:
+    """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=<scale> <extra_overrides>`."""
+    overrides = [f"decoder={decoder}", f"kv={kv}", f"scale={scale}", "model=smollm2-135m", *extra_overrides]
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     factory = build(cfg.decoder, "decoder")
@@ -174,6 +177,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--cuda-graphs", action="store_true", help="graphs for fixed-shape forwards")
+    ap.add_argument(
+        "--scale", default="cpu", choices=("cpu", "paper"), help="cpu: FAFO at its CPU size, budgets at 10%%"
+    )
     ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
     ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
     args = ap.parse_args()
@@ -184,10 +190,12 @@ def main() -> None:
     task = MTBench(limit=args.questions)
     prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
     combos = [c for c in COMBOS if args.only is None or c == COMBOS[0] or f"{c[0]}+{c[1]}" in args.only]
-    methods = [Method(d, k, make_decoder(d, k, extra, lm, eng)) for d, k, extra in combos]
+    if args.scale != "cpu":  # the experiments' own decoder settings
+        combos = [(d, k, tuple(e for e in extra if e not in FAFO_CPU)) for d, k, extra in combos]
+    methods = [Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale)) for d, k, extra in combos]
     print(
         f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} ({eng.linear}"
-        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale=cpu, MT-Bench turn 1 x "
+        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale={args.scale}, MT-Bench turn 1 x "
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
         f"threads={args.threads}, torch {torch.__version__}\n"
     )

@@ -7,6 +7,9 @@ cost, recorded per forward).
 
 - `CausalView`: every query sees the whole cache plus the block causally (vanilla, prefill).
   A few rows over a long float32 CPU cache (a verification block) take `few_rows_attention`.
+- `BlockView`: the whole cache visible to every row, a boolean `[n, n]` visibility inside the block
+  (Jacobi windows, candidate tries, prompt-lookup chains over the full cache). Its cost is known without
+  reading the mask, and `core.decode_graph` stages it without building an `[n, L + n]` mask per step.
 - `MaskView`: an arbitrary boolean visibility `[n, L + n]` or per-head `[H, n, L + n]` (tree / Jacobi /
   fumble layouts). Dense SDPA with a mask: the reference every sparse path is tested against.
 Sparse views (FlexAttention block masks, KV-policy restricted views) live next to their users and
@@ -182,6 +185,26 @@ def causal_block_mask(n: int, cache_len: int, device: torch.device | str = "cpu"
     mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=device)
     mask[:, cache_len:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     return mask
+
+
+class BlockView:
+    """The whole cache visible to every row; `block_mask [n, n]` (True = visible) inside the block. Dense
+    SDPA with the mask `[cache: all | block_mask]`, exactly as `MaskView` over that mask."""
+
+    def __init__(self, block_mask: torch.Tensor, scale: float) -> None:
+        self.block_mask = block_mask
+        self.scale = scale
+        self._mask: torch.Tensor | None = None  # [n, L + n], built by the first layer of the forward
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n, total = q.shape[2], k.shape[2]
+        if self._mask is None or self._mask.shape[1] != total or self._mask.device != q.device:
+            self._mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
+            self._mask[:, total - n :] = self.block_mask
+        return sdpa(q, k, v, self._mask, self.scale)
+
+    def kv_read(self, cache_len: int) -> int:
+        return cache_len
 
 
 class MaskView:

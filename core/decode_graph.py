@@ -10,10 +10,10 @@ through a boolean visibility of every slot.
 A block of n rows runs padded to the next power of two (one graph per padded size and cache
 allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see only
 their own slot, are never committed, and their logits are dropped. `Engine(cuda_graphs=True)` sends
-here every decode step under a plain `CausalView` or a two-dimensional `MaskView`, with no hooks,
-whose padded block fits the cache: vanilla's steps and every verification over the full cache (PLD's
-chains, Lookahead's and FAFO's blocks when no KV policy restricts them). The prefill, KV-policy and
-tree views, per-head masks and hooks take the regular forward.
+here every decode step under a plain `CausalView`, a `BlockView` or a two-dimensional `MaskView`, with
+no hooks, whose padded block fits the cache: vanilla's steps and every verification over the full
+cache (PLD's chains, Lookahead's and FAFO's blocks when no KV policy restricts them). The prefill,
+KV-policy and tree views, per-head masks and hooks take the regular forward.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from core.attention import CausalView, MaskView, sdpa
+from core.attention import BlockView, CausalView, MaskView, sdpa
 
 
 def padded_rows(n: int) -> int:
@@ -38,8 +38,10 @@ def fits(cache, n: int, view) -> bool:
     aside: the engine decides those)."""
     if cache.length + padded_rows(n) > cache.capacity:
         return False
-    if type(view) is MaskView:  # one visibility for every head, over exactly [cache | block]
+    if isinstance(view, MaskView):  # one visibility for every head, over exactly [cache | block]
         return tuple(view.mask.shape) == (n, cache.length + n)
+    if type(view) is BlockView:
+        return tuple(view.block_mask.shape) == (n, n)
     return type(view) is CausalView
 
 
@@ -125,6 +127,9 @@ class StaticForward:
             self.slots = torch.arange(capacity, device=self.engine.device)
         if type(view) is CausalView:
             torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
+        elif type(view) is BlockView:  # every cached slot, then the block's own visibility
+            torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
+            self.visible[:n, length : length + n] = view.block_mask
         else:
             self.visible.zero_()
             self.visible[:n, : length + n].copy_(view.mask)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.attention import MaskView
+from core.attention import BlockView
 from core.checks import flag, integer, number
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
@@ -75,7 +75,7 @@ class Layout:
     block_mask: torch.Tensor  # bool [n, n] visibility inside the block
     offsets: torch.Tensor  # long [n] position of each row relative to the root
     logits_rows: torch.Tensor  # rows whose logits are computed: root, top level, guesses
-    top_sel: torch.Tensor  # (CPU) indices into logits_rows giving the top level's outputs, column order
+    top_sel: list[int]  # indices into logits_rows giving the top level's outputs, column order
     guess_row: int  # first block row of the verification branch
     guess_sel: int  # first index of the guesses in logits_rows
 
@@ -119,7 +119,7 @@ def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.devi
         mask.to(device),
         offsets.to(device),
         torch.tensor(sel, device=device),
-        torch.tensor(top_sel),
+        top_sel,
         guess_row,
         guess_sel,
     )
@@ -221,13 +221,11 @@ class Lookahead(BaseDecoder):
             lay = self._layouts[key] = build_layout(lens, n_guess, self.N - 1, self.engine.device)
         return lay
 
-    def _view(self, block_mask: torch.Tensor, cache_len: int):
+    def _view(self, block_mask: torch.Tensor):
         eng = self.engine
         n = block_mask.shape[0]
         if isinstance(self.kv, FullKV):
-            mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=eng.device)
-            mask[:, cache_len:] = block_mask
-            return MaskView(mask, eng.scale)
+            return BlockView(block_mask, eng.scale)
         restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
         return RestrictedView(self.kv, eng.scale, block_mask, restricted)
 
@@ -264,7 +262,7 @@ class Lookahead(BaseDecoder):
                 dtype=torch.long,
                 device=eng.device,
             )
-            view = self._view(lay.block_mask, cache_len)
+            view = self._view(lay.block_mask)
             logits = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows)
             preds = logits.argmax(dim=-1).cpu()
             verdict = verify_logits(self.sampler, logits, cands, lay.guess_sel, preds)

@@ -210,6 +210,14 @@ class KVPolicy:
         """True when this layer's selection is every cached entry (budget >= context, dense layers)."""
         return layer < self.dense_layers or self.budget is None or cache_len <= self.budget
 
+    def fixed_selection(self, cache_len: int) -> tuple[torch.Tensor, int] | None:
+        """`(bool [cache_len] over physical slots, entries it keeps)` when this generation's selection
+        of `[0, cache_len)` is the same for every layer, KV head and query and is known without reading
+        the cache's keys or the host-side state of the device (StreamingLLM's sinks and window); None
+        otherwise (the default). Such a selection becomes one `[n, L + n]` visibility built on the
+        device, so the step takes the fixed-shape forward (`core.decode_graph`) without a sync."""
+        return None
+
     def max_selected(self, capacity: int) -> int:
         """Upper bound on entries selected per KV head for any cache length <= capacity."""
         return capacity if self.budget is None else min(self.budget, capacity)
@@ -273,9 +281,10 @@ class KVPolicy:
         the policy selects over the entries before it only."""
         backend = backend or self.backend
         if backend == "dense":
-            from kv_policies.view import RestrictedView
+            from kv_policies.view import RestrictedView, SelectionView
 
-            return RestrictedView(self, engine.scale, block_mask, restricted, tail_from)
+            view = SelectionView.build(self, engine, block_mask, restricted, tail_from)
+            return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
 
     def draft_view(self, engine: Any, tail_from: int, n_block: int = 1) -> Any:

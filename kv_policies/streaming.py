@@ -58,6 +58,15 @@ class StreamingLLM(KVPolicy):
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         return self.selection(cache_len, k_cache.device).expand(k_cache.shape[0], cache_len)
 
+    def fixed_selection(self, cache_len: int) -> tuple[torch.Tensor, int] | None:
+        """The window over physical slots from the cache's slot positions (a device tensor, read on the
+        device); None with dense layers or a compressed region (they take `visible`)."""
+        eng = self.engine
+        if self.dense_layers or self.region is not None or eng is None or eng.cache.capacity < cache_len:
+            return None
+        pos = eng.cache.slot_pos[:cache_len]
+        return (pos < self.sinks) | (pos >= cache_len - self.recent), min(cache_len, self.budget)
+
     def selection(self, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """bool `[cache_len]`: positions < sinks or >= cache_len - recent."""
         sel = torch.zeros(cache_len, dtype=torch.bool, device=device)

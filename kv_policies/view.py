@@ -6,6 +6,10 @@ Dense SDPA with a per-KV-head boolean mask: the reference path every sparse back
 entries from that position on are a speculative tail (a self-drafting decoder's own fresh tokens):
 visible to every row, never offered to the policy, which selects over `[0, tail_from)` only.
 
+`SelectionView`: the same layout for a policy whose selection is one set of slots for every layer,
+head and query (`KVPolicy.fixed_selection`): a `MaskView` over `[n, L + n]` built on the device once per
+step, so the step takes the fixed-shape forward and reads nothing back.
+
 `ObservedCausalView`: the plain causal view (bit-identical to `CausalView`) that also hands the
 queries to `policy.observe` (H2O accumulates attention even while the budget still covers everything).
 """
@@ -16,7 +20,7 @@ from typing import Any
 
 import torch
 
-from core.attention import CausalView, sdpa
+from core.attention import CausalView, MaskView, sdpa
 
 
 class RestrictedView:
@@ -66,6 +70,47 @@ class RestrictedView:
     def kv_read(self, cache_len: int) -> int:
         """Mean over layers of cached entries read per KV head by the restricted rows."""
         return round(sum(self._read) / len(self._read)) if self._read else cache_len
+
+
+class SelectionView(MaskView):
+    """Restricted rows see `selection` of the cache, the others all of it; `block_mask` inside the block.
+    The policy's activity is noted for every layer when the view is built (one forward per view)."""
+
+    def __init__(self, mask: torch.Tensor, scale: float, read: int) -> None:
+        super().__init__(mask, scale)
+        self.read = read
+
+    @classmethod
+    def build(
+        cls,
+        policy: Any,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None = None,
+    ) -> SelectionView | None:
+        """The view, or None when the policy's selection is not fixed (or it watches the queries)."""
+        from kv_policies.base import KVPolicy
+
+        if type(policy).observe is not KVPolicy.observe:
+            return None
+        cache_len = engine.length
+        sel_len = cache_len if tail_from is None else min(tail_from, cache_len)
+        fixed = policy.fixed_selection(sel_len)
+        if fixed is None:
+            return None
+        selection, kept = fixed
+        n = block_mask.shape[0]
+        mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
+        restricted = restricted.to(engine.device)
+        mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
+        mask[:, cache_len:] = block_mask
+        for layer in range(engine.cache.n_layers):  # restricted rows exist in every caller's block
+            policy.activity.note(layer, kept, sel_len)
+        return cls(mask, engine.scale, kept + cache_len - sel_len)
+
+    def kv_read(self, cache_len: int) -> int:
+        return self.read
 
 
 class ObservedCausalView(CausalView):

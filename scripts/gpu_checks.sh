@@ -7,6 +7,12 @@
 #   bench  where decoders' step time goes (benchmarks.profile_decoder, 16 and 1 CPU threads), FAFO
 #          against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda), our vanilla (eager
 #          and CUDA graphs) against HF generate, the cost curve (benchmarks.block_cost, bf16 and fp32)
+#   graphs the GPU-speed table: vanilla, PLD (2, 10), Lookahead (5, 7, 7) and FAFO-Stream (k 6, n 40, 760) on
+#          MT-Bench at scale=paper_slice8, every one with CUDA graphs (graphed vanilla is the reference), records
+#          under OUT/records with their counters (static_frac, syncs per step, host ms per forward)
+#   host   the same methods' host work with graphs on (benchmarks.bench_host_overhead --scale paper: host ms
+#          per forward beside vanilla's, syncs per step and where they come from), then their operators
+#          (benchmarks.profile_decoder --cuda-graphs)
 #   sweep  FAFO Table 1 and Figure 1 with their baselines on MT-Bench at scale=paper_slice8 (the paper's
 #          settings on 8 of the 80 questions), records under OUT/records (resumable: complete runs are
 #          skipped when a stage is run again over the same OUT)
@@ -15,7 +21,8 @@
 #          rerun over the same OUT continues it); GPU_LONGSPEC_INIT: the draft to start from (default the
 #          shipped one). Check it here after: probe_longspec_copy --random-loops 6, then
 #          experiment=longspec_tau_prompts_cpu / _qa_cpu / _summary_cpu with decoder.checkpoint=<draft>
-# Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test bench sweep)
+# Usage: scripts/gpu_checks.sh OUT [stage ...]        (default: env test graphs host bench sweep)
+# GPU_TEST_SUITES names the test files of the test stage (default: those of tests/gpu_suites.txt).
 # GPU_WARMUP_S sets the sweep's run.warmup_s (default 20 s of untimed warm-up per run).
 # On a leased machine without network, scripts/gpu_lease.sh packs what must travel and prints the calls.
 # Every stage has its own time limit (GPU_<STAGE>_S seconds) and the next one runs when one fails;
@@ -26,11 +33,14 @@ set -uo pipefail
 out="${1:?usage: scripts/gpu_checks.sh OUT [env|test|smollm|bench|sweep|train ...]}"
 shift
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(env test bench sweep)
+[[ ${#stages[@]} -gt 0 ]] || stages=(env test graphs host bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | smollm | bench | sweep | train) ;;
-    *) echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, bench, sweep, train)" >&2; exit 2 ;;
+    env | test | smollm | graphs | host | bench | sweep | train) ;;
+    *)
+      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, graphs, host, bench, sweep, train)" >&2
+      exit 2
+      ;;
   esac
 done
 mkdir -p "$out"
@@ -65,7 +75,7 @@ test_stage() {  # test_stage [pytest -m expression]
   # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed;
   # tests/gpu_suites.txt lists test_sparse_attention.py first: its compiled FlexAttention cases take minutes
   HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "${1:-not slow}" -p no:cacheprovider \
-    "${workers[@]}" --junitxml "$out/test-gpu${1:+-smollm}.xml" $(cat tests/gpu_suites.txt)
+    "${workers[@]}" --junitxml "$out/test-gpu${1:+-smollm}.xml" ${GPU_TEST_SUITES:-$(cat tests/gpu_suites.txt)}
 }
 
 smollm_stage() {
@@ -100,6 +110,22 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
+graphs_stage() {  # graphed vanilla first (every speedup is over it, and it records the audit's references), FAFO next
+  local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}" run.cuda_graphs=true)
+  "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=pld,lookahead "${rec[@]}"
+}
+
+host_stage() {
+  local rc=0
+  "$PY" -m benchmarks.bench_host_overhead --device cuda --dtype bfloat16 --cuda-graphs --scale paper \
+    --only pld+full lookahead+full fafo+streaming --questions 2 --new 64 --repeats 3 --count-new 16 || rc=1
+  "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --cuda-graphs \
+    --decoders vanilla pld lookahead fafo-paper --threads "$(nproc)" --new 32 --top 15 || rc=1
+  return $rc
+}
+
 train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained on held-out essay text and random
   # loops (a third and two thirds), soft labels, up to 4 passes; on 2 CPU cores one pass of 0.5M tokens half and
   # half kept the natural text but copied no better. Its text is the essays alone: gpu_lease.sh carries just those.
@@ -109,9 +135,10 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f env_stage test_stage smollm_stage bench_stage sweep_stage train_stage
+export -f env_stage test_stage smollm_stage graphs_stage host_stage bench_stage sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
-  [bench]="${GPU_BENCH_S:-180}" [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
+  [graphs]="${GPU_GRAPHS_S:-240}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
+  [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
 for name in "${stages[@]}"; do
   stage "$name" "${LIMIT[$name]}"
 done

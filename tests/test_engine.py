@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.attention import CausalView, MaskView
+from core.attention import BlockView, CausalView, MaskView
 from core.engine import Engine
 
 
@@ -189,10 +189,11 @@ def _block_step(eng, prompt, tokens, view_of, keep, logits_rows=None):
     return logits
 
 
-@pytest.mark.parametrize("kind", ["causal", "tree"])
+@pytest.mark.parametrize("kind", ["causal", "tree", "block"])
 def test_static_block_equals_the_regular_block(tiny_lm, kind):
-    """A padded block (5 rows in 8) under a causal view or a tree mask gives the regular step's
-    logits (selected rows too), and the committed rows' cache entries; the pad rows stay uncommitted."""
+    """A padded block (5 rows in 8) under a causal view, a tree mask over [cache | block] or the same tree
+    as a `BlockView` gives the regular step's logits (selected rows too), and the committed rows' cache
+    entries; the pad rows stay uncommitted."""
     prompt = list(range(3, 30))
     tokens = [7, 9, 11, 13, 15]
     if kind == "causal":
@@ -204,6 +205,8 @@ def test_static_block_equals_the_regular_block(tiny_lm, kind):
         )
 
         def view_of(e):
+            if kind == "block":
+                return BlockView(block.to(e.device), e.scale)
             mask = torch.cat([torch.ones(5, len(prompt), dtype=torch.bool), block], dim=1)
             return MaskView(mask.to(e.device), e.scale)
 
@@ -241,6 +244,32 @@ def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
         dec = make(static)
         assert [dec.generate(p, 32, set(), Counts()) for p in prompts] == refs, type(dec).__name__
         assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
+
+
+def test_streaming_selection_takes_the_fixed_shape_forward(tiny_lm):
+    """StreamingLLM's selection is one set of slots for every layer and head, so a restricted block is one
+    `[n, L + n]` visibility (`SelectionView`): vanilla + streaming and FAFO-Stream with a budget below the
+    context take the fixed-shape forward on every decode step and give the tokens, KV reads and policy
+    activity of the per-layer restricted view."""
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.vanilla import Vanilla
+    from kv_policies.streaming import StreamingLLM
+
+    class PerLayer(StreamingLLM):  # the reference: `RestrictedView`, the selection read per layer
+        def fixed_selection(self, cache_len):
+            return None
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    for make in (lambda e, kv: Vanilla(e, kv), lambda e, kv: FAFO(e, kv, k=2, n=4)):
+        ref_kv, ref_counts = PerLayer(budget=20, sinks=4), Counts()
+        ref = make(Engine(tiny_lm.model), ref_kv).generate(prompt, 24, set(), ref_counts)
+        static, kv, counts = _static(tiny_lm), StreamingLLM(budget=20, sinks=4), Counts()
+        assert make(static, kv).generate(prompt, 24, set(), counts) == ref
+        assert static.fixed_shape_steps == counts.forwards > 0
+        assert [s.kv_attended for s in counts.steps] == [s.kv_attended for s in ref_counts.steps]
+        activity = kv.activity_summary(counts.forwards)
+        assert activity == ref_kv.activity_summary(ref_counts.forwards) and activity.restricted_frac > 0.5
 
 
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
@@ -302,17 +331,25 @@ def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
 def test_cuda_graph_blocks_equal_eager(tiny_lm):
-    """Captured block graphs: a tree block's logits, and PLD and Lookahead's tokens, as eager."""
+    """Captured block graphs: PLD, Lookahead, FAFO and FAFO-Stream's tokens, as eager."""
     if tiny_lm.device.type != "cuda":
         pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
     from core.types import Counts
+    from decoders.fafo.decoder import FAFO
     from decoders.lookahead import Lookahead
     from decoders.pld import PromptLookup
     from decoders.vanilla import Vanilla
 
     prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
     ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
-    for make in (lambda e: PromptLookup(e, num_tokens=5), lambda e: Lookahead(e, N=3, W=4, G=2)):
+    from kv_policies.streaming import StreamingLLM
+
+    for make in (
+        lambda e: PromptLookup(e, num_tokens=5),
+        lambda e: Lookahead(e, N=3, W=4, G=2),
+        lambda e: FAFO(e, k=2, n=4),
+        lambda e: FAFO(e, StreamingLLM(budget=12, sinks=2), k=2, n=4),  # stream rows see 12 of ~30
+    ):
         eng = Engine(tiny_lm.model, cuda_graphs=True)
         assert make(eng).generate(prompt, 48, set(), Counts()) == ref
         assert eng.graphs.captures >= 2 and max(eng.graphs.by_rows) > 1

@@ -9,7 +9,7 @@ Backends (the decoder's `backend`, default: the KV policy's own `backend` from c
   the head of the KV tensors, so the fumble rows read only that region (a static FlexAttention
   BlockMask for `flex`, an SDPA over the region slice for `sliced`).
 With kv=full (or while a policy still keeps every entry, and it needs no per-step observation) every
-row sees the whole cache: one plain masked SDPA (`MaskView`), whatever the backend.
+row sees the whole cache: one plain masked SDPA (`BlockView`), whatever the backend.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from core.attention import MaskView
+from core.attention import BlockView
 from core.checks import choice
 from decoders.fafo.layout import FafoLayout
 from kv_policies.base import BACKENDS, KVPolicy
@@ -32,11 +32,8 @@ class ViewFactory:
         self.engine, self.kv = engine, kv
         self.backend = backend or getattr(kv, "backend", "dense")
 
-    def _full(self, lay: FafoLayout, cache_len: int) -> MaskView:
-        n = lay.size
-        mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=self.engine.device)
-        mask[:, cache_len:] = lay.block_mask
-        return MaskView(mask, self.engine.scale)
+    def _full(self, lay: FafoLayout) -> BlockView:
+        return BlockView(lay.block_mask, self.engine.scale)
 
     def _unrestricted(self, cache_len: int) -> bool:
         """True when restricting changes nothing: kv=full, or a budget still covering the whole cache
@@ -51,12 +48,12 @@ class ViewFactory:
     def fused(self, lay: FafoLayout, cache_len: int) -> Any:
         """x_last and candidates see the full cache; stream rows only the policy's selection."""
         if lay.n == 0 or self._unrestricted(cache_len):
-            return self._full(lay, cache_len)
+            return self._full(lay)
         return self.kv.restricted_view(self.engine, lay.block_mask, lay.is_stream, self.backend)
 
     def compressed(self, lay: FafoLayout, cache_len: int) -> Any:
         """Every row restricted (FAFO-2forward's compressed forward)."""
         if self._unrestricted(cache_len):
-            return self._full(lay, cache_len)
+            return self._full(lay)
         restricted = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
         return self.kv.restricted_view(self.engine, lay.block_mask, restricted, self.backend)
