@@ -10,10 +10,14 @@ through a boolean visibility of every slot.
 A block of n rows runs padded to the next power of two (one graph per padded size and cache
 allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see only
 their own slot, are never committed, and their logits are dropped. `Engine(cuda_graphs=True)` sends
-here every decode step under a plain `CausalView`, a `BlockView` or a two-dimensional `MaskView`, with
-no hooks, whose padded block fits the cache: vanilla's steps and every verification over the full
-cache (PLD's chains, Lookahead's and FAFO's blocks when no KV policy restricts them). The prefill,
-KV-policy and tree views, per-head masks and hooks take the regular forward.
+here every decode step under a plain `CausalView`, a `BlockView`, a two-dimensional `MaskView` (a KV
+policy's one selection for every layer among them) or a per-layer selection (a view with
+`layer_selection`: `selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
+inside the block, `observe(layer, q)`), with no hooks, whose padded block fits the cache: vanilla's
+steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's blocks) and the
+blocks restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
+kvpress presses). The prefill, selections made from the forward's own queries (Quest, Top-K, SFI),
+tree views, per-head masks and hooks take the regular forward.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.
@@ -42,6 +46,8 @@ def fits(cache, n: int, view) -> bool:
         return tuple(view.mask.shape) == (n, cache.length + n)
     if type(view) is BlockView:
         return tuple(view.block_mask.shape) == (n, n)
+    if getattr(view, "layer_selection", False):
+        return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
     return type(view) is CausalView
 
 
@@ -52,10 +58,11 @@ class StaticForwards:
     def __init__(self, engine, capture: bool) -> None:
         self.engine, self.capture = engine, capture
         self.by_rows: dict[int, StaticForward] = {}
+        self.by_rows_selected: dict[int, StaticForward] = {}  # the per-layer selection forwards
 
     @property
     def captures(self) -> int:
-        return sum(f.captures for f in self.by_rows.values())
+        return sum(f.captures for f in (*self.by_rows.values(), *self.by_rows_selected.values()))
 
     def applies(self, n: int, view) -> bool:
         return fits(self.engine.cache, n, view)
@@ -68,18 +75,27 @@ class StaticForwards:
         logits_rows: Sequence[int] | torch.Tensor | None,
     ) -> torch.Tensor:
         rows = padded_rows(tokens.numel())
-        if rows not in self.by_rows:
-            self.by_rows[rows] = StaticForward(self.engine, rows, self.capture)
-        return self.by_rows[rows](tokens, position_ids, view, logits_rows)
+        layered = getattr(view, "layer_selection", False)
+        forwards = self.by_rows_selected if layered else self.by_rows
+        if rows not in forwards:
+            forwards[rows] = StaticForward(self.engine, rows, self.capture, layered)
+        return forwards[rows](tokens, position_ids, view, logits_rows)
 
 
 class StaticForward:
     """Blocks of up to `rows` rows through fixed-shape buffers. Called like `Engine.step`; stages the
-    padded block (commit block-relative rows of the real ones only)."""
+    padded block (commit block-relative rows of the real ones only). `layered`: the views with a
+    per-layer selection; each layer's visibility is then the staged one narrowed, for the restricted
+    rows, to the layer's selection, and every layer's queries are kept for the policy to observe."""
 
-    def __init__(self, engine, rows: int, capture: bool) -> None:
-        self.engine, self.rows, self.capture = engine, rows, capture
+    def __init__(self, engine, rows: int, capture: bool, layered: bool = False) -> None:
+        self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
         dev = engine.device
+        w = engine.w
+        self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
+        self.restricted = torch.zeros(rows, dtype=torch.bool, device=dev)
+        shape = (w.n_layers, w.n_heads, rows, w.head_dim)
+        self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
         self.position = torch.zeros(rows, dtype=torch.long, device=dev)
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
@@ -115,6 +131,9 @@ class StaticForward:
                 self.graph_key = key
             self.graph.replay()
             logits = self.logits
+        if self.queries is not None:  # the real rows' queries (pad rows are no one's)
+            for layer in range(self.queries.shape[0]):
+                view.observe(layer, self.queries[layer, :, :n])
         if logits_rows is None:
             return logits[:n].clone()
         return logits.index_select(0, torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device))
@@ -127,9 +146,11 @@ class StaticForward:
             self.slots = torch.arange(capacity, device=self.engine.device)
         if type(view) is CausalView:
             torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
-        elif type(view) is BlockView:  # every cached slot, then the block's own visibility
+        elif type(view) is BlockView or self.layered:  # every cached slot, then the block's own visibility
             torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
             self.visible[:n, length : length + n] = view.block_mask
+            if self.layered:
+                self._stage_selection(view, n, length, capacity)
         else:
             self.visible.zero_()
             self.visible[:n, : length + n].copy_(view.mask)
@@ -137,6 +158,23 @@ class StaticForward:
             pad = self.row[n:]
             self.visible[n:] = False
             self.visible[pad, length + pad] = True
+
+    def _stage_selection(self, view, n: int, length: int, capacity: int) -> None:
+        """Each layer's selection over the cached slots (True from `length` on) and the restricted rows."""
+        layers, hkv = view.selection.shape[0], view.selection.shape[1]
+        if self.selection.shape != (layers, hkv, capacity):
+            self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
+        self.selection[:, :, :length].copy_(view.selection)
+        self.selection[:, :, length:] = True
+        self.restricted[:n].copy_(view.restricted)
+        self.restricted[n:] = False
+
+    def _layer_visibility(self, layer: int, heads: int) -> torch.Tensor:
+        """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to `layer`'s
+        selection (per KV head, repeated for its query heads)."""
+        sel = self.selection[layer]  # [hkv, capacity]
+        vis = self.visible[None] & (sel[:, None, :] | ~self.restricted[None, :, None])
+        return vis.repeat_interleave(heads // sel.shape[0], dim=0, output_size=heads).unsqueeze(0)
 
     def forward(self) -> torch.Tensor:
         """Float logits `[rows, vocab]` of the rows in the buffers; their K/V land in slots
@@ -150,9 +188,11 @@ class StaticForward:
         ) -> torch.Tensor:
             cache.k[li].index_copy_(1, slots, k)
             cache.v[li].index_copy_(1, slots, v)
-            return sdpa(
-                q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), visible, eng.scale
-            )
+            mask = visible
+            if self.queries is not None:
+                self.queries[li].copy_(q)
+                mask = self._layer_visibility(li, q.shape[0])
+            return sdpa(q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), mask, eng.scale)
 
         h = eng.layers_forward(self.token, self.position, attend)
         return eng.lm_logits(eng.w.final_norm(h))

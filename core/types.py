@@ -52,33 +52,59 @@ class Counts:
         self._on_prefill_done = on_prefill_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
         self.kv_activity: Any = None  # kv_policies.activity.Activity: how much the policy restricted
+        self._deferred: list[tuple[Any, StepRecord | None]] = []  # KV reads still on the device
 
     def prefill_done(self, n_tokens: int) -> None:
         self.prefill_tokens += n_tokens
         if self._on_prefill_done is not None:
             self._on_prefill_done()
 
-    def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: int) -> None:
+    def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: Any) -> None:
+        """One target forward. `kv_attended`: an int, or a 0-d device tensor (a view's `kv_read` that
+        the host need not wait for): such reads are added up by `resolve` when the generation ends."""
         self.forwards += 1
         self.drafted += drafted
         self.accepted += accepted
         self.committed += committed
-        self.kv_attended += kv_attended
-        if self.keep_steps:
-            self.steps.append(StepRecord(block_tokens, drafted, accepted, committed, kv_attended))
+        rec = StepRecord(block_tokens, drafted, accepted, committed, 0) if self.keep_steps else None
+        self._add_read(kv_attended, rec)
+        if rec is not None:
+            self.steps.append(rec)
+
+    def _add_read(self, kv_attended: Any, rec: StepRecord | None) -> None:
+        if isinstance(kv_attended, int):
+            self.kv_attended += kv_attended
+            if rec is not None:
+                rec.kv_attended = kv_attended
+        else:
+            self._deferred.append((kv_attended, rec))
+
+    def resolve(self) -> None:
+        """Read the deferred KV reads (one host-device transfer for the whole generation)."""
+        if not self._deferred:
+            return
+        import torch
+
+        reads = torch.stack([t.reshape(()) for t, _ in self._deferred]).tolist()
+        for value, (_, rec) in zip(reads, self._deferred, strict=True):
+            self.kv_attended += int(value)
+            if rec is not None:
+                rec.kv_attended = int(value)
+        self._deferred = []
 
     def draft_step(
-        self, kv_attended: int, block_tokens: int = 1, drafted: int = 0, accepted: int = 0
+        self, kv_attended: Any, block_tokens: int = 1, drafted: int = 0, accepted: int = 0
     ) -> None:
         """One draft forward of the target over a KV policy's selection (self-speculation): its KV reads
         count, its tokens do not. In a hierarchy it checks `drafted` draft-model tokens (level 1) and
         accepts `accepted` of them."""
         self.draft_forwards += 1
-        self.kv_attended += kv_attended
         self.drafted_l1 += drafted
         self.accepted_l1 += accepted
-        if self.keep_steps:
-            self.steps.append(StepRecord(block_tokens, drafted, accepted, 0, kv_attended, draft=True))
+        rec = StepRecord(block_tokens, drafted, accepted, 0, 0, draft=True) if self.keep_steps else None
+        self._add_read(kv_attended, rec)
+        if rec is not None:
+            self.steps.append(rec)
 
     def draft_model_step(self, block_tokens: int, cache_len: int) -> None:
         """One forward of a separate draft model over its own cache of `cache_len` entries (its KV is

@@ -80,18 +80,24 @@ class DraftModel:
         self.settled = len(self.fed)
 
     def _feed(self, tokens: list[int], counts: Counts, logits: bool = True) -> torch.Tensor | None:
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.engine.device)
+        out = self._feed_ids(ids, counts)
+        self.fed += tokens
+        return out if logits else None
+
+    def _feed_ids(self, ids: torch.Tensor, counts: Counts) -> torch.Tensor:
+        """One forward of the draft over `ids` (a device tensor; the caller records them in `fed`);
+        the last row's logits."""
         eng = self.engine
-        n = len(tokens)
+        n = ids.numel()
         if eng.length + n > self.capacity:  # keep the sinks and the most recent entries
             keep = self.recent - n
             eng.evict(self.sinks, eng.length - keep)
         lo = eng.length
-        ids = torch.tensor(tokens, dtype=torch.long, device=eng.device)
         out = eng.step(ids, torch.arange(lo, lo + n, device=eng.device), CausalView(eng.scale), [n - 1])
         eng.commit(torch.arange(n))
         counts.draft_model_step(n, lo)
-        self.fed += tokens
-        return out[0] if logits else None
+        return out[0]
 
     def _sync(self, seq: Sequence[int], committed: int) -> list[int]:
         """Roll the cache back to its longest prefix of `seq` short of the last token; return the tokens of
@@ -126,21 +132,31 @@ class DraftModel:
         sampling: drawn from the sampler's distribution, returned with it."""
         pending = self._sync(seq, committed)
         logits = self._feed(pending, counts)
+        if sampler.greedy:
+            return self._propose_greedy(logits, n, counts), []
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(n):
             assert logits is not None
-            row = self._fit(logits)
-            if sampler.greedy:
-                tok = int(row.argmax())
-            else:
-                p = sampler.probs(row)
-                probs.append(p)
-                tok = sampler.sample_from(p)
+            p = sampler.probs(self._fit(logits))
+            probs.append(p)
+            tok = sampler.sample_from(p)
             tokens.append(tok)
             if i + 1 < n:
                 logits = self._feed([tok], counts)
         return tokens, probs
+
+    def _propose_greedy(self, logits: torch.Tensor | None, n: int, counts: Counts) -> list[int]:
+        """`n` argmax tokens, each fed to the draft from the device; the host reads them once, at the end."""
+        chain = torch.empty(n, dtype=torch.long, device=self.engine.device)
+        for i in range(n):
+            assert logits is not None
+            torch.argmax(self._fit(logits), dim=-1, out=chain[i])
+            if i + 1 < n:
+                logits = self._feed_ids(chain[i : i + 1], counts)
+        tokens = chain.tolist()
+        self.fed += tokens[:-1]  # the last one is not fed yet
+        return tokens
 
 
 # --- the `draft` config group --------------------------------------------------------------------

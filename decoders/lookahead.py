@@ -63,7 +63,6 @@ from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_
 from decoders.ngram_pool import NGramPool
 from decoders.verify import match_lengths, verify_logits
 from kv_policies.full import FullKV
-from kv_policies.view import RestrictedView
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 
@@ -227,7 +226,7 @@ class Lookahead(BaseDecoder):
         if isinstance(self.kv, FullKV):
             return BlockView(block_mask, eng.scale)
         restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
-        return RestrictedView(self.kv, eng.scale, block_mask, restricted)
+        return self.kv.restricted_view(eng, block_mask, restricted, "dense", every_row=True)
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

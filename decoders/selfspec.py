@@ -88,8 +88,12 @@ class SelfSpeculative(BaseDecoder):
         return self.gamma + 1
 
     def _draft(self, root: int, length: int, n: int, stop_ids: set[int], counts: Counts):
-        """Up to `n` draft tokens (stopping after a stop token) and, when sampling, their distributions."""
+        """Up to `n` draft tokens (stopping after a stop token) and, when sampling, their distributions.
+        Greedy drafts stay on the device (`torch.Tensor [n]`, all `n` drafted: a stop token among them
+        is cut by the verification's output) and are read with the verification's predictions."""
         eng, kv = self.engine, self.kv
+        if self.sampler.greedy:
+            return self._draft_greedy(root, length, n, counts), []
         tok = torch.empty(1, dtype=torch.long, device=eng.device)
         pos = torch.empty(1, dtype=torch.long, device=eng.device)
         drafts: list[int] = []
@@ -101,17 +105,30 @@ class SelfSpeculative(BaseDecoder):
             logits = eng.step(tok, pos, view)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
-            if self.sampler.greedy:
-                prev = int(logits[0].argmax())
-            else:
-                p = self.sampler.probs(logits[0])
-                probs.append(p)
-                prev = self.sampler.sample_from(p)
+            p = self.sampler.probs(logits[0])
+            probs.append(p)
+            prev = self.sampler.sample_from(p)
             drafts.append(prev)
             if prev in stop_ids:
                 break
         eng.crop(length)
         return drafts, probs
+
+    def _draft_greedy(self, root: int, length: int, n: int, counts: Counts) -> torch.Tensor:
+        """`[root, n greedy draft tokens]` on the device; each draft step feeds the last one's argmax
+        without the host reading it."""
+        eng, kv = self.engine, self.kv
+        chain = torch.empty(n + 1, dtype=torch.long, device=eng.device)
+        chain[0] = root
+        positions = torch.arange(length, length + n, device=eng.device)
+        for i in range(n):
+            view = kv.draft_view(eng, length)
+            logits = eng.step(chain[i : i + 1], positions[i : i + 1], view)
+            eng.commit([0])
+            counts.draft_step(view.kv_read(length + i))
+            torch.argmax(logits[0], dim=-1, out=chain[i + 1])
+        eng.crop(length)
+        return chain
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
@@ -125,12 +142,13 @@ class SelfSpeculative(BaseDecoder):
             drafts, probs = self._draft(out[-1], length, n, stop_ids, counts) if n > 0 else ([], [])
             done, accepted = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
             steps += 1
-            self._after_verification(steps, accepted, len(drafts), counts)
+            drafted = drafts.numel() - 1 if isinstance(drafts, torch.Tensor) else len(drafts)
+            self._after_verification(steps, accepted, drafted, counts)
 
     def _verify(
         self,
         out: list[int],
-        drafts: list[int],
+        drafts: list[int] | torch.Tensor,
         probs: list[torch.Tensor],
         length: int,
         max_new_tokens: int,
@@ -141,14 +159,19 @@ class SelfSpeculative(BaseDecoder):
         `length` (what the drafts wrote beyond it is overwritten), greedy or Leviathan acceptance against
         the drafts' distributions `probs`, the accepted tokens and the bonus committed and appended to
         `out`. Returns (generation done, drafts accepted)."""
-        eng, k = self.engine, len(drafts)
-        tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
+        eng = self.engine
+        if isinstance(drafts, torch.Tensor):  # greedy: the chain [root, drafts] is on the device
+            tokens, k = drafts, drafts.numel() - 1
+        else:
+            k = len(drafts)
+            tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
         logits = eng.step(
             tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
         )
         if self.sampler.greedy:
-            preds = logits.argmax(-1).cpu()
-            cands = torch.tensor([drafts], dtype=torch.long).reshape(1 if k else 0, k)
+            # one read for the drafts and the predictions
+            both = torch.cat([tokens[1:], logits.argmax(-1)]).cpu()
+            cands, preds = both[:k].reshape(1 if k else 0, k), both[k:]
             verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
         else:
             target = [self.sampler.probs(row) for row in logits]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class Activity:
@@ -31,6 +33,7 @@ class SelectionActivity:
         self.reset()
 
     def reset(self) -> None:
+        self._pending: list[tuple[int, torch.Tensor, int]] = []  # (first layer, visible, cache_len), deferred
         self.noted_forwards = 0
         self.restricted_forwards = 0
         self.visible_sum = 0.0
@@ -49,6 +52,28 @@ class SelectionActivity:
         self._visible += visible / cache_len if cache_len else 1.0
         self._restricted |= visible < cache_len
 
+    def note_forward(self, visible: torch.Tensor, cache_len: int) -> None:
+        """A whole forward at once: `visible [n_layers]` (a device tensor, read only by `summary`, so a
+        step does not wait for it) entries of `cache_len` per KV head in each layer, as `note` takes them."""
+        self._pending.append((0, visible.reshape(-1), cache_len))
+
+    def note_layer(self, layer: int, visible: torch.Tensor, cache_len: int) -> None:
+        """`note` with `visible` a 0-d device tensor, read only by `summary`."""
+        self._pending.append((layer, visible.reshape(1), cache_len))
+
+    def _read_pending(self) -> None:
+        """The deferred notes in the order they came (one read of the device for all of them)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        values = torch.cat([v for _, v, _ in pending]).tolist()
+        at = 0
+        for first, visible, cache_len in pending:
+            for i in range(visible.numel()):
+                self.note(first + i, int(values[at + i]), cache_len)
+            at += visible.numel()
+        self._close()
+
     def _close(self) -> None:
         if self._layers:
             self.noted_forwards += 1
@@ -58,6 +83,8 @@ class SelectionActivity:
 
     def summary(self, forwards: int) -> Activity:
         """Over `forwards` decode forwards (those without a note saw the whole cache)."""
+        self._close()
+        self._read_pending()
         self._close()
         if forwards <= 0:
             return Activity(0.0, 1.0)

@@ -118,15 +118,16 @@ def check_backend(name: str, backend: str) -> str:
 class KVPolicy:
     """Base of every KV policy (the module docstring explains the layout it reasons in).
 
-    A subclass MUST set `name` (its config name, conf/kv/<name>.yaml, and `REGISTRY`'s key) and
-    implement `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical
-    positions. It MAY set `budget` (and `min_budget()`), `shared`, `backend`, `dense_layers`, and use
-    the per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
+    A subclass MUST set `name` (its config name, conf/kv/<name>.yaml, and `REGISTRY`'s key) and implement
+    `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical positions. It
+    MAY set `budget` (and `min_budget()`), `shared`, `query_free`, `backend`, `dense_layers`, and use the
+    per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
     `after_commit`, `rebuild` (what each is for: the module docstring), plus `params()` for what the
-    records show. Its constructor takes only its config's keys, checked with `core.checks` or the
-    `check_*` helpers above; state that depends on a prompt is created in `reset`, never in the
-    constructor, so one policy object serves every generation of a run. Decoders use it only through
-    `decode_view`, `draft_view`, `restricted_view` and `after_commit`.
+    records show. `fixed_selection` may give a selection shared by every layer and head without reading
+    the cache. Its constructor takes only its config's keys, checked with `core.checks` or the `check_*`
+    helpers above; state that depends on a prompt is created in `reset`, never in the constructor, so one
+    policy object serves every generation of a run. Decoders use it only through `decode_view`,
+    `draft_view`, `restricted_view` and `after_commit`.
     """
 
     name: str = "base"
@@ -135,6 +136,10 @@ class KVPolicy:
     budget: int | None = None  # cached entries per KV head (None = unbounded)
     backend: str = "dense"  # decode_view's attention backend (see BACKENDS)
     dense_layers: int = 0  # the first layers keep every entry (TriForce Table 1's "first two layers full")
+    # True: `select` reads neither the forward's queries nor its keys (the choice was made before it, from
+    # the prefill or earlier steps): the selections of every layer can be read before the forward, which
+    # then takes the fixed-shape path (`kv_policies.view.LayerSelectionView`)
+    query_free: bool = False
 
     engine: Any = None
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
@@ -250,13 +255,14 @@ class KVPolicy:
         pos = positions if positions.dim() == 2 else positions.expand(hkv, -1)
         if self.region is not None:
             return self.region.slots_of(layer, pos)
-        if self.engine is not None:
-            sp = self.engine.cache.slot_pos
-            n = int(pos.max().item()) + 1 if pos.numel() else 0
-            if n and not torch.equal(sp[:n], torch.arange(n, device=sp.device)):
-                inv = torch.empty(n, dtype=torch.long, device=sp.device)
-                inv[sp[:n]] = torch.arange(n, device=sp.device)
-                return inv[pos]
+        if self.engine is not None and pos.numel():
+            # committed slots hold a permutation of the positions before the cache's length: invert it
+            # on the device (checking for the identity would make the host wait for the cache)
+            cache = self.engine.cache
+            sp = cache.slot_pos[: cache.length]
+            inv = torch.empty(cache.length, dtype=torch.long, device=sp.device)
+            inv[sp] = torch.arange(cache.length, device=sp.device)
+            return inv[pos]
         return pos
 
     def gather_keys(self, layer: int, k_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -274,17 +280,22 @@ class KVPolicy:
         restricted: torch.Tensor,
         backend: str | None = None,
         tail_from: int | None = None,
+        every_row: bool = False,
     ) -> Any:
         """A view where `restricted` rows see only this policy's selection of the cache (plus the block
         through `block_mask [n, n]`) and the other rows the whole cache. `tail_from`: cached entries
         from that position on (a self-drafting decoder's fresh tokens) are visible to every row and
-        the policy selects over the entries before it only."""
+        the policy selects over the entries before it only. `every_row`: the caller's `restricted` is
+        all True (the view need not read it to find the rows a watching policy observes)."""
         backend = backend or self.backend
         if backend == "dense":
-            from kv_policies.view import RestrictedView, SelectionView
+            from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
             view = SelectionView.build(self, engine, block_mask, restricted, tail_from)
-            return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from)
+            view = view or LayerSelectionView.build(
+                self, engine, block_mask, restricted, tail_from, every_row=every_row
+            )
+            return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, every_row)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
 
     def draft_view(self, engine: Any, tail_from: int, n_block: int = 1) -> Any:
@@ -300,7 +311,7 @@ class KVPolicy:
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
         rows = torch.ones(n_block, dtype=torch.bool, device=dev)
-        return self.restricted_view(engine, tril, rows, tail_from=tail_from)
+        return self.restricted_view(engine, tril, rows, tail_from=tail_from, every_row=True)
 
     def region_for(self, engine: Any, backend: str) -> Any:
         """The compressed region laying out this policy's selection in `engine`'s cache (created once
@@ -327,7 +338,8 @@ class KVPolicy:
             return ObservedCausalView(engine.scale, self)
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
-        return self.restricted_view(engine, tril, torch.ones(n_block, dtype=torch.bool, device=dev))
+        every = torch.ones(n_block, dtype=torch.bool, device=dev)
+        return self.restricted_view(engine, tril, every, every_row=True)
 
     # --- misc ----------------------------------------------------------------------------------
     def _warn_inactive(self, context: int) -> None:

@@ -42,6 +42,7 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float, first_row: in
 
 class H2O(KVPolicy):
     name = "h2o"
+    query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class H2O(KVPolicy):
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)
         self._score, self._alive, self._q = {}, {}, {}
+        self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
@@ -114,6 +116,7 @@ class H2O(KVPolicy):
             tile = q[:, lo : lo + PREFILL_TILE]
             score[:, :total] += attention_mass(tile, k_all, self._scale(d), cache_len + lo)
         alive[:, cache_len:total] = True
+        self._count[layer] = total  # nothing is evicted before the prefill ends
 
     @torch.inference_mode()
     def after_prefill(self, engine: Any) -> None:
@@ -132,23 +135,25 @@ class H2O(KVPolicy):
             new = torch.arange(length - n_new, length, device=cache.device)
             alive[:, length:] = False
             alive[:, new] = True
+            self._count[layer] = self._count.get(layer, 0) + n_new
             score[:, new] = 0.0
             q = self._q.pop(layer, None)
             if q is not None and q.shape[1]:
-                pos = self._positions(alive, length)
+                pos = self._positions(alive, length, self._count[layer])
                 k = self.gather_keys(layer, cache.k[layer, :, :length], pos)
                 score.scatter_add_(1, pos, attention_mass(q, k, self._scale(k.shape[-1]), None))
             self._evict(layer, length)
 
-    def _positions(self, alive: torch.Tensor, length: int) -> torch.Tensor:
-        """long `[n_kv_heads, m]`: alive logical positions (every KV head keeps the same count)."""
-        a = alive[:, :length]
-        idx = a.nonzero()[:, 1]
-        return idx.view(a.shape[0], -1)
+    @staticmethod
+    def _positions(alive: torch.Tensor, length: int, count: int) -> torch.Tensor:
+        """long `[n_kv_heads, count]`: the alive logical positions in increasing order (every KV head
+        keeps `count`), found by a stable sort rather than `nonzero`, whose size the host would wait for."""
+        order = torch.sort(alive[:, :length].to(torch.uint8), dim=1, descending=True, stable=True)
+        return order.indices[:, :count]
 
     def _evict(self, layer: int, length: int) -> None:
         score, alive = self._score[layer], self._alive[layer]
-        if int(alive[0, :length].sum()) <= self.budget:
+        if self._count.get(layer, 0) <= self.budget:
             return
         self._evicted = True
         older = length - self.recent
@@ -156,6 +161,7 @@ class H2O(KVPolicy):
         keep = cand.topk(self.heavy, dim=1).indices
         alive[:, :older] = False
         alive[:, :older].scatter_(1, keep, True)
+        self._count[layer] = self.heavy + self.recent
 
     # --- selection -----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -84,6 +84,7 @@ def observation_window(press: Any) -> int:
 
 class KVPress(KVPolicy):
     name = "kvpress"
+    query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
     def __init__(
         self,

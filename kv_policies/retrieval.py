@@ -61,6 +61,7 @@ def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, gqa: str = "logit
 
 class Retrieval(KVPolicy):
     name = "retrieval"
+    query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
     def __init__(
         self,

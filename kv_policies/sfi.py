@@ -42,6 +42,7 @@ def _nonneg_int(name: str, value: Any) -> int:
 
 class SFI(KVPolicy):
     name = "sfi"
+    query_free = True  # a fast step's set was chosen at the last slow step (slow steps have their own view)
 
     def __init__(
         self,

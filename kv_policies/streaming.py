@@ -21,6 +21,7 @@ from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget
 
 class StreamingLLM(KVPolicy):
     name = "streaming"
+    query_free = True  # positions alone
     shared = True
 
     def __init__(

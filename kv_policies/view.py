@@ -10,6 +10,12 @@ visible to every row, never offered to the policy, which selects over `[0, tail_
 head and query (`KVPolicy.fixed_selection`): a `MaskView` over `[n, L + n]` built on the device once per
 step, so the step takes the fixed-shape forward and reads nothing back.
 
+`LayerSelectionView`: the same layout for a policy that chooses per layer and KV head before the forward
+(`KVPolicy.query_free`: SnapKV, H2O, retrieval, kvpress presses): the selections of every layer are
+read once per step into one `[n_layers, n_kv_heads, L]` tensor on the device, so the step takes the
+fixed-shape forward. A policy that watches the queries (`observe`) gets the restricted rows' queries
+of every layer, as from `RestrictedView`.
+
 `ObservedCausalView`: the plain causal view (bit-identical to `CausalView`) that also hands the
 queries to `policy.observe` (H2O accumulates attention even while the budget still covers everything).
 """
@@ -31,45 +37,58 @@ class RestrictedView:
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
+        every_row: bool = False,
     ) -> None:
         self.policy, self.scale = policy, scale
         self.block_mask = block_mask
         self.restricted = restricted
         self.tail_from = tail_from
-        self._read: list[int] = []
+        # the restricted rows' indices, read once per forward (not per layer); every_row: all of them
+        self._rows: torch.Tensor | slice | None = slice(None) if every_row else None
+        self._read: list[torch.Tensor] = []  # per layer, on the device
 
     @classmethod
     def all_rows(cls, policy: Any, engine: Any, n_block: int) -> RestrictedView:
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
-        return cls(policy, engine.scale, tril, torch.ones(n_block, dtype=torch.bool, device=dev))
+        every = torch.ones(n_block, dtype=torch.bool, device=dev)
+        return cls(policy, engine.scale, tril, every, every_row=True)
+
+    def _restricted_rows(self) -> torch.Tensor | slice:
+        if self._rows is None:
+            self._rows = self.restricted.nonzero().squeeze(1)
+        return self._rows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n, total = q.shape[2], k.shape[2]
         cache_len = total - n
         sel_len = cache_len if self.tail_from is None else min(self.tail_from, cache_len)
         h, hkv = q.shape[1], k.shape[1]
-        rows = self.restricted.nonzero().squeeze(1)
-        q_rows = q[0, :, rows]
+        rows = self._restricted_rows()
+        any_rows = isinstance(rows, slice) or rows.numel() > 0
         vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
-        if rows.numel():
+        if any_rows:
+            q_rows = q[0, :, rows]
             if hasattr(self.policy, "observe"):
                 self.policy.observe(layer, q_rows)
             vis[:, :sel_len] = self.policy.visible(layer, q_rows, k[0, :, :sel_len], sel_len)  # [hkv, L]
-        read = int(vis[:, :sel_len].sum().item()) // hkv
-        self._read.append(read + cache_len - sel_len)
-        if rows.numel():
-            self.policy.activity.note(layer, read, sel_len)
+        read = vis[:, :sel_len].sum() // hkv  # stays on the device: read when the generation ends
+        self._read.append(read + (cache_len - sel_len))
+        if any_rows:
+            self.policy.activity.note_layer(layer, read, sel_len)
         mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
         mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
         mask[:, :, cache_len:] = self.block_mask
         if h != hkv:
-            mask = mask.repeat_interleave(h // hkv, dim=0)
+            mask = mask.repeat_interleave(h // hkv, dim=0, output_size=h)
         return sdpa(q, k, v, mask.unsqueeze(0), self.scale)
 
-    def kv_read(self, cache_len: int) -> int:
-        """Mean over layers of cached entries read per KV head by the restricted rows."""
-        return round(sum(self._read) / len(self._read)) if self._read else cache_len
+    def kv_read(self, cache_len: int) -> int | torch.Tensor:
+        """Mean over layers of cached entries read per KV head by the restricted rows (a 0-d device
+        tensor, read by `Counts` when the generation ends)."""
+        if not self._read:
+            return cache_len
+        return torch.stack(self._read).double().mean().round().long()
 
 
 class SelectionView(MaskView):
@@ -111,6 +130,83 @@ class SelectionView(MaskView):
 
     def kv_read(self, cache_len: int) -> int:
         return self.read
+
+
+class LayerSelectionView:
+    """Restricted rows see `selection[layer]` (bool `[n_layers, n_kv_heads, L]`, True past `tail_from`)
+    of the cache, the other rows all of it; `block_mask` inside the block. `rows`: the restricted rows'
+    indices when the policy observes queries (None otherwise). The policy's activity is noted for the
+    whole forward when the view is built, read when the generation is summarised."""
+
+    layer_selection = True  # core.decode_graph stages `selection` and `restricted` for the fixed-shape path
+
+    def __init__(
+        self,
+        policy: Any,
+        scale: float,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        selection: torch.Tensor,
+        read: torch.Tensor,
+        rows: torch.Tensor | slice | None,
+    ) -> None:
+        self.policy, self.scale = policy, scale
+        self.block_mask, self.restricted, self.selection = block_mask, restricted, selection
+        self.read, self.rows = read, rows
+
+    @classmethod
+    def build(
+        cls,
+        policy: Any,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None = None,
+        every_row: bool = False,
+    ) -> LayerSelectionView | None:
+        """The view, or None when the policy's selection depends on the forward's queries or keys.
+        `every_row`: `restricted` is all True (a watching policy then observes every row's queries)."""
+        from kv_policies.base import KVPolicy
+
+        if not policy.query_free:
+            return None
+        cache, cache_len = engine.cache, engine.length
+        sel_len = cache_len if tail_from is None else min(tail_from, cache_len)
+        hkv, dev = cache.n_kv_heads, engine.device
+        selection = torch.ones(cache.n_layers, hkv, cache_len, dtype=torch.bool, device=dev)
+        for layer in range(cache.n_layers):
+            if not policy.keeps_all(layer, sel_len):
+                keys = cache.k[layer, :, :sel_len]
+                selection[layer, :, :sel_len] = policy.visible(layer, None, keys, sel_len)
+        kept = selection[:, :, :sel_len].sum(dim=(1, 2)) // hkv  # per layer, as `RestrictedView` notes it
+        policy.activity.note_forward(kept, sel_len)
+        restricted = restricted.to(dev)
+        observes = type(policy).observe is not KVPolicy.observe
+        rows = None if not observes else slice(None) if every_row else restricted.nonzero().squeeze(1)
+        return cls(policy, engine.scale, block_mask, restricted, selection, kept + cache_len - sel_len, rows)
+
+    def observe(self, layer: int, q: torch.Tensor) -> None:
+        """Show the policy the restricted rows' queries of `q [n_heads, n, d]` (policies that watch them)."""
+        if self.rows is not None:
+            self.policy.observe(layer, q[:, self.rows])
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.observe(layer, q[0])
+        n, total = q.shape[2], k.shape[2]
+        cache_len = total - n
+        h, hkv = q.shape[1], k.shape[1]
+        mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
+        sel = self.selection[layer]
+        mask[:, :, :cache_len] = sel[:, None, :] | ~self.restricted[None, :, None]
+        mask[:, :, cache_len:] = self.block_mask
+        if h != hkv:
+            mask = mask.repeat_interleave(h // hkv, dim=0, output_size=h)
+        return sdpa(q, k, v, mask.unsqueeze(0), self.scale)
+
+    def kv_read(self, cache_len: int) -> torch.Tensor:
+        """Mean over layers of cached entries read per KV head by the restricted rows: a 0-d device
+        tensor (`Counts` reads it when the generation ends, so the step does not wait for it)."""
+        return self.read.double().mean().round().long()
 
 
 class ObservedCausalView(CausalView):

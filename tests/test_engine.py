@@ -246,30 +246,66 @@ def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
         assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
 
 
-def test_streaming_selection_takes_the_fixed_shape_forward(tiny_lm):
-    """StreamingLLM's selection is one set of slots for every layer and head, so a restricted block is one
-    `[n, L + n]` visibility (`SelectionView`): vanilla + streaming and FAFO-Stream with a budget below the
-    context take the fixed-shape forward on every decode step and give the tokens, KV reads and policy
-    activity of the per-layer restricted view."""
+FIXED_POLICIES = {  # policies that choose before the forward, at budgets below the 60-token prompt
+    "streaming": {"budget": 20, "sinks": 4},  # one selection for every layer and head
+    "snapkv": {"budget": 24, "window": 8},  # per layer and head, from the prefill
+    "h2o": {"budget": 24, "recent": 8},  # per layer and head, from the queries it observes
+    "retrieval": {"budget": 24, "chunk": 4},  # per layer and head, from the last prompt query
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
+def test_selections_made_before_the_forward_take_the_fixed_shape_forward(tiny_lm, name):
+    """A restricted block under a policy that chooses before the forward is one staged visibility
+    (`SelectionView`, `LayerSelectionView`): vanilla + the policy and FAFO with it take the fixed-shape
+    forward on every decode step and give the tokens, KV reads and policy activity of the per-layer
+    `RestrictedView`, which reads the selection inside the forward."""
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
     from decoders.vanilla import Vanilla
-    from kv_policies.streaming import StreamingLLM
+    from kv_policies.base import REGISTRY, build_policy
 
-    class PerLayer(StreamingLLM):  # the reference: `RestrictedView`, the selection read per layer
+    module, cls = REGISTRY[name].split(":")
+    policy_class = getattr(__import__(module, fromlist=[cls]), cls)
+
+    class PerLayer(policy_class):  # the reference: no selection read ahead of the forward
+        query_free = False
+
         def fixed_selection(self, cache_len):
             return None
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     for make in (lambda e, kv: Vanilla(e, kv), lambda e, kv: FAFO(e, kv, k=2, n=4)):
-        ref_kv, ref_counts = PerLayer(budget=20, sinks=4), Counts()
+        ref_kv, ref_counts = PerLayer(**FIXED_POLICIES[name]), Counts()
         ref = make(Engine(tiny_lm.model), ref_kv).generate(prompt, 24, set(), ref_counts)
-        static, kv, counts = _static(tiny_lm), StreamingLLM(budget=20, sinks=4), Counts()
+        static, counts = _static(tiny_lm), Counts()
+        kv = build_policy(name, **FIXED_POLICIES[name])
         assert make(static, kv).generate(prompt, 24, set(), counts) == ref
         assert static.fixed_shape_steps == counts.forwards > 0
         assert [s.kv_attended for s in counts.steps] == [s.kv_attended for s in ref_counts.steps]
         activity = kv.activity_summary(counts.forwards)
         assert activity == ref_kv.activity_summary(ref_counts.forwards) and activity.restricted_frac > 0.5
+
+
+def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny_lm):
+    """TriForce's middle level checks the draft model's tokens in a block of every row restricted to the
+    retrieval selection, which observes their queries: on the fixed-shape path (blocks padded to a power
+    of two) it gives the regular path's tokens and counts, and the policy sees the real rows only."""
+    from core.types import Counts
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+    from kv_policies.base import build_policy
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(7)).tolist()
+    results = []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
+        kv = build_policy("retrieval", budget=24, chunk=4)
+        counts = Counts()
+        dec = TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)  # from the last queries
+        out = dec.generate(prompt, 24, set(), counts)
+        results.append((out, counts.draft_forwards, counts.accepted_l1, kv.activity_summary(counts.forwards)))
+    assert results[0] == results[1]
 
 
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):

@@ -29,7 +29,7 @@ from core.sparse_attention import (
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
-from kv_policies.view import RestrictedView, SelectionView
+from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
 
 def case(
@@ -218,7 +218,7 @@ def test_region_view_equals_restricted_view_on_a_mixed_block(tiny_lm, name, back
             toks = torch.tensor([7 + step, 8, 9, 10, 11, 12], device=eng.device)
             pos = torch.tensor([base, base + 1, base + 1, base + 2, base + 3, base + 4], device=eng.device)
             view = pol.restricted_view(eng, block, restricted)
-            dense_view = SelectionView if name == "streaming" else RestrictedView
+            dense_view = {"streaming": SelectionView, "quest": RestrictedView}.get(name, LayerSelectionView)
             assert isinstance(view, dense_view) == (be == "dense")
             logits.append(eng.step(toks, pos, view))
             eng.commit([0, 1])

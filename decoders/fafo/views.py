@@ -56,4 +56,4 @@ class ViewFactory:
         if self._unrestricted(cache_len):
             return self._full(lay)
         restricted = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
-        return self.kv.restricted_view(self.engine, lay.block_mask, restricted, self.backend)
+        return self.kv.restricted_view(self.engine, lay.block_mask, restricted, self.backend, every_row=True)
