@@ -130,10 +130,12 @@ class DraftModel:
     ) -> tuple[list[int], list[torch.Tensor]]:
         """Draft `n` tokens after `seq` (whose first `committed` tokens are final). Greedy: argmax;
         sampling: drawn from the sampler's distribution, returned with it."""
+        if sampler.greedy:
+            tokens = self.propose_chain(seq, committed, n, counts).tolist()
+            self.drafted(tokens)
+            return tokens, []
         pending = self._sync(seq, committed)
         logits = self._feed(pending, counts)
-        if sampler.greedy:
-            return self._propose_greedy(logits, n, counts), []
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(n):
@@ -146,17 +148,23 @@ class DraftModel:
                 logits = self._feed([tok], counts)
         return tokens, probs
 
-    def _propose_greedy(self, logits: torch.Tensor | None, n: int, counts: Counts) -> list[int]:
-        """`n` argmax tokens, each fed to the draft from the device; the host reads them once, at the end."""
+    @torch.inference_mode()
+    def propose_chain(self, seq: Sequence[int], committed: int, n: int, counts: Counts) -> torch.Tensor:
+        """`n` greedy draft tokens after `seq` as a device tensor, each fed to the draft from the device
+        without the host reading it. The caller reads them (with whatever else it reads) and hands them
+        to `drafted`."""
+        logits = self._feed(self._sync(seq, committed), counts)
         chain = torch.empty(n, dtype=torch.long, device=self.engine.device)
         for i in range(n):
             assert logits is not None
             torch.argmax(self._fit(logits), dim=-1, out=chain[i])
             if i + 1 < n:
                 logits = self._feed_ids(chain[i : i + 1], counts)
-        tokens = chain.tolist()
-        self.fed += tokens[:-1]  # the last one is not fed yet
-        return tokens
+        return chain
+
+    def drafted(self, tokens: list[int]) -> None:
+        """The host values of `propose_chain`'s tokens: all but the last were fed to the draft."""
+        self.fed += tokens[:-1]
 
 
 # --- the `draft` config group --------------------------------------------------------------------

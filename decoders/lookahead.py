@@ -226,7 +226,7 @@ class Lookahead(BaseDecoder):
         if isinstance(self.kv, FullKV):
             return BlockView(block_mask, eng.scale)
         restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
-        return self.kv.restricted_view(eng, block_mask, restricted, "dense", every_row=True)
+        return self.kv.restricted_view(eng, block_mask, restricted, "dense", rows=slice(None))
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

@@ -89,14 +89,23 @@ class TriForce(SelfSpeculative):
         eng, kv, draft = self.engine, self.kv, self.draft
         assert draft is not None
         n1 = min(self.gamma1, room - 1)  # the middle's own correction/bonus token comes on top
-        xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
-        k = len(xt)
+        root = torch.tensor([seq[-1]], dtype=torch.long, device=eng.device)
+        if self.sampler.greedy:  # the drafts stay on the device until read with this level's predictions
+            k, q = max(n1, 0), []
+            chain = draft.propose_chain(seq, committed, k, counts) if k else root[:0]
+            tokens = torch.cat([root, chain])
+        else:
+            xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
+            k = len(xt)
+            tokens = torch.cat([root, torch.tensor(xt, dtype=torch.long, device=eng.device)])
         cache_len = eng.length
-        tokens = torch.tensor([seq[-1], *xt], dtype=torch.long, device=eng.device)
         view = kv.draft_view(eng, length, k + 1)
         logits = eng.step(tokens, torch.arange(cache_len, cache_len + k + 1, device=eng.device), view)
         if self.sampler.greedy:
-            preds = logits.argmax(-1).cpu()
+            both = torch.cat([tokens[1:], logits.argmax(-1)]).cpu()  # one read: drafts and predictions
+            xt, preds = both[:k].tolist(), both[k:]
+            if k:
+                draft.drafted(xt)
             cands = torch.tensor([xt], dtype=torch.long).reshape(1 if k else 0, k)
             verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
             probs: list[torch.Tensor] = []

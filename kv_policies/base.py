@@ -160,6 +160,7 @@ class KVPolicy:
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         """Start a generation over a prompt of `prompt_len` tokens that may grow to `context_len`."""
         self.region = None
+        self.__dict__.pop("_stack_layers", None)  # `stacked_keep`'s stack belongs to one generation
         context = max(context_len or prompt_len, prompt_len)
         if self.budget_frac is not None:
             self.set_budget(max(self.min_budget(), math.ceil(self.budget_frac * context)))
@@ -223,6 +224,41 @@ class KVPolicy:
         device, so the step takes the fixed-shape forward (`core.decode_graph`) without a sync."""
         return None
 
+    def layer_selections(self, cache_len: int) -> torch.Tensor:
+        """bool `[n_layers, n_kv_heads, cache_len]` over physical slots: every layer's `visible` for a
+        `query_free` policy, read once per step before the forward (`kv_policies.view.LayerSelectionView`).
+        A policy whose selections change only at chosen moments may serve a cached stack instead."""
+        cache = self.engine.cache
+        out = torch.ones(cache.n_layers, cache.n_kv_heads, cache_len, dtype=torch.bool, device=cache.device)
+        for layer in range(cache.n_layers):
+            if not self.keeps_all(layer, cache_len):
+                out[layer] = self.visible(layer, None, cache.k[layer, :, :cache_len], cache_len)
+        return out
+
+    def stacked_keep(self, keep: dict[int, torch.Tensor], cache_len: int) -> torch.Tensor:
+        """`layer_selections` from per-layer keep masks fixed after the prefill (`keep[layer]`: bool
+        `[n_kv_heads, P]` over the first P logical positions; later entries and layers without a mask are
+        visible), stacked once per generation and mapped to physical slots on the device."""
+        cache = self.engine.cache
+        if self.__dict__.get("_stack_layers") != len(keep):  # `reset` drops the last generation's
+            width = max((m.shape[1] for m in keep.values()), default=0)
+            stack = torch.ones(cache.n_layers, cache.n_kv_heads, width, dtype=torch.bool, device=cache.device)
+            for layer, m in keep.items():
+                stack[layer, :, : m.shape[1]] = m
+            self.__dict__["_stack"], self.__dict__["_stack_layers"] = stack, len(keep)
+        stack = self.__dict__["_stack"]
+        logical = torch.ones(
+            cache.n_layers, cache.n_kv_heads, cache_len, dtype=torch.bool, device=cache.device
+        )
+        n = min(cache_len, stack.shape[2])
+        logical[:, :, :n] = stack[:, :, :n]
+        if self.region is not None:  # a permuted layout: each layer's own map
+            hkv = cache.n_kv_heads
+            maps = [self.logical_of_slots(li, hkv, cache_len) for li in range(cache.n_layers)]
+            return torch.stack([logical[li].gather(1, m) for li, m in enumerate(maps)])
+        slots = cache.slot_pos[:cache_len].expand(cache.n_layers, cache.n_kv_heads, cache_len)
+        return logical.gather(2, slots)
+
     def max_selected(self, capacity: int) -> int:
         """Upper bound on entries selected per KV head for any cache length <= capacity."""
         return capacity if self.budget is None else min(self.budget, capacity)
@@ -280,22 +316,22 @@ class KVPolicy:
         restricted: torch.Tensor,
         backend: str | None = None,
         tail_from: int | None = None,
-        every_row: bool = False,
+        rows: slice | None = None,
     ) -> Any:
         """A view where `restricted` rows see only this policy's selection of the cache (plus the block
         through `block_mask [n, n]`) and the other rows the whole cache. `tail_from`: cached entries
         from that position on (a self-drafting decoder's fresh tokens) are visible to every row and
-        the policy selects over the entries before it only. `every_row`: the caller's `restricted` is
-        all True (the view need not read it to find the rows a watching policy observes)."""
+        the policy selects over the entries before it only. `rows`: the restricted rows as a range,
+        when the caller knows it (the view then need not read `restricted` to find them)."""
         backend = backend or self.backend
         if backend == "dense":
             from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
             view = SelectionView.build(self, engine, block_mask, restricted, tail_from)
             view = view or LayerSelectionView.build(
-                self, engine, block_mask, restricted, tail_from, every_row=every_row
+                self, engine, block_mask, restricted, tail_from, rows=rows
             )
-            return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, every_row)
+            return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, rows)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
 
     def draft_view(self, engine: Any, tail_from: int, n_block: int = 1) -> Any:
@@ -311,7 +347,7 @@ class KVPolicy:
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
         rows = torch.ones(n_block, dtype=torch.bool, device=dev)
-        return self.restricted_view(engine, tril, rows, tail_from=tail_from, every_row=True)
+        return self.restricted_view(engine, tril, rows, tail_from=tail_from, rows=slice(None))
 
     def region_for(self, engine: Any, backend: str) -> Any:
         """The compressed region laying out this policy's selection in `engine`'s cache (created once
@@ -339,7 +375,7 @@ class KVPolicy:
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
         every = torch.ones(n_block, dtype=torch.bool, device=dev)
-        return self.restricted_view(engine, tril, every, every_row=True)
+        return self.restricted_view(engine, tril, every, rows=slice(None))
 
     # --- misc ----------------------------------------------------------------------------------
     def _warn_inactive(self, context: int) -> None:

@@ -37,14 +37,14 @@ class RestrictedView:
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
-        every_row: bool = False,
+        rows: slice | None = None,
     ) -> None:
         self.policy, self.scale = policy, scale
         self.block_mask = block_mask
         self.restricted = restricted
         self.tail_from = tail_from
-        # the restricted rows' indices, read once per forward (not per layer); every_row: all of them
-        self._rows: torch.Tensor | slice | None = slice(None) if every_row else None
+        # the restricted rows: the caller's range, or their indices read once per forward (not per layer)
+        self._rows: torch.Tensor | slice | None = rows
         self._read: list[torch.Tensor] = []  # per layer, on the device
 
     @classmethod
@@ -52,7 +52,7 @@ class RestrictedView:
         dev = engine.device
         tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
         every = torch.ones(n_block, dtype=torch.bool, device=dev)
-        return cls(policy, engine.scale, tril, every, every_row=True)
+        return cls(policy, engine.scale, tril, every, rows=slice(None))
 
     def _restricted_rows(self) -> torch.Tensor | slice:
         if self._rows is None:
@@ -162,10 +162,11 @@ class LayerSelectionView:
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
-        every_row: bool = False,
+        rows: slice | None = None,
     ) -> LayerSelectionView | None:
         """The view, or None when the policy's selection depends on the forward's queries or keys.
-        `every_row`: `restricted` is all True (a watching policy then observes every row's queries)."""
+        `rows`: the restricted rows as a range, when the caller knows it (otherwise read from
+        `restricted` once, for a policy that watches their queries)."""
         from kv_policies.base import KVPolicy
 
         if not policy.query_free:
@@ -174,15 +175,15 @@ class LayerSelectionView:
         sel_len = cache_len if tail_from is None else min(tail_from, cache_len)
         hkv, dev = cache.n_kv_heads, engine.device
         selection = torch.ones(cache.n_layers, hkv, cache_len, dtype=torch.bool, device=dev)
-        for layer in range(cache.n_layers):
-            if not policy.keeps_all(layer, sel_len):
-                keys = cache.k[layer, :, :sel_len]
-                selection[layer, :, :sel_len] = policy.visible(layer, None, keys, sel_len)
+        selection[:, :, :sel_len] = policy.layer_selections(sel_len)
         kept = selection[:, :, :sel_len].sum(dim=(1, 2)) // hkv  # per layer, as `RestrictedView` notes it
         policy.activity.note_forward(kept, sel_len)
         restricted = restricted.to(dev)
         observes = type(policy).observe is not KVPolicy.observe
-        rows = None if not observes else slice(None) if every_row else restricted.nonzero().squeeze(1)
+        if not observes:
+            rows = None
+        elif rows is None:
+            rows = restricted.nonzero().squeeze(1)
         return cls(policy, engine.scale, block_mask, restricted, selection, kept + cache_len - sel_len, rows)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:

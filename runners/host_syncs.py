@@ -11,9 +11,9 @@ Python API (`TorchFunctionMode`), so the count does not need a GPU.
 On a GPU a tensor's device says whether reading it waits. On a CPU every tensor is on the one device,
 so the counter tells them apart the way the code would place them on a GPU: a tensor made without a
 `device` (or with the string "cpu"), a Python value made a tensor (`t[i] = 1`), what `.cpu()` returns,
-and whatever is computed from such tensors only is a host tensor, reading it is free; every other
-tensor (the model's, the cache's, one made with `device=engine.device`, whatever mixes them) is a device
-tensor. Tensors made before counting started count as device tensors.
+whatever is computed from such tensors only, and what indexing one gives is a host tensor, reading it
+is free; every other tensor (the model's, the cache's, one made with `device=engine.device`, whatever
+mixes them) is a device tensor. Tensors made before counting started count as device tensors.
 
 Both modes put every operator through Python, which costs far more than the operators of a small
 model: count in an untimed generation, never in a timed one.
@@ -68,6 +68,7 @@ MASK_INDEXING = frozenset(
     {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 )
 LIFTS = frozenset({aten.lift_fresh.default, aten.lift_fresh_copy.default})
+INDEXING = frozenset({aten.index.Tensor, aten.index_select.default, aten.gather.default})
 COPIES = frozenset({aten._to_copy.default, aten.to.dtype_layout, aten.to.device, aten.to.other})
 # Python-level reads of a whole tensor that never reach the dispatcher for a CPU tensor
 WHOLE_READS = frozenset({torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__})
@@ -153,6 +154,11 @@ class HostSyncs:
             self.place(out, host=True)
             return
         if not self.host:
+            return
+        if func in INDEXING and args and isinstance(args[0], torch.Tensor) and args[0] in self.host:
+            # indexing a host tensor reads host data, whatever the index (one made before counting)
+            for t in tree_leaves(out):
+                self.place(t, host=True)
             return
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if inputs and all(t in self.host for t in inputs):

@@ -45,6 +45,21 @@ def test_counts_item_calls_and_other_reads_of_device_tensors():
     assert (syncs.count, syncs.since_mark) == (7, 0)
 
 
+def test_a_host_tensor_indexed_by_a_tensor_made_before_counting_stays_on_the_host():
+    """A layout's index tensors are made once and reused (before counting started): indexing a host
+    tensor with them still reads host data; indexing a device tensor with them does not."""
+    dev = torch.device("cpu")
+    rows = torch.tensor([[0, 2], [1, 3]])  # made before counting: the counter cannot tell where it lives
+    x = torch.arange(8, device=dev)
+    with HostSyncs(dev) as syncs:
+        preds = x.argmax(-1, keepdim=True).expand(4).cpu()  # 1: the one read
+        picked = preds[rows]
+        int(picked[0, 0]), picked.tolist(), int(preds.index_select(0, rows[0])[1])
+        assert syncs.count == 1
+        int(x[rows][0, 0])  # the device tensor's rows: waits
+    assert syncs.count == 2
+
+
 def test_host_tensors_read_for_free_on_a_cpu():
     """What a GPU run keeps on the host (no `device` named, or `.cpu()`'s copy) never waits there."""
     dev = torch.device("cpu")

@@ -102,6 +102,9 @@ def test_layout_matches_brute_force():
         assert lay.offsets[1 : 1 + g * k].tolist() == list(range(1, k + 1)) * g
         assert lay.offsets[1 + g * k :].tolist() == [r + 1 for r in range(k) for _ in range(n)]
         assert lay.is_stream.sum() == n * k and not lay.is_stream[: 1 + g * k].any()
+        assert lay.is_stream[
+            lay.stream_row :
+        ].all()  # the restricted rows are one range (the views rely on it)
         # logits: every verification row + the last row of each stream, in stream order
         assert lay.logits_rows.tolist() == list(range(1 + g * k)) + [
             1 + g * k + (k - 1) * n + i for i in range(n)
@@ -190,7 +193,7 @@ def test_aligned_layout_pads_to_query_tiles():
     pads = sorted(set(range(lay.size)) - set(real))
     assert torch.equal(lay.block_mask[pads][:, pads], torch.eye(len(pads), dtype=torch.bool))
     assert not lay.block_mask[real][:, pads].any()
-    assert lay.is_stream[16:].all() and not lay.is_stream[:16].any()
+    assert lay.is_stream[16:].all() and not lay.is_stream[:16].any() and lay.stream_row == 16
     toks = lay.tokens(7, torch.arange(100, 100 + n * k))
     assert toks.numel() == 32 and toks[16:28].tolist() == list(range(100, 112)) and (toks[28:] == 7).all()
     assert lay.logits_rows.tolist() == list(range(7)) + [16 + (k - 1) * n + i for i in range(n)]

@@ -49,11 +49,12 @@ class ViewFactory:
         """x_last and candidates see the full cache; stream rows only the policy's selection."""
         if lay.n == 0 or self._unrestricted(cache_len):
             return self._full(lay)
-        return self.kv.restricted_view(self.engine, lay.block_mask, lay.is_stream, self.backend)
+        streams = slice(lay.stream_row, lay.size)  # the restricted rows: the streams (and their padding)
+        return self.kv.restricted_view(self.engine, lay.block_mask, lay.is_stream, self.backend, rows=streams)
 
     def compressed(self, lay: FafoLayout, cache_len: int) -> Any:
         """Every row restricted (FAFO-2forward's compressed forward)."""
         if self._unrestricted(cache_len):
             return self._full(lay)
-        restricted = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
-        return self.kv.restricted_view(self.engine, lay.block_mask, restricted, self.backend, every_row=True)
+        every = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
+        return self.kv.restricted_view(self.engine, lay.block_mask, every, self.backend, rows=slice(None))
