@@ -11,13 +11,16 @@ A block of n rows runs padded to the next power of two (one graph per padded siz
 allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see only
 their own slot, are never committed, and their logits are dropped. `Engine(cuda_graphs=True)` sends
 here every decode step under a plain `CausalView`, a `BlockView`, a two-dimensional `MaskView` (a KV
-policy's one selection for every layer among them) or a per-layer selection (a view with
+policy's one selection for every layer among them), a per-layer selection (a view with
 `layer_selection`: `selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
-inside the block, `observe(layer, q)`), with no hooks, whose padded block fits the cache: vanilla's
-steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's blocks) and the
-blocks restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
-kvpress presses). The prefill, selections made from the forward's own queries (Quest, Top-K, SFI),
-tree views, per-head masks and hooks take the regular forward.
+inside the block, `observe(layer, q)`) or a causal view whose policy watches the queries
+(`observes_queries`, `observe(layer, q)`), with no hooks, whose padded block fits the cache:
+vanilla's steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's
+blocks), the blocks restricted by a policy that chooses before the forward (StreamingLLM, SnapKV,
+H2O, retrieval, kvpress presses, SFI's fast steps) and SFI's slow steps. The prefill, selections
+made from the forward's own queries (Quest, Top-K), tree views, per-head masks and hooks take the
+regular forward. The queries a policy observes are kept per layer by the forward and handed to it
+after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.
@@ -48,7 +51,9 @@ def fits(cache, n: int, view) -> bool:
         return tuple(view.block_mask.shape) == (n, n)
     if getattr(view, "layer_selection", False):
         return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
-    return type(view) is CausalView
+    return isinstance(view, CausalView) and (
+        type(view) is CausalView or getattr(view, "observes_queries", False)
+    )
 
 
 class StaticForwards:
@@ -59,10 +64,12 @@ class StaticForwards:
         self.engine, self.capture = engine, capture
         self.by_rows: dict[int, StaticForward] = {}
         self.by_rows_selected: dict[int, StaticForward] = {}  # the per-layer selection forwards
+        self.by_rows_observed: dict[int, StaticForward] = {}  # causal forwards whose queries a policy sees
 
     @property
     def captures(self) -> int:
-        return sum(f.captures for f in (*self.by_rows.values(), *self.by_rows_selected.values()))
+        every = (*self.by_rows.values(), *self.by_rows_selected.values(), *self.by_rows_observed.values())
+        return sum(f.captures for f in every)
 
     def applies(self, n: int, view) -> bool:
         return fits(self.engine.cache, n, view)
@@ -76,9 +83,10 @@ class StaticForwards:
     ) -> torch.Tensor:
         rows = padded_rows(tokens.numel())
         layered = getattr(view, "layer_selection", False)
-        forwards = self.by_rows_selected if layered else self.by_rows
+        observed = not layered and getattr(view, "observes_queries", False)
+        forwards = self.by_rows_selected if layered else self.by_rows_observed if observed else self.by_rows
         if rows not in forwards:
-            forwards[rows] = StaticForward(self.engine, rows, self.capture, layered)
+            forwards[rows] = StaticForward(self.engine, rows, self.capture, layered, observed)
         return forwards[rows](tokens, position_ids, view, logits_rows)
 
 
@@ -86,16 +94,19 @@ class StaticForward:
     """Blocks of up to `rows` rows through fixed-shape buffers. Called like `Engine.step`; stages the
     padded block (commit block-relative rows of the real ones only). `layered`: the views with a
     per-layer selection; each layer's visibility is then the staged one narrowed, for the restricted
-    rows, to the layer's selection, and every layer's queries are kept for the policy to observe."""
+    rows, to the layer's selection, and every layer's queries are kept for the policy to observe.
+    `observed`: a causal view whose policy observes every layer's queries (kept the same way)."""
 
-    def __init__(self, engine, rows: int, capture: bool, layered: bool = False) -> None:
+    def __init__(
+        self, engine, rows: int, capture: bool, layered: bool = False, observed: bool = False
+    ) -> None:
         self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
         dev = engine.device
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
         self.restricted = torch.zeros(rows, dtype=torch.bool, device=dev)
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
-        self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered else None
+        self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered or observed else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
         self.position = torch.zeros(rows, dtype=torch.long, device=dev)
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
@@ -144,7 +155,7 @@ class StaticForward:
         if self.visible.shape != (self.rows, capacity):
             self.visible = torch.zeros(self.rows, capacity, dtype=torch.bool, device=self.engine.device)
             self.slots = torch.arange(capacity, device=self.engine.device)
-        if type(view) is CausalView:
+        if isinstance(view, CausalView):
             torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
         elif type(view) is BlockView or self.layered:  # every cached slot, then the block's own visibility
             torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
@@ -191,6 +202,7 @@ class StaticForward:
             mask = visible
             if self.queries is not None:
                 self.queries[li].copy_(q)
+            if self.layered:
                 mask = self._layer_visibility(li, q.shape[0])
             return sdpa(q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), mask, eng.scale)
 

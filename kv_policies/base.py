@@ -288,7 +288,7 @@ class KVPolicy:
     def physical(self, layer: int, positions: torch.Tensor, hkv: int) -> torch.Tensor:
         """long `[n_kv_heads, m]`: the slot holding each logical position `positions [m]` (or
         `[n_kv_heads, m]`), per KV head."""
-        pos = positions if positions.dim() == 2 else positions.expand(hkv, -1)
+        pos = positions if positions.dim() >= 2 else positions.expand(hkv, -1)
         if self.region is not None:
             return self.region.slots_of(layer, pos)
         if self.engine is not None and pos.numel():

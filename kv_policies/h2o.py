@@ -85,7 +85,11 @@ class H2O(KVPolicy):
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)
-        self._score, self._alive, self._q = {}, {}, {}
+        # every layer's scores and alive flags in one tensor each, `[n_layers, n_kv_heads, capacity]`, so a
+        # step updates all layers in a few operators; `_layers` holds the layers that have state
+        self._S = self._A = None
+        self._layers: set[int] = set()
+        self._q = {}
         self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
 
@@ -95,17 +99,26 @@ class H2O(KVPolicy):
     def _scale(self, d: int) -> float:
         return self.engine.scale if self.engine is not None else d**-0.5
 
+    def _grow(self, layers: int, hkv: int, length: int, device: Any) -> None:
+        S, A = self._S, self._A
+        if S is not None and S.shape[0] >= layers and S.shape[2] >= length:
+            return
+        cap = max(length, 2 * (S.shape[2] if S is not None else 0), 256)
+        layers = max(layers, S.shape[0] if S is not None else 0)
+        new_s = torch.zeros(layers, hkv, cap, device=device)
+        new_a = torch.zeros(layers, hkv, cap, dtype=torch.bool, device=device)
+        if S is not None and A is not None:
+            new_s[: S.shape[0], :, : S.shape[2]] = S
+            new_a[: A.shape[0], :, : A.shape[2]] = A
+        self._S, self._A = new_s, new_a
+
     def _state(self, layer: int, hkv: int, length: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        score, alive = self._score.get(layer), self._alive.get(layer)
-        if score is None or score.shape[1] < length:
-            cap = max(length, 2 * (score.shape[1] if score is not None else 0), 256)
-            new_s = torch.zeros(hkv, cap, device=device)
-            new_a = torch.zeros(hkv, cap, dtype=torch.bool, device=device)
-            if score is not None:
-                new_s[:, : score.shape[1]] = score
-                new_a[:, : alive.shape[1]] = alive
-            self._score[layer], self._alive[layer] = score, alive = new_s, new_a
-        return score, alive
+        """Layer `layer`'s scores and alive flags `[n_kv_heads, capacity]` (views of the stacked state)."""
+        layers = self.engine.cache.n_layers if self.engine is not None else layer + 1
+        self._grow(max(layers, layer + 1), hkv, length, device)
+        self._layers.add(layer)
+        assert self._S is not None and self._A is not None
+        return self._S[layer], self._A[layer]
 
     # --- accumulation --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -120,7 +133,7 @@ class H2O(KVPolicy):
 
     @torch.inference_mode()
     def after_prefill(self, engine: Any) -> None:
-        for layer in list(self._score):
+        for layer in sorted(self._layers):
             self._evict(layer, engine.length)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
@@ -128,46 +141,114 @@ class H2O(KVPolicy):
 
     @torch.inference_mode()
     def after_commit(self, engine: Any, n_new: int) -> None:
-        length = engine.length
-        cache = engine.cache
-        for layer in range(cache.n_layers):
-            score, alive = self._state(layer, cache.n_kv_heads, length, cache.device)
-            new = torch.arange(length - n_new, length, device=cache.device)
-            alive[:, length:] = False
-            alive[:, new] = True
+        length, cache = engine.length, engine.cache
+        layers = cache.n_layers
+        for layer in range(layers):
+            self._state(layer, cache.n_kv_heads, length, cache.device)
             self._count[layer] = self._count.get(layer, 0) + n_new
-            score[:, new] = 0.0
-            q = self._q.pop(layer, None)
-            if q is not None and q.shape[1]:
-                pos = self._positions(alive, length, self._count[layer])
-                k = self.gather_keys(layer, cache.k[layer, :, :length], pos)
-                score.scatter_add_(1, pos, attention_mass(q, k, self._scale(k.shape[-1]), None))
-            self._evict(layer, length)
+        S, A = self._S[:layers], self._A[:layers]  # type: ignore[index]
+        A[:, :, length:] = False
+        A[:, :, length - n_new : length] = True
+        S[:, :, length - n_new : length] = 0.0
+        qs = [self._q.pop(layer, None) for layer in range(layers)]
+        counts = {self._count[layer] for layer in range(layers)}
+        if self._batched(qs, counts):
+            self._score_all(S, A, qs, length, counts.pop())
+        else:
+            for layer, q in enumerate(qs):
+                if q is not None and q.shape[1]:
+                    self._score_layer(layer, q, length)
+        if len(counts) <= 1 and self.region is None:
+            self._evict_all(layers, length)
+        else:
+            for layer in range(layers):
+                self._evict(layer, length)
+
+    def _batched(self, qs: list, counts: set[int]) -> bool:
+        """Every layer observed the same rows and keeps as many entries, in the plain layout."""
+        first = qs[0]
+        return (
+            self.region is None
+            and len(counts) == 1
+            and first is not None
+            and first.shape[1] > 0
+            and all(q is not None and q.shape == first.shape for q in qs)
+        )
+
+    def _score_all(self, S: torch.Tensor, A: torch.Tensor, qs: list, length: int, count: int) -> None:
+        """Every layer's observed attention mass added to its alive entries, in one batch of operators."""
+        cache = self.engine.cache
+        pos = self._positions(A, length, count)  # [layers, hkv, m]
+        slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout's map is every layer's
+        d = cache.k.shape[-1]
+        k = cache.k[: S.shape[0], :, :length].gather(2, slots[..., None].expand(-1, -1, -1, d))
+        S.scatter_add_(2, pos, attention_mass_layers(torch.stack(qs), k, self._scale(d)))
+
+    def _score_layer(self, layer: int, q: torch.Tensor, length: int) -> None:
+        cache = self.engine.cache
+        score, alive = self._state(layer, cache.n_kv_heads, length, cache.device)
+        pos = self._positions(alive, length, self._count[layer])
+        k = self.gather_keys(layer, cache.k[layer, :, :length], pos)
+        score.scatter_add_(1, pos, attention_mass(q, k, self._scale(k.shape[-1]), None))
 
     @staticmethod
     def _positions(alive: torch.Tensor, length: int, count: int) -> torch.Tensor:
-        """long `[n_kv_heads, count]`: the alive logical positions in increasing order (every KV head
+        """long `[..., n_kv_heads, count]`: the alive logical positions in increasing order (every KV head
         keeps `count`), found by a stable sort rather than `nonzero`, whose size the host would wait for."""
-        order = torch.sort(alive[:, :length].to(torch.uint8), dim=1, descending=True, stable=True)
-        return order.indices[:, :count]
+        order = torch.sort(alive[..., :length].to(torch.uint8), dim=-1, descending=True, stable=True)
+        return order.indices[..., :count]
 
     def _evict(self, layer: int, length: int) -> None:
-        score, alive = self._score[layer], self._alive[layer]
         if self._count.get(layer, 0) <= self.budget:
             return
         self._evicted = True
-        older = length - self.recent
-        cand = score[:, :older].masked_fill(~alive[:, :older], float("-inf"))
-        keep = cand.topk(self.heavy, dim=1).indices
-        alive[:, :older] = False
-        alive[:, :older].scatter_(1, keep, True)
+        score, alive = self._S[layer], self._A[layer]  # type: ignore[index]
+        _keep_heavy(score, alive, length - self.recent, self.heavy)
         self._count[layer] = self.heavy + self.recent
+
+    def _evict_all(self, layers: int, length: int) -> None:
+        if self._count.get(0, 0) <= self.budget:
+            return
+        self._evicted = True
+        _keep_heavy(self._S[:layers], self._A[:layers], length - self.recent, self.heavy)  # type: ignore[index]
+        for layer in range(layers):
+            self._count[layer] = self.heavy + self.recent
 
     # --- selection -----------------------------------------------------------------------------
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         hkv = k_cache.shape[0]
-        if self.keeps_all(layer, cache_len) or layer not in self._alive:
+        if self.keeps_all(layer, cache_len) or layer not in self._layers:
             return torch.ones(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
         _, alive = self._state(layer, hkv, cache_len, k_cache.device)
         return alive[:, :cache_len].clone()
+
+    def layer_selections(self, cache_len: int) -> torch.Tensor:
+        """Every layer's alive entries at once (dense layers: all), mapped to physical slots."""
+        cache = self.engine.cache
+        layers = cache.n_layers
+        if self.region is not None or self._A is None or len(self._layers) < layers:
+            return super().layer_selections(cache_len)
+        sel = self._A[:layers, :, :cache_len].clone()
+        sel[: self.dense_layers] = True
+        if not self._evicted and cache_len <= self.budget:
+            sel[:] = True
+        slots = cache.slot_pos[:cache_len].expand(layers, cache.n_kv_heads, cache_len)
+        return sel.gather(2, slots)
+
+
+def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int) -> None:
+    """Among the entries before `older` keep the `heavy` alive ones with the largest scores (last dim)."""
+    cand = score[..., :older].masked_fill(~alive[..., :older], float("-inf"))
+    keep = cand.topk(heavy, dim=-1).indices
+    alive[..., :older] = False
+    alive[..., :older].scatter_(-1, keep, True)
+
+
+def attention_mass_layers(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """`attention_mass` of every layer at once (every key visible): q `[L, H, r, d]`, k
+    `[L, n_kv_heads, m, d]` -> `[L, n_kv_heads, m]`."""
+    n_layers, h, r, d = q.shape
+    hkv = k.shape[1]
+    logits = (q.float().reshape(n_layers, hkv, (h // hkv) * r, d) @ k.float().transpose(-1, -2)) * scale
+    return logits.softmax(-1).sum(2)

@@ -213,10 +213,16 @@ class LayerSelectionView:
 class ObservedCausalView(CausalView):
     """`CausalView` that first shows every layer's queries to `policy.observe` (all rows restricted)."""
 
+    observes_queries = True  # core.decode_graph keeps every layer's queries and hands them to `observe`
+
     def __init__(self, scale: float, policy: Any) -> None:
         super().__init__(scale)
         self.policy = policy
 
+    def observe(self, layer: int, q: torch.Tensor) -> None:
+        """Show the policy the queries `[n_heads, n, d]` of every row of the block."""
+        self.policy.observe(layer, q)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.policy.observe(layer, q[0])
+        self.observe(layer, q[0])
         return super().attend(layer, q, k, v)

@@ -308,6 +308,26 @@ def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny
     assert results[0] == results[1]
 
 
+def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
+    """SFI's slow steps (dense, the Selector watching every layer's queries) and fast steps (the set
+    chosen at the last slow step) both take the fixed-shape forward, with the regular path's tokens,
+    slow steps and KV reads: the forward keeps the queries and the Selector gets them after it."""
+    from core.types import Counts
+    from decoders.sfi import SlowFast
+    from kv_policies.sfi import SFI
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    every = set(range(0, 256, 7))  # boundary tokens: slow steps now and then
+    results = []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        counts = Counts()
+        dec = SlowFast(eng, kv=SFI(k=8, sinks=2, recent=6, window=3), t_max=4, trigger_token_ids=every)
+        out = dec.generate(prompt, 24, set(), counts)
+        results.append((out, counts.slow_steps, [s.kv_attended for s in counts.steps]))
+    assert results[0] == results[1] and 0 < results[0][1] < 23
+    assert eng.fixed_shape_steps == 23 and eng.graphs.by_rows_observed and eng.graphs.by_rows_selected
+
+
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
     """The prefill, per-head masks, hooks, a block whose padded size overflows the cache and the
     layer-truncated self-draft take the regular forward; CUDA graphs are refused off a CUDA device."""

@@ -281,6 +281,29 @@ def test_h2o_selection_equals_brute_force():
         ref.evict(n + 1)
 
 
+def test_h2o_updates_every_layer_at_once_as_it_does_layer_by_layer(engine_and_prompt):
+    """H2O scores and evicts all layers in one batch of operators when they observed the same rows; the
+    layer-by-layer path gives the same selections and the same tokens."""
+    eng, prompt = engine_and_prompt
+
+    class LayerByLayer(H2O):
+        def _batched(self, qs, counts):
+            return False
+
+        def _evict_all(self, layers, length):
+            for layer in range(layers):
+                self._evict(layer, length)
+
+    outs, alive, scores = [], [], []
+    for cls in (H2O, LayerByLayer):
+        pol = cls(budget=40, recent=16)
+        outs.append(_run(eng, pol, prompt)[0])
+        alive.append(pol._A[:, :, : eng.length].clone())
+        scores.append(pol._S[:, :, : eng.length].clone())
+    assert outs[0] == outs[1] and torch.equal(alive[0], alive[1]) and not alive[0].all()
+    torch.testing.assert_close(scores[0], scores[1], atol=1e-5, rtol=1e-5)
+
+
 # --- compressed region layout ---------------------------------------------------------------------
 class RandomPolicy(KVPolicy):
     """Selects a fresh random subset per (layer, head) every call (exercises arbitrary swaps)."""
