@@ -51,6 +51,8 @@ def fits(cache, n: int, view) -> bool:
         return tuple(view.block_mask.shape) == (n, n)
     if getattr(view, "layer_selection", False):
         return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
+    if getattr(view, "selects_in_forward", False):
+        return tuple(view.block_mask.shape) == (n, n) and view.tail_from is None
     return isinstance(view, CausalView) and (
         type(view) is CausalView or getattr(view, "observes_queries", False)
     )
@@ -62,14 +64,15 @@ class StaticForwards:
 
     def __init__(self, engine, capture: bool) -> None:
         self.engine, self.capture = engine, capture
-        self.by_rows: dict[int, StaticForward] = {}
+        self.by_rows: dict[int, StaticForward] = {}  # plain visibility (causal, block, one mask)
         self.by_rows_selected: dict[int, StaticForward] = {}  # the per-layer selection forwards
         self.by_rows_observed: dict[int, StaticForward] = {}  # causal forwards whose queries a policy sees
+        self.by_rows_in_forward: dict[tuple, StaticForward] = {}  # (rows, selector) forwards
 
     @property
     def captures(self) -> int:
-        every = (*self.by_rows.values(), *self.by_rows_selected.values(), *self.by_rows_observed.values())
-        return sum(f.captures for f in every)
+        every = (self.by_rows, self.by_rows_selected, self.by_rows_observed, self.by_rows_in_forward)
+        return sum(f.captures for forwards in every for f in forwards.values())
 
     def applies(self, n: int, view) -> bool:
         return fits(self.engine.cache, n, view)
@@ -82,6 +85,14 @@ class StaticForwards:
         logits_rows: Sequence[int] | torch.Tensor | None,
     ) -> torch.Tensor:
         rows = padded_rows(tokens.numel())
+        if getattr(view, "selects_in_forward", False):
+            key = (rows, view.selector_key)
+            fwd = self.by_rows_in_forward.get(key)
+            if fwd is None:
+                fwd = self.by_rows_in_forward[key] = StaticForward(self.engine, rows, self.capture)
+            if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
+                fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
+            return fwd(tokens, position_ids, view, logits_rows)
         layered = getattr(view, "layer_selection", False)
         observed = not layered and getattr(view, "observes_queries", False)
         forwards = self.by_rows_selected if layered else self.by_rows_observed if observed else self.by_rows
@@ -95,7 +106,12 @@ class StaticForward:
     padded block (commit block-relative rows of the real ones only). `layered`: the views with a
     per-layer selection; each layer's visibility is then the staged one narrowed, for the restricted
     rows, to the layer's selection, and every layer's queries are kept for the policy to observe.
-    `observed`: a causal view whose policy observes every layer's queries (kept the same way)."""
+    `observed`: a causal view whose policy observes every layer's queries (kept the same way).
+    `selector` (set by `StaticForwards` for a view that `selects_in_forward`): an object of the view's
+    policy that owns fixed-shape buffers, stages them each step (`stage(view, n, length)`, outside the
+    graph) and chooses each layer's slots from the layer's queries inside it (`select(layer, q,
+    restricted, slots)` -> bool `[n_kv_heads, capacity]`), noting what it chose in its `reads`; the
+    view gets them after the forward (`take_reads`)."""
 
     def __init__(
         self, engine, rows: int, capture: bool, layered: bool = False, observed: bool = False
@@ -113,6 +129,7 @@ class StaticForward:
         self.row = torch.arange(rows, device=dev)
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
+        self.selector = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_key: tuple[int, int] | None = None  # (cache storage address, capacity) it was captured on
         self.logits: torch.Tensor | None = None  # the graph's output buffer
@@ -145,6 +162,8 @@ class StaticForward:
         if self.queries is not None:  # the real rows' queries (pad rows are no one's)
             for layer in range(self.queries.shape[0]):
                 view.observe(layer, self.queries[layer, :, :n])
+        if self.selector is not None:
+            view.take_reads(self.selector.reads.clone(), cache.length)
         if logits_rows is None:
             return logits[:n].clone()
         return logits.index_select(0, torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device))
@@ -157,11 +176,15 @@ class StaticForward:
             self.slots = torch.arange(capacity, device=self.engine.device)
         if isinstance(view, CausalView):
             torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
-        elif type(view) is BlockView or self.layered:  # every cached slot, then the block's own visibility
+        elif type(view) is BlockView or self.layered or self.selector is not None:
+            # every cached slot, then the block's own visibility
             torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
             self.visible[:n, length : length + n] = view.block_mask
             if self.layered:
                 self._stage_selection(view, n, length, capacity)
+            if self.selector is not None:
+                self._stage_restricted(view, n)
+                self.selector.stage(view, n, length)
         else:
             self.visible.zero_()
             self.visible[:n, : length + n].copy_(view.mask)
@@ -177,13 +200,15 @@ class StaticForward:
             self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
         self.selection[:, :, :length].copy_(view.selection)
         self.selection[:, :, length:] = True
+        self._stage_restricted(view, n)
+
+    def _stage_restricted(self, view, n: int) -> None:
         self.restricted[:n].copy_(view.restricted)
         self.restricted[n:] = False
 
-    def _layer_visibility(self, layer: int, heads: int) -> torch.Tensor:
-        """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to `layer`'s
-        selection (per KV head, repeated for its query heads)."""
-        sel = self.selection[layer]  # [hkv, capacity]
+    def _narrowed(self, sel: torch.Tensor, heads: int) -> torch.Tensor:
+        """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to the
+        slots `sel [n_kv_heads, capacity]` (per KV head, repeated for its query heads)."""
         vis = self.visible[None] & (sel[:, None, :] | ~self.restricted[None, :, None])
         return vis.repeat_interleave(heads // sel.shape[0], dim=0, output_size=heads).unsqueeze(0)
 
@@ -203,7 +228,9 @@ class StaticForward:
             if self.queries is not None:
                 self.queries[li].copy_(q)
             if self.layered:
-                mask = self._layer_visibility(li, q.shape[0])
+                mask = self._narrowed(self.selection[li], q.shape[0])
+            elif self.selector is not None:
+                mask = self._narrowed(self.selector.select(li, q, self.restricted, self.slots), q.shape[0])
             return sdpa(q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), mask, eng.scale)
 
         h = eng.layers_forward(self.token, self.position, attend)

@@ -331,8 +331,22 @@ class KVPolicy:
             view = view or LayerSelectionView.build(
                 self, engine, block_mask, restricted, tail_from, rows=rows
             )
+            view = view or self.forward_view(engine, block_mask, restricted, tail_from, rows)
             return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, rows)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
+
+    def forward_view(
+        self,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None,
+        rows: slice | None,
+    ) -> Any:
+        """A `RestrictedView` whose choice can also be made inside a fixed-shape forward (a policy that
+        chooses from the forward's own queries, such as Quest: `kv_policies.quest_view`); None: the
+        plain `RestrictedView`, which takes the regular forward."""
+        return None
 
     def draft_view(self, engine: Any, tail_from: int, n_block: int = 1) -> Any:
         """A block of `n_block` restricted rows, causal among themselves (a self-speculative draft step,

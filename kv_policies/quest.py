@@ -21,6 +21,8 @@ cut page.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from core.types import HarnessError
@@ -138,6 +140,21 @@ class Quest(KVPolicy):
             kmin.scatter_reduce_(1, idx, keys, "amin")
             kmax.scatter_reduce_(1, idx, keys, "amax")
         self._seen[layer] = cache_len
+
+    def forward_view(
+        self,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None,
+        rows: slice | None,
+    ) -> Any:
+        """`QuestView`: the page choice also runs inside the fixed-shape forward (no draft tail there)."""
+        if tail_from is not None or self.region is not None:
+            return None
+        from kv_policies.quest_view import QuestView
+
+        return QuestView(self, engine.scale, block_mask, restricted, tail_from, rows)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

@@ -246,20 +246,21 @@ def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
         assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
 
 
-FIXED_POLICIES = {  # policies that choose before the forward, at budgets below the 60-token prompt
+FIXED_POLICIES = {  # at budgets below the 60-token prompt
     "streaming": {"budget": 20, "sinks": 4},  # one selection for every layer and head
     "snapkv": {"budget": 24, "window": 8},  # per layer and head, from the prefill
     "h2o": {"budget": 24, "recent": 8},  # per layer and head, from the queries it observes
     "retrieval": {"budget": 24, "chunk": 4},  # per layer and head, from the last prompt query
+    "quest": {"budget": 24, "page_size": 8, "dense_layers": 0},  # per layer, from this forward's queries
 }
 
 
 @pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
-def test_selections_made_before_the_forward_take_the_fixed_shape_forward(tiny_lm, name):
-    """A restricted block under a policy that chooses before the forward is one staged visibility
-    (`SelectionView`, `LayerSelectionView`): vanilla + the policy and FAFO with it take the fixed-shape
-    forward on every decode step and give the tokens, KV reads and policy activity of the per-layer
-    `RestrictedView`, which reads the selection inside the forward."""
+def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
+    """A restricted block is one staged visibility when the policy chooses before the forward
+    (`SelectionView`, `LayerSelectionView`), or chooses inside the fixed-shape forward from its queries
+    (Quest, `QuestView`): vanilla + the policy and FAFO with it take the fixed-shape forward on every
+    decode step and give the tokens, KV reads and policy activity of the regular `RestrictedView`."""
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
     from decoders.vanilla import Vanilla
@@ -268,10 +269,13 @@ def test_selections_made_before_the_forward_take_the_fixed_shape_forward(tiny_lm
     module, cls = REGISTRY[name].split(":")
     policy_class = getattr(__import__(module, fromlist=[cls]), cls)
 
-    class PerLayer(policy_class):  # the reference: no selection read ahead of the forward
+    class PerLayer(policy_class):  # the reference: the regular forward's `RestrictedView`
         query_free = False
 
         def fixed_selection(self, cache_len):
+            return None
+
+        def forward_view(self, *args):
             return None
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -387,7 +391,8 @@ def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
 def test_cuda_graph_blocks_equal_eager(tiny_lm):
-    """Captured block graphs: PLD, Lookahead, FAFO and FAFO-Stream's tokens, as eager."""
+    """Captured block graphs: PLD, Lookahead and FAFO's tokens (full cache, streaming, Quest choosing
+    inside the graph, H2O observing from it), as eager."""
     if tiny_lm.device.type != "cuda":
         pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
     from core.types import Counts
@@ -398,6 +403,7 @@ def test_cuda_graph_blocks_equal_eager(tiny_lm):
 
     prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
     ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
+    from kv_policies.base import build_policy
     from kv_policies.streaming import StreamingLLM
 
     for make in (
@@ -405,6 +411,8 @@ def test_cuda_graph_blocks_equal_eager(tiny_lm):
         lambda e: Lookahead(e, N=3, W=4, G=2),
         lambda e: FAFO(e, k=2, n=4),
         lambda e: FAFO(e, StreamingLLM(budget=12, sinks=2), k=2, n=4),  # stream rows see 12 of ~30
+        lambda e: FAFO(e, build_policy("quest", budget=16, page_size=8, dense_layers=0), k=2, n=4),
+        lambda e: FAFO(e, build_policy("h2o", budget=16, recent=4), k=2, n=4),
     ):
         eng = Engine(tiny_lm.model, cuda_graphs=True)
         assert make(eng).generate(prompt, 48, set(), Counts()) == ref

@@ -63,9 +63,9 @@ def test_h2o_keeps_prompt_heavy_hitters_when_another_decoder_shares_the_engine(t
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(0)).tolist()
     dec.generate(prompt, 4, set(), Counts())
     for layer in range(eng.cache.n_layers):
-        alive = pol._alive[layer][:, : len(prompt) - pol.recent]
+        alive = pol._A[layer][:, : len(prompt) - pol.recent]
         assert alive.any(), f"layer {layer}: no prompt heavy hitter kept"
-        assert pol._score[layer][:, : len(prompt)].sum() > len(prompt) * 0.5  # prefill attention counted
+        assert pol._S[layer][:, : len(prompt)].sum() > len(prompt) * 0.5  # prefill attention counted
 
 
 @pytest.mark.parametrize("kv", ["full", *sorted(LOSSY)])
