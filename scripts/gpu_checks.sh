@@ -120,7 +120,7 @@ graphs_stage() {  # graphed vanilla first (every speedup is over it, and it reco
 host_stage() {
   local rc=0
   "$PY" -m benchmarks.bench_host_overhead --device cuda --dtype bfloat16 --cuda-graphs --scale paper \
-    --only pld+full lookahead+full fafo+streaming --questions 2 --new 64 --repeats 3 --count-new 16 || rc=1
+    --only pld+full lookahead+full fafo+streaming fafo+quest --questions 2 --new 64 --repeats 3 --count-new 16 || rc=1
   "$PY" -m benchmarks.profile_decoder --device cuda --dtype bfloat16 --cuda-graphs \
     --decoders vanilla pld lookahead fafo-paper --threads "$(nproc)" --new 32 --top 15 || rc=1
   return $rc

@@ -77,7 +77,7 @@ def test_host_tensors_read_for_free_on_a_cpu():
     assert syncs.count == 2
 
 
-def test_static_frac_is_one_for_vanilla_and_streaming_and_less_under_a_per_layer_view(tiny_lm):
+def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_under_top_k(tiny_lm):
     from kv_policies.base import build_policy
 
     eng = Engine(tiny_lm.model)
@@ -92,8 +92,10 @@ def test_static_frac_is_one_for_vanilla_and_streaming_and_less_under_a_per_layer
     assert static_frac(Vanilla(eng)) == 1.0
     streaming = StreamingLLM(budget=16, sinks=4)  # the cache outgrows it at once: one fixed selection
     assert static_frac(Vanilla(eng, kv=streaming)) == 1.0
-    quest = build_policy("quest", budget=16, page_size=8, dense_layers=0)  # chosen per layer from the queries
-    assert static_frac(Vanilla(eng, kv=quest)) < 1.0
+    quest = build_policy("quest", budget=16, page_size=8, dense_layers=0)  # chosen inside the forward
+    assert static_frac(Vanilla(eng, kv=quest)) == 1.0
+    topk = build_policy("topk", budget=16)  # exact top-k of this forward's scores: the regular forward
+    assert static_frac(Vanilla(eng, kv=topk)) < 1.0
     assert eng.graphs is None  # counted without graphs, nothing changed in what ran
 
 
