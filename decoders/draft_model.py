@@ -33,7 +33,7 @@ KINDS = ("none", "self_layers", "hub", "packaged", "tiny")
 class DraftModel:
     # what the runner times as the draft's forwards (runners.timing.DraftClock): a step of its engine
     # with the eviction and commit around it
-    FORWARDS = ("_feed",)
+    FORWARDS = ("_feed_ids",)  # every forward of the draft (`_feed` goes through it)
 
     def __init__(
         self, engine: Engine, label: str, vocab_size: int, budget: int = 256, sinks: int = 16, room: int = 64

@@ -12,6 +12,7 @@ import torch
 
 from analysis.load import HOST_COLUMNS, load_samples
 from core.engine import Engine
+from core.sampling import Sampler
 from core.types import Counts
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
@@ -135,6 +136,23 @@ def test_draft_clock_times_the_draft_forwards_after_the_mark_and_unwraps():
     assert "step" not in vars(dec.draft)
     with DraftClock(object(), torch.device("cpu")) as none:  # no draft model: nothing to time
         assert none.seconds_since_mark == 0
+
+
+def test_draft_clock_times_every_forward_of_triforce_draft_model(tiny_lm):
+    """Greedy or sampling, every forward of TriForce's draft model is timed as the draft's, once."""
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+    from kv_policies.base import build_policy
+
+    prompt = list(range(3, 40))
+    for sampler in (Sampler(), Sampler(temperature=0.8, seed=1)):
+        eng = Engine(tiny_lm.model)
+        draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
+        dec = TriForce(eng, kv=build_policy("streaming", budget=24), sampler=sampler, draft=draft)
+        counts = Counts()
+        with DraftClock(dec, eng.device) as clock:
+            dec.generate(prompt, 16, set(), counts)
+        assert len(clock.seconds_each) == counts.draft_model_forwards > 0
 
 
 def test_run_records_the_host_counters(tmp_path):
