@@ -19,8 +19,8 @@ vanilla's steps, every verification over the full cache (PLD's chains, Lookahead
 blocks), the blocks restricted by a policy that chooses before the forward (StreamingLLM, SnapKV,
 H2O, retrieval, kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's blocks, whose page
 choice runs inside the forward (a view that `selects_in_forward`: the `selector` below). The
-prefill, Top-K, tree views, per-head masks and hooks take the regular forward. The queries a policy observes are kept per layer by the forward and handed to it
-after the forward, before the commit.
+prefill, Top-K, tree views, per-head masks and hooks take the regular forward. The queries a policy
+observes are kept per layer by the forward and handed to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.

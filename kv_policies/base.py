@@ -145,6 +145,11 @@ class KVPolicy:
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
     _noted_large: bool = False
 
+    @property
+    def watches_queries(self) -> bool:
+        """Whether the policy overrides `observe`: it is shown the restricted rows' queries."""
+        return type(self).observe is not KVPolicy.observe
+
     # --- hooks ---------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         """Bind to the engine of the generation about to start (reads it; changes nothing in it)."""
@@ -252,11 +257,16 @@ class KVPolicy:
         )
         n = min(cache_len, stack.shape[2])
         logical[:, :, :n] = stack[:, :, :n]
+        return self.physical_stack(logical)
+
+    def physical_stack(self, logical: torch.Tensor) -> torch.Tensor:
+        """Every layer's selection `[n_layers, n_kv_heads, L]` over logical positions, mapped onto
+        physical slots (as `visible` maps one layer's)."""
+        n_layers, hkv, cache_len = logical.shape
         if self.region is not None:  # a permuted layout: each layer's own map
-            hkv = cache.n_kv_heads
-            maps = [self.logical_of_slots(li, hkv, cache_len) for li in range(cache.n_layers)]
+            maps = [self.logical_of_slots(li, hkv, cache_len) for li in range(n_layers)]
             return torch.stack([logical[li].gather(1, m) for li, m in enumerate(maps)])
-        slots = cache.slot_pos[:cache_len].expand(cache.n_layers, cache.n_kv_heads, cache_len)
+        slots = self.engine.cache.slot_pos[:cache_len].expand(n_layers, hkv, cache_len)
         return logical.gather(2, slots)
 
     def max_selected(self, capacity: int) -> int:
@@ -353,8 +363,9 @@ class KVPolicy:
         or TriForce's middle level checking a draft model's tokens) over the selection of
         `[0, tail_from)` plus the fresh tail `[tail_from, length)`; the plain causal view when nothing
         is restricted."""
-        unobserved = type(self).observe is KVPolicy.observe
-        if unobserved and all(self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)):
+        if not self.watches_queries and all(
+            self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)
+        ):
             from core.attention import CausalView
 
             return CausalView(engine.scale)
@@ -383,7 +394,7 @@ class KVPolicy:
             from core.attention import CausalView
             from kv_policies.view import ObservedCausalView
 
-            if type(self).observe is KVPolicy.observe:
+            if not self.watches_queries:
                 return CausalView(engine.scale)
             return ObservedCausalView(engine.scale, self)
         dev = engine.device

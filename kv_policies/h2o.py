@@ -227,14 +227,13 @@ class H2O(KVPolicy):
         """Every layer's alive entries at once (dense layers: all), mapped to physical slots."""
         cache = self.engine.cache
         layers = cache.n_layers
-        if self.region is not None or self._A is None or len(self._layers) < layers:
+        if self._A is None or len(self._layers) < layers:
             return super().layer_selections(cache_len)
         sel = self._A[:layers, :, :cache_len].clone()
         sel[: self.dense_layers] = True
         if not self._evicted and cache_len <= self.budget:
             sel[:] = True
-        slots = cache.slot_pos[:cache_len].expand(layers, cache.n_kv_heads, cache_len)
-        return sel.gather(2, slots)
+        return self.physical_stack(sel)
 
 
 def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int) -> None:

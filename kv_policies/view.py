@@ -29,6 +29,39 @@ import torch
 from core.attention import CausalView, MaskView, sdpa
 
 
+def selectable_length(cache_len: int, tail_from: int | None) -> int:
+    """The cached entries a policy selects over: all of them, or those before a draft's fresh tail."""
+    return cache_len if tail_from is None else min(tail_from, cache_len)
+
+
+def restricted_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    restricted: torch.Tensor,
+    block_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA over [cache | block] where the `restricted` rows see the cached entries `visible`
+    (`[n_kv_heads, L]`) marks, the other rows every cached entry, and every row the block through
+    `block_mask [n, n]`."""
+    n, total = q.shape[2], k.shape[2]
+    h, hkv = q.shape[1], k.shape[1]
+    mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
+    mask[:, :, : total - n] = visible[:, None, :] | ~restricted[None, :, None]
+    mask[:, :, total - n :] = block_mask
+    if h != hkv:
+        mask = mask.repeat_interleave(h // hkv, dim=0, output_size=h)
+    return sdpa(q, k, v, mask.unsqueeze(0), scale)
+
+
+def mean_read(reads: torch.Tensor) -> torch.Tensor:
+    """The mean of per-layer entries read, rounded: a 0-d device tensor `Counts` reads when the
+    generation ends (the step does not wait for it)."""
+    return reads.double().mean().round().long()
+
+
 class RestrictedView:
     def __init__(
         self,
@@ -60,35 +93,27 @@ class RestrictedView:
         return self._rows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n, total = q.shape[2], k.shape[2]
-        cache_len = total - n
-        sel_len = cache_len if self.tail_from is None else min(self.tail_from, cache_len)
-        h, hkv = q.shape[1], k.shape[1]
+        cache_len = k.shape[2] - q.shape[2]
+        sel_len = selectable_length(cache_len, self.tail_from)
+        hkv = k.shape[1]
         rows = self._restricted_rows()
         any_rows = isinstance(rows, slice) or rows.numel() > 0
         vis = torch.ones(hkv, cache_len, dtype=torch.bool, device=q.device)
         if any_rows:
             q_rows = q[0, :, rows]
-            if hasattr(self.policy, "observe"):
-                self.policy.observe(layer, q_rows)
+            self.policy.observe(layer, q_rows)
             vis[:, :sel_len] = self.policy.visible(layer, q_rows, k[0, :, :sel_len], sel_len)  # [hkv, L]
         read = vis[:, :sel_len].sum() // hkv  # stays on the device: read when the generation ends
         self._read.append(read + (cache_len - sel_len))
         if any_rows:
             self.policy.activity.note_layer(layer, read, sel_len)
-        mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
-        mask[:, :, :cache_len] = torch.where(self.restricted[None, :, None], vis[:, None, :], True)
-        mask[:, :, cache_len:] = self.block_mask
-        if h != hkv:
-            mask = mask.repeat_interleave(h // hkv, dim=0, output_size=h)
-        return sdpa(q, k, v, mask.unsqueeze(0), self.scale)
+        return restricted_attention(q, k, v, vis, self.restricted, self.block_mask, self.scale)
 
     def kv_read(self, cache_len: int) -> int | torch.Tensor:
-        """Mean over layers of cached entries read per KV head by the restricted rows (a 0-d device
-        tensor, read by `Counts` when the generation ends)."""
+        """Mean over layers of cached entries read per KV head by the restricted rows (`mean_read`)."""
         if not self._read:
             return cache_len
-        return torch.stack(self._read).double().mean().round().long()
+        return mean_read(torch.stack(self._read))
 
 
 class SelectionView(MaskView):
@@ -109,12 +134,10 @@ class SelectionView(MaskView):
         tail_from: int | None = None,
     ) -> SelectionView | None:
         """The view, or None when the policy's selection is not fixed (or it watches the queries)."""
-        from kv_policies.base import KVPolicy
-
-        if type(policy).observe is not KVPolicy.observe:
+        if policy.watches_queries:
             return None
         cache_len = engine.length
-        sel_len = cache_len if tail_from is None else min(tail_from, cache_len)
+        sel_len = selectable_length(cache_len, tail_from)
         fixed = policy.fixed_selection(sel_len)
         if fixed is None:
             return None
@@ -167,20 +190,20 @@ class LayerSelectionView:
         """The view, or None when the policy's selection depends on the forward's queries or keys.
         `rows`: the restricted rows as a range, when the caller knows it (otherwise read from
         `restricted` once, for a policy that watches their queries)."""
-        from kv_policies.base import KVPolicy
-
         if not policy.query_free:
             return None
         cache, cache_len = engine.cache, engine.length
-        sel_len = cache_len if tail_from is None else min(tail_from, cache_len)
+        sel_len = selectable_length(cache_len, tail_from)
         hkv, dev = cache.n_kv_heads, engine.device
-        selection = torch.ones(cache.n_layers, hkv, cache_len, dtype=torch.bool, device=dev)
-        selection[:, :, :sel_len] = policy.layer_selections(sel_len)
-        kept = selection[:, :, :sel_len].sum(dim=(1, 2)) // hkv  # per layer, as `RestrictedView` notes it
+        chosen = policy.layer_selections(sel_len)  # [n_layers, n_kv_heads, sel_len]
+        kept = chosen.sum(dim=(1, 2)) // hkv  # per layer, as `RestrictedView` notes it
         policy.activity.note_forward(kept, sel_len)
+        selection = chosen
+        if sel_len < cache_len:  # a draft's fresh tail: visible to every row
+            tail = torch.ones(cache.n_layers, hkv, cache_len - sel_len, dtype=torch.bool, device=dev)
+            selection = torch.cat([chosen, tail], dim=2)
         restricted = restricted.to(dev)
-        observes = type(policy).observe is not KVPolicy.observe
-        if not observes:
+        if not policy.watches_queries:
             rows = None
         elif rows is None:
             rows = restricted.nonzero().squeeze(1)
@@ -193,21 +216,13 @@ class LayerSelectionView:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.observe(layer, q[0])
-        n, total = q.shape[2], k.shape[2]
-        cache_len = total - n
-        h, hkv = q.shape[1], k.shape[1]
-        mask = torch.empty(hkv, n, total, dtype=torch.bool, device=q.device)
-        sel = self.selection[layer]
-        mask[:, :, :cache_len] = sel[:, None, :] | ~self.restricted[None, :, None]
-        mask[:, :, cache_len:] = self.block_mask
-        if h != hkv:
-            mask = mask.repeat_interleave(h // hkv, dim=0, output_size=h)
-        return sdpa(q, k, v, mask.unsqueeze(0), self.scale)
+        return restricted_attention(
+            q, k, v, self.selection[layer], self.restricted, self.block_mask, self.scale
+        )
 
     def kv_read(self, cache_len: int) -> torch.Tensor:
-        """Mean over layers of cached entries read per KV head by the restricted rows: a 0-d device
-        tensor (`Counts` reads it when the generation ends, so the step does not wait for it)."""
-        return self.read.double().mean().round().long()
+        """Mean over layers of cached entries read per KV head by the restricted rows (`mean_read`)."""
+        return mean_read(self.read)
 
 
 class ObservedCausalView(CausalView):

@@ -21,7 +21,7 @@ import torch
 from core.attention import BlockView
 from core.checks import choice
 from decoders.fafo.layout import FafoLayout
-from kv_policies.base import BACKENDS, KVPolicy
+from kv_policies.base import BACKENDS
 from kv_policies.full import FullKV
 
 
@@ -41,7 +41,7 @@ class ViewFactory:
         kv = self.kv
         if isinstance(kv, FullKV):
             return True
-        if type(kv).observe is not KVPolicy.observe:
+        if kv.watches_queries:
             return False
         return all(kv.keeps_all(li, cache_len) for li in range(self.engine.cache.n_layers))
 
