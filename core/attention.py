@@ -191,6 +191,8 @@ class BlockView:
     """The whole cache visible to every row; `block_mask [n, n]` (True = visible) inside the block. Dense
     SDPA with the mask `[cache: all | block_mask]`, exactly as `MaskView` over that mask."""
 
+    whole_cache_block = True  # a view with this attribute true is replayed by `core.decode_graph` as this one
+
     def __init__(self, block_mask: torch.Tensor, scale: float) -> None:
         self.block_mask = block_mask
         self.scale = scale

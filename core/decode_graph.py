@@ -16,10 +16,11 @@ policy's one selection for every layer among them), a per-layer selection (a vie
 inside the block, `observe(layer, q)`) or a causal view whose policy watches the queries
 (`observes_queries`, `observe(layer, q)`), with no hooks, whose padded block fits the cache:
 vanilla's steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's
-blocks), the blocks restricted by a policy that chooses before the forward (StreamingLLM, SnapKV,
-H2O, retrieval, kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's blocks, whose page
-choice runs inside the forward (a view that `selects_in_forward`: the `selector` below). The
-prefill, Top-K, tree views, per-head masks and hooks take the regular forward. The queries a policy
+blocks, LongSpec's tree under its masked backend: a view with `whole_cache_block`), the blocks
+restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
+kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's blocks, whose page choice runs
+inside the forward (a view that `selects_in_forward`: the `selector` below). The prefill, Top-K,
+the hybrid tree backend, per-head masks and hooks take the regular forward. The queries a policy
 observes are kept per layer by the forward and handed to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from core.attention import BlockView, CausalView, MaskView, sdpa
+from core.attention import CausalView, MaskView, sdpa
 
 
 def padded_rows(n: int) -> int:
@@ -47,7 +48,7 @@ def fits(cache, n: int, view) -> bool:
         return False
     if isinstance(view, MaskView):  # one visibility for every head, over exactly [cache | block]
         return tuple(view.mask.shape) == (n, cache.length + n)
-    if type(view) is BlockView:
+    if getattr(view, "whole_cache_block", False):  # BlockView, LongSpec's tree (masked backend)
         return tuple(view.block_mask.shape) == (n, n)
     if getattr(view, "layer_selection", False):
         return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
@@ -176,7 +177,7 @@ class StaticForward:
             self.slots = torch.arange(capacity, device=self.engine.device)
         if isinstance(view, CausalView):
             torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
-        elif type(view) is BlockView or self.layered or self.selector is not None:
+        elif getattr(view, "whole_cache_block", False) or self.layered or self.selector is not None:
             # every cached slot, then the block's own visibility
             torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
             self.visible[:n, length : length + n] = view.block_mask

@@ -63,17 +63,31 @@ class HybridTreeView:
     """Attention view for a tree block: the whole cache visible, `tree_mask` `[n, n]` (True = may attend;
     every node must see itself) over the block; the two halves merged through their log-sum-exps."""
 
-    def __init__(self, tree_mask: torch.Tensor, scale: float, backend: str = "hybrid") -> None:
+    def __init__(
+        self, tree_mask: torch.Tensor, scale: float, backend: str = "hybrid", check_diagonal: bool = True
+    ) -> None:
+        """`check_diagonal=False`: the caller built the mask with a True diagonal (the check reads the
+        mask back to the host: a device sync per step)."""
         if backend not in BACKENDS:
             raise ValueError(f"tree attention backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.backend = backend
         self._full_mask: torch.Tensor | None = None
         if tree_mask.dim() != 2 or tree_mask.shape[0] != tree_mask.shape[1]:
             raise ValueError(f"tree_mask must be a square [n, n] matrix, got shape {tuple(tree_mask.shape)}")
-        if not bool(tree_mask.to(torch.bool).diagonal().all()):
+        if check_diagonal and not bool(tree_mask.to(torch.bool).diagonal().all()):
             raise ValueError("tree_mask must let every node see itself (a True diagonal)")
         self.tree_mask = tree_mask.to(torch.bool)
         self.scale = scale
+
+    @property
+    def whole_cache_block(self) -> bool:
+        """The masked backend is `BlockView`'s attention (whole cache, `block_mask` inside the block), so
+        `run.cuda_graphs` can replay it; the hybrid split stays on the regular forward."""
+        return self.backend == "masked"
+
+    @property
+    def block_mask(self) -> torch.Tensor:
+        return self.tree_mask
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n = q.shape[2]

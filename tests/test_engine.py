@@ -7,6 +7,7 @@ import torch
 
 from core.attention import BlockView, CausalView, MaskView
 from core.engine import Engine
+from core.tree_attention import HybridTreeView
 
 
 def _sequential(engine: Engine, prompt: list[int], tokens: list[int]):
@@ -224,10 +225,12 @@ def test_static_block_equals_the_regular_block(tiny_lm, kind):
 
 
 def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
-    """PLD, Lookahead and FAFO (kv=full) verify through the fixed-shape forwards and give vanilla's
-    tokens; their blocks took the padded sizes."""
+    """PLD, Lookahead, FAFO (kv=full) and LongSpec (its tree, drafted on the device, under the masked
+    backend) verify through the fixed-shape forwards and give vanilla's tokens; their blocks took the
+    padded sizes."""
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
+    from decoders.longspec import LongSpec
     from decoders.lookahead import Lookahead
     from decoders.pld import PromptLookup
     from decoders.vanilla import Vanilla
@@ -239,11 +242,13 @@ def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
         lambda e: PromptLookup(e, num_tokens=5),
         lambda e: Lookahead(e, N=3, W=4, G=2),
         lambda e: FAFO(e, k=2, n=4),
+        lambda e: LongSpec(e, depth=3, widths=[2, 3, 3], checkpoint="random", window=16),
     ):
         static = _static(tiny_lm)
         dec = make(static)
         assert [dec.generate(p, 32, set(), Counts()) for p in prompts] == refs, type(dec).__name__
         assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
+        assert static.fixed_shape_steps > 0
 
 
 FIXED_POLICIES = {  # at budgets below the 60-token prompt
@@ -367,6 +372,10 @@ def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
     eng.crop(17)
     five = torch.arange(5, 10, device=dev)
     eng.step(five, torch.arange(17, 22, device=dev), CausalView(eng.scale))  # 8 padded rows > 7 free
+    eng.crop(17)
+    chain = torch.ones(2, 2, dtype=torch.bool, device=dev).tril()
+    hybrid = HybridTreeView(chain, eng.scale, "hybrid")  # the LSE split is not the masked replay
+    eng.step(five[:2], torch.arange(17, 19, device=dev), hybrid)
     assert Spy.calls == 0 and eng.truncated(1).graphs is None
     if dev.type != "cuda":
         with pytest.raises(ValueError, match="needs the model on a CUDA device"):
@@ -391,12 +400,13 @@ def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
 def test_cuda_graph_blocks_equal_eager(tiny_lm):
-    """Captured block graphs: PLD, Lookahead and FAFO's tokens (full cache, streaming, Quest choosing
-    inside the graph, H2O observing from it), as eager."""
+    """Captured block graphs: PLD, Lookahead, FAFO (full cache, streaming, Quest choosing inside the
+    graph, H2O observing from it) and LongSpec's tree give the eager tokens."""
     if tiny_lm.device.type != "cuda":
         pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
+    from decoders.longspec import LongSpec
     from decoders.lookahead import Lookahead
     from decoders.pld import PromptLookup
     from decoders.vanilla import Vanilla
@@ -413,6 +423,7 @@ def test_cuda_graph_blocks_equal_eager(tiny_lm):
         lambda e: FAFO(e, StreamingLLM(budget=12, sinks=2), k=2, n=4),  # stream rows see 12 of ~30
         lambda e: FAFO(e, build_policy("quest", budget=16, page_size=8, dense_layers=0), k=2, n=4),
         lambda e: FAFO(e, build_policy("h2o", budget=16, recent=4), k=2, n=4),
+        lambda e: LongSpec(e, depth=3, widths=[2, 3, 3], checkpoint="random", window=16),
     ):
         eng = Engine(tiny_lm.model, cuda_graphs=True)
         assert make(eng).generate(prompt, 48, set(), Counts()) == ref

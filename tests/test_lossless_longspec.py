@@ -14,7 +14,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
-from decoders.longspec.decoder import LongSpec, Tree
+from decoders.longspec.decoder import DraftedTree, LongSpec, Tree
 from decoders.longspec.draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
@@ -266,19 +266,19 @@ def test_restricted_draft_vocabulary(refs, tiny_lm, tmp_path, linear):
     full = eng.lm_logits(h)
     torch.testing.assert_close(dec.draft._head(h).float(), full[:, dec.draft.vocab_ids])
     drafted: set[int] = set()
-    real_add = Tree.add
+    real_grow = DraftedTree.grow
 
-    def spy(tree, token, parent, score):
-        drafted.add(token)
-        return real_add(tree, token, parent, score)
+    def spy(tree, tokens, parents, scores, depth):
+        drafted.update(tokens.tolist())
+        return real_grow(tree, tokens, parents, scores, depth)
 
-    Tree.add = spy
+    DraftedTree.grow = spy
     try:
         for prompt, ref in cases:
             got = dec.generate(prompt, N_NEW, set(), Counts())
             check_lossless(eng0, prompt, ref, got)
     finally:
-        Tree.add = real_add
+        DraftedTree.grow = real_grow
     assert drafted and drafted <= allowed
     for bad in (0, -3, True, 2.5, "8192"):
         with pytest.raises(HarnessError, match="draft_vocab must be a positive integer or null"):
@@ -342,7 +342,11 @@ def test_beam_search_keeps_the_best_cumulative_nodes(tiny_lm, temperature):
     eng.reset(64)
     eng.prefill(prompt)
     draft.start(prompt)
-    tree, _ = dec._draft_tree(5, eng.length, 4, Counts())
+    drafted, _ = dec._draft_tree(5, eng.length, 4, Counts())
+    tree = drafted.host(scores=True)[0]
+    n = len(tree.tokens)
+    assert torch.equal(drafted.ancestors[:n, :n], tree.ancestor_mask())  # what verification attends with
+    assert drafted.depths[:n].tolist() == tree.depth
     assert tree.depth == [0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert all(tree.depth[r] == tree.depth[tree.parent[r]] + 1 for r in range(1, len(tree.tokens)))
     mask = tree.ancestor_mask()

@@ -145,6 +145,63 @@ class Tree:
         return mask
 
 
+class DraftedTree:
+    """A drafted tree on the device, in buffers reused every step: row 0 the root, then each level's
+    beam in rank order (parents first). Verification reads it where it is; `host` reads it back once."""
+
+    def __init__(self, capacity: int, window: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.parent = torch.full((capacity,), -1, dtype=torch.long, device=device)
+        self.score = torch.zeros(capacity, device=device)  # cumulative draft log-prob (float32)
+        self.depths = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)  # i sees j
+        self.ones = torch.ones(capacity, window, dtype=torch.bool, device=device)  # the draft's window
+        self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # a draft level's
+        self.depth: list[int] = [0]  # per row, on the host (the levels' sizes do not depend on the data)
+
+    @property
+    def size(self) -> int:
+        return len(self.depth)
+
+    def start(self, root: int) -> DraftedTree:
+        self.tokens[0] = root
+        self.score[0] = 0.0
+        self.ancestors.zero_()
+        self.ancestors[0, 0] = True
+        self.depth = [0]
+        return self
+
+    def grow(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depth: int) -> None:
+        """Append one level: `tokens`, their `parents` (rows) and cumulative `scores`, all on the device."""
+        new = slice(self.size, self.size + tokens.numel())
+        self.tokens[new] = tokens
+        self.parent[new] = parents
+        self.score[new] = scores
+        self.depths[new] = depth
+        self.ancestors[new] = self.ancestors.index_select(0, parents)
+        self.ancestors[new, new].diagonal().fill_(True)
+        self.depth += [depth] * tokens.numel()
+
+    def host(self, preds: torch.Tensor | None = None, scores: bool = False) -> tuple[Tree, list[int] | None]:
+        """The tree as a host `Tree` and, given the target's `preds` per row, those as a list: one read
+        (two with the `scores`, which only block=auto uses)."""
+        n = self.size
+        parts = [self.tokens[:n], self.parent[:n]] + ([preds] if preds is not None else [])
+        values = torch.cat(parts).tolist()
+        tree = Tree(
+            values[:n],
+            parent=[-1, *values[n + 1 : 2 * n]],
+            depth=list(self.depth),
+            score=self.score[:n].tolist() if scores else [0.0] * n,
+            children=[[] for _ in range(n)],
+            drafted=[False] + [True] * (n - 1),
+            lookup=[0] * n,
+        )
+        for row in range(1, n):
+            tree.children[tree.parent[row]].append(row)
+        return tree, values[2 * n :] if preds is not None else None
+
+
 def _widths(depth: object, widths: object) -> list[int]:
     integer("decoder.depth", depth, 1)
     try:
@@ -224,6 +281,7 @@ class LongSpec(BaseDecoder):
             draft_module if draft_module is not None else self._load(checkpoint, window, target_layer, seed)
         )
         self.draft_vocab = draft_vocab
+        self._tree: DraftedTree | None = None  # the drafted tree's device buffers (`_tree_buffers`)
         if draft_vocab is not None:
             self.draft.restrict_vocab(draft_vocab)
 
@@ -299,50 +357,51 @@ class LongSpec(BaseDecoder):
         self.lookup_stats = AcceptanceStats()
 
     # ------------------------------------------------------------------------------------------
-    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> tuple[Tree, float]:
+    def _draft_tree(self, root: int, length: int, depth: int, counts: Counts) -> tuple[DraftedTree, float]:
         """Dynamic beam search under the draft, `depth` levels below the root (block=auto: fewer once a
-        level no longer pays). Returns the tree and its draft seconds (block=auto's estimate, else 0)."""
+        level no longer pays), kept on the device: each level's beam is a contiguous run of rows, so
+        nothing is read back to choose it. Returns the tree and its draft seconds (block=auto's
+        estimate, else 0)."""
         cost = self.block_cost()
         spent = 0.0
-        draft, dev = self.draft, self.engine.device
-        tree = Tree([root])
+        draft = self.draft
+        tree = self._tree_buffers().start(root)
         draft.begin_block()
-        draft_row: dict[int, int] = {}  # tree row -> row in the draft's staged block
-        beam = [0]
+        lo, hi = 0, 1  # the beam: rows lo..hi-1 (the root first)
         for d in range(1, depth + 1):
-            for row in beam:
-                draft_row[row] = len(draft_row)
-            window = draft.cached
-            visible = torch.zeros(len(beam), window + len(draft_row), dtype=torch.bool)
-            visible[:, :window] = True
-            for i, row in enumerate(beam):
-                visible[i, [window + draft_row[a] for a in tree.path(row)]] = True
-            tokens = torch.tensor([tree.tokens[r] for r in beam], dtype=torch.long, device=dev)
-            positions = torch.full((len(beam),), length + d - 1, dtype=torch.long, device=dev)
-            logits = draft.step(tokens, positions, visible, length)
+            window, beam = draft.cached, hi - lo
+            # the draft's staged block is the tree's rows 0..hi-1 (this beam staged last)
+            visible = torch.cat([tree.ones[:beam, :window], tree.ancestors[lo:hi, :hi]], dim=1)
+            positions = tree.positions[:beam].fill_(length + d - 1)
+            logits = draft.step(tree.tokens[lo:hi], positions, visible, length)
             if self.beam_temperature != 1.0:
                 logits = logits / self.beam_temperature
-            logp = torch.log_softmax(logits, dim=-1).cpu()
-            counts.draft_model_step(len(beam), window)
+            logp = torch.log_softmax(logits, dim=-1)
+            counts.draft_model_step(beam, window)
             width = self.widths[d - 1]
             top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
             if draft.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
-                top_ids = draft.vocab_ids.cpu()[top_ids]
-            total = top_logp + torch.tensor([tree.score[r] for r in beam]).unsqueeze(1)
-            best = total.flatten().topk(min(width, total.numel())).indices.tolist()
-            k = top_logp.shape[1]
-            beam = [
-                tree.add(int(top_ids[i // k, i % k]), beam[i // k], float(total.flatten()[i])) for i in best
-            ]
+                top_ids = draft.vocab_ids[top_ids]
+            total = (top_logp + tree.score[lo:hi, None]).flatten()
+            best_total, best = total.topk(min(width, total.numel()))
+            tree.grow(top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, d)
+            lo, hi = hi, tree.size
             if cost is not None:
-                spent += self._draft_cost(len(tokens))
-                if d < depth and not deeper_pays(
-                    self._survivals(tree), beam, self.calibration, cost, length, spent,
-                    self._draft_cost(len(beam)),
-                ):  # fmt: skip
-                    break
+                spent += self._draft_cost(beam)
+                if d < depth:
+                    survival = self._survivals(tree.host(scores=True)[0])
+                    frontier, next_cost = range(lo, hi), self._draft_cost(hi - lo)
+                    if not deeper_pays(survival, frontier, self.calibration, cost, length, spent, next_cost):
+                        break
         draft.begin_block()  # the staged block is not needed once the tree is drafted
         return tree, spent
+
+    def _tree_buffers(self) -> DraftedTree:
+        """The decoder's device buffers for one drafted tree (reused every step)."""
+        dev = self.engine.device
+        if self._tree is None or self._tree.tokens.device != dev:
+            self._tree = DraftedTree(1 + sum(self.widths), self.draft.window, dev)
+        return self._tree
 
     def _draft_cost(self, rows: int) -> float:
         if rows in self.draft_seconds:
@@ -395,12 +454,16 @@ class LongSpec(BaseDecoder):
             accepted = sum(1 for row in path if tree.lookup[row])
             self.lookup_stats.update(tree.lookup_key, chain, accepted)
 
-    def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], list[int]]:
-        """The accepted path's tree rows and the committed tokens (accepted + bonus)."""
+    def _accept(
+        self, tree: Tree, logits: torch.Tensor, preds: list[int] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """The accepted path's tree rows and the committed tokens (accepted + bonus). `preds`: the
+        target's argmax per row when already read back (greedy)."""
         rows: list[int] = []
         node = 0
         if self.sampler.greedy:
-            preds = logits.argmax(-1).tolist()
+            if preds is None:
+                preds = logits.argmax(-1).tolist()
             while True:
                 nxt = next((c for c in tree.children[node] if tree.tokens[c] == preds[node]), None)
                 if nxt is None:
@@ -434,21 +497,32 @@ class LongSpec(BaseDecoder):
             length = eng.length
             budget = max_new_tokens - len(out) - 1  # the bonus token comes on top
             depth = min(self.depth, budget)
-            tree, spent = Tree([out[-1]]), 0.0
+            drafted, spent = None, 0.0
             if depth > 0:
-                tree, spent = self._draft_tree(out[-1], length, depth, counts)
-            if self.lookup and budget > 0:
-                matched, chain = match_candidate(prompt + out, LOOKUP_NGRAM, min(self.lookup, budget))
-                tree.add_chain(chain, matched)
+                drafted, spent = self._draft_tree(out[-1], length, depth, counts)
             cost = self.block_cost()
-            if cost is not None and depth > 0:
-                tree = self._cut(tree, length, spent, cost)
-            n = len(tree.tokens)
-            view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
-            tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
-            positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
-            logits = eng.step(tokens, positions, view)
-            path, new = self._accept(tree, logits)
+            on_host = drafted is None or cost is not None or (self.lookup and budget > 0)
+            preds: list[int] | None = None
+            if on_host:  # the tree changes on the host (lookup chain, cut): verify the host's tree
+                tree = drafted.host(scores=cost is not None)[0] if drafted is not None else Tree([out[-1]])
+                if self.lookup and budget > 0:
+                    matched, chain = match_candidate(prompt + out, LOOKUP_NGRAM, min(self.lookup, budget))
+                    tree.add_chain(chain, matched)
+                if cost is not None and depth > 0:
+                    tree = self._cut(tree, length, spent, cost)
+                n = len(tree.tokens)
+                view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
+                tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
+                positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
+                logits = eng.step(tokens, positions, view)
+            else:  # the drafted tree as it stands on the device; one read-back after the forward
+                n = drafted.size
+                mask = drafted.ancestors[:n, :n]
+                view = HybridTreeView(mask, eng.scale, self.tree_attention, check_diagonal=False)
+                logits = eng.step(drafted.tokens[:n], length + drafted.depths[:n], view)
+                greedy = self.sampler.greedy
+                tree, preds = drafted.host(logits.argmax(-1) if greedy else None)
+            path, new = self._accept(tree, logits, preds)
             if cost is not None:
                 self._calibrate(tree, path)
             n_new, done = extend_output(out, new, max_new_tokens, stop_ids)
