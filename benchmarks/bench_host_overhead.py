@@ -12,6 +12,10 @@ run record carries (`runners.records.host_counters`):
   fixed-shape path (core/decode_graph.py);
 - syncs/step: host-device synchronisations per decode step (runners/host_syncs.py), counted in untimed
   generations of the same prompts up to --count-new tokens (as the runner's `run.count_syncs`);
+- launches/step: operators on device tensors per decode step outside the target's and the draft
+  model's forwards, counted in the same generations (views excluded): the decoder's own kernel
+  launches on a GPU. On a CPU they run on the host and are part of host ms; on a GPU they are queued
+  without waiting (a few microseconds of launch each), so this tells device work from bookkeeping;
 - host ms/forward: decode seconds outside the target's and the draft model's forwards, per decode target
   forward, summed over the prompts; `x vanilla` is its ratio to vanilla's in the same repeat.
 Timed like the runner (`runners.timing`): every method runs on every prompt in turn within a repeat (so
@@ -37,7 +41,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
-from runners.host_syncs import HostSyncs
+from runners.host_syncs import HostSyncs, forwards_apart
 from runners.timing import DraftClock, StepClock, timed_generate
 from tasks.mtbench import MTBench
 
@@ -78,6 +82,7 @@ class Method:
     exact: int = 0
     outputs: list[list[int]] = field(default_factory=list)
     syncs: float = float("nan")
+    launches: float = float("nan")  # device operators per step outside the forwards (GPU: kernel launches)
     sites: list[tuple[str, float]] = field(default_factory=list)  # (where, syncs per decode step)
 
     @property
@@ -106,15 +111,17 @@ def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -
     syncs = HostSyncs(m.dec.engine.device, trace=True)
     assert syncs.sites is not None
     decode_sites: Counter[str] = Counter()
-    total = steps = 0
+    total = steps = launches = 0
     for prompt in prompts:
         syncs.sites.clear()
         counts = Counts(on_prefill_done=lambda: (syncs.mark(), syncs.sites.clear()), keep_steps=False)
-        with syncs:
+        with syncs, forwards_apart(syncs, m.dec):
             m.dec.generate(prompt, new, stop, counts)
         total, steps = total + syncs.since_mark, steps + counts.forwards
+        launches += syncs.launches_since_mark
         decode_sites.update(syncs.sites)
     m.syncs = total / steps
+    m.launches = launches / steps
     m.sites = [(site, n / steps) for site, n in decode_sites.most_common()]
 
 
@@ -145,14 +152,15 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
 def print_table(methods: list[Method], repeats: int) -> None:
     base = methods[0]
     print(
-        "| decoder | kv | tau | static_frac | syncs/step | host ms/forward | x vanilla | forward ms | exact |"
+        "| decoder | kv | tau | static_frac | syncs/step | launches/step | host ms/forward | x vanilla "
+        "| forward ms | exact |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in methods:
         ratio = statistics.median(h / b for h, b in zip(m.host_ms, base.host_ms, strict=True))
         print(
             f"| {m.decoder} | {m.kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
-            f"{m.syncs:.2f} | {statistics.median(m.host_ms):.2f} | {ratio:.2f} | "
+            f"{m.syncs:.2f} | {m.launches:.0f} | {statistics.median(m.host_ms):.2f} | {ratio:.2f} | "
             f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
         )
     print(f"\nmedians over {repeats} repeats; x vanilla: median of the per-repeat ratios")

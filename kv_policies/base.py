@@ -165,7 +165,7 @@ class KVPolicy:
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         """Start a generation over a prompt of `prompt_len` tokens that may grow to `context_len`."""
         self.region = None
-        self.__dict__.pop("_stack_layers", None)  # `stacked_keep`'s stack belongs to one generation
+        self.forget_stack()  # `stacked_keep`'s stack belongs to one generation
         context = max(context_len or prompt_len, prompt_len)
         if self.budget_frac is not None:
             self.set_budget(max(self.min_budget(), math.ceil(self.budget_frac * context)))
@@ -258,6 +258,10 @@ class KVPolicy:
         n = min(cache_len, stack.shape[2])
         logical[:, :, :n] = stack[:, :, :n]
         return self.physical_stack(logical)
+
+    def forget_stack(self) -> None:
+        """Drop `stacked_keep`'s stack: the keep masks changed (a new generation, a rebuild)."""
+        self.__dict__.pop("_stack_layers", None)
 
     def physical_stack(self, logical: torch.Tensor) -> torch.Tensor:
         """Every layer's selection `[n_layers, n_kv_heads, L]` over logical positions, mapped onto

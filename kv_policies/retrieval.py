@@ -120,6 +120,12 @@ class Retrieval(KVPolicy):
     def max_selected(self, capacity: int) -> int:
         return min(capacity, self.budget + max(capacity - self.prompt_len, 0))
 
+    def layer_selections(self, cache_len: int) -> torch.Tensor:
+        """The keep masks change only at a rebuild: stacked once, not re-staged layer by layer."""
+        if not self._keep:
+            return super().layer_selections(cache_len)
+        return self.stacked_keep(self._keep, cache_len)
+
     # --- queries ---------------------------------------------------------------------------------
     def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
         last = self.prompt_len - 1 - cache_len  # row of the last prompt token in this chunk, if any
@@ -154,6 +160,7 @@ class Retrieval(KVPolicy):
             keys_read += kbar.shape[1]
             self._keep[layer] = self.choose_from_means(q, kbar, length)
         self.built_len = length
+        self.forget_stack()
         return keys_read / 2 / engine.cache.n_layers
 
     def choose(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

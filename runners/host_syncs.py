@@ -21,6 +21,7 @@ model: count in an untimed generation, never in a timed one.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Collection
@@ -95,14 +96,31 @@ class HostSyncs:
         self.sites: Counter[str] | None = Counter() if trace else None
         self.host = WeakIdKeyDictionary()  # CPU: the tensors a GPU run would hold on the host
         self.reading = False  # inside a counted Python-level call: its own operators are that one
+        # device operators outside the model forwards (`forwards_apart`): kernel launches on a GPU
+        self.launches = 0
+        self.launches_marked_at = 0
+        self.in_forward = 0  # depth of the target/draft forwards being run
+        self.in_factory = 0  # inside a tensor factory (counted as one launch by the function mode)
         self._modes = (_FunctionCounter(self), _DispatchCounter(self))
 
     def mark(self) -> None:
         self.marked_at = self.count
+        self.launches_marked_at = self.launches
 
     @property
     def since_mark(self) -> int:
         return self.count - self.marked_at
+
+    @property
+    def launches_since_mark(self) -> int:
+        return self.launches - self.launches_marked_at
+
+    def launches_kernel(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+        """Whether one dispatched operator outside a forward would launch a device kernel: it computes
+        (not a view or metadata) and touches a device tensor."""
+        if self.in_forward or self.in_factory or func in SCALAR_READS or _is_view(func):
+            return False
+        return any(self.on_device(t) for t in tree_leaves((args, kwargs, out)))
 
     def __enter__(self) -> HostSyncs:
         for mode in self._modes:
@@ -164,6 +182,44 @@ class HostSyncs:
         if inputs and all(t in self.host for t in inputs):
             for t in tree_leaves(out):
                 self.place(t, host=True)
+
+
+def _is_view(func: Any) -> bool:
+    """An operator that returns a view of its input (no kernel runs)."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+@contextlib.contextmanager
+def forwards_apart(probe: HostSyncs, dec: Any):
+    """While active, the operators of `dec`'s target forwards (`engine.step`) and of its draft model's
+    forwards (the methods its class names in `FORWARDS`, as `runners.timing.DraftClock`) are not
+    counted in `probe.launches`: what is left is the decoder's own device work."""
+
+    def apart(inner):
+        def forward(*args, **kwargs):
+            probe.in_forward += 1
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                probe.in_forward -= 1
+
+        return forward
+
+    draft = getattr(dec, "draft", None)
+    wrapped = [(dec.engine, "step")]
+    if draft is not None:
+        wrapped += [(draft, name) for name in getattr(draft, "FORWARDS", ())]
+    before = [vars(obj).get(name) for obj, name in wrapped]  # an instance's own wrapper (a clock)
+    for obj, name in wrapped:
+        setattr(obj, name, apart(getattr(obj, name)))
+    try:
+        yield probe
+    finally:
+        for (obj, name), old in zip(wrapped, before, strict=True):
+            if old is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
 
 
 def _on_host(t: Any, probe: HostSyncs) -> bool:
@@ -230,10 +286,19 @@ class _FunctionCounter(TorchFunctionMode):
         read = (func in WHOLE_READS and probe.on_device(args[0])) or (
             func in FROM_DATA and bool(args) and _holds_device_tensor(args[0], probe)
         )
-        out = self._call(func, args, kwargs, read)
-        if func in FACTORIES and probe.device_type == "cpu":
-            probe.place(out, host=_names_host(kwargs.get("device")))
-        return out
+        if func in FACTORIES:  # one launch (a fill or a copy) when made on the device
+            probe.in_factory += 1
+            try:
+                out = self._call(func, args, kwargs, read)
+            finally:
+                probe.in_factory -= 1
+            on_host = _names_host(kwargs.get("device"))
+            if probe.device_type == "cpu":
+                probe.place(out, host=on_host)
+            if not (on_host or probe.in_forward or probe.reading):
+                probe.launches += 1
+            return out
+        return self._call(func, args, kwargs, read)
 
     def _call(self, func, args: tuple, kwargs: dict, read: bool) -> Any:
         if not read:
@@ -274,6 +339,8 @@ class _DispatchCounter(TorchDispatchMode):
             probe.add(str(func.overloadpacket.__name__))
         out = func(*args, **kwargs)
         probe.propagate(func, args, kwargs, out)
+        if not probe.reading and probe.launches_kernel(func, args, kwargs, out):
+            probe.launches += 1
         return out
 
 

@@ -4,6 +4,7 @@ the target's and the draft model's forwards; older records without them still lo
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pandas as pd
@@ -16,7 +17,7 @@ from core.sampling import Sampler
 from core.types import Counts
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
-from runners.host_syncs import HostSyncs, syncs_per_step
+from runners.host_syncs import HostSyncs, forwards_apart, syncs_per_step
 from runners.runner import Runner
 from runners.timing import DraftClock, StepClock, timed_generate
 from tests.test_runner import make_cfg
@@ -59,6 +60,31 @@ def test_a_host_tensor_indexed_by_a_tensor_made_before_counting_stays_on_the_hos
         assert syncs.count == 1
         int(x[rows][0, 0])  # the device tensor's rows: waits
     assert syncs.count == 2
+
+
+def test_launches_count_device_operators_outside_the_forwards(tiny_lm):
+    """Computing operators on device tensors outside `engine.step` count as launches; views, host
+    tensors and everything inside the forward do not. Vanilla launches a handful per step (its argmax
+    and the staging of its next token), far fewer than one forward's operators."""
+    dev = torch.device("cpu")
+    x = torch.arange(8.0, device=dev)
+    with HostSyncs(dev) as syncs:
+        y = x + 1  # 1
+        y.view(2, 4)[0].unsqueeze(0)  # views: no kernel
+        x.argmax()  # 2
+        torch.arange(4) * 2  # host tensors
+    assert syncs.launches == 2
+    dec = Vanilla(Engine(tiny_lm.model))
+    prompt = list(range(3, 20))
+    per_step = {}
+    for apart in (False, True):
+        syncs = HostSyncs(dev)
+        counts = Counts(on_prefill_done=syncs.mark, keep_steps=False)
+        with syncs, forwards_apart(syncs, dec) if apart else contextlib.nullcontext():
+            dec.generate(prompt, 8, set(), counts)
+        per_step[apart] = syncs.launches_since_mark / counts.forwards
+    assert 0 < per_step[True] <= 8 and per_step[False] > 5 * per_step[True]  # a tiny two-layer model
+    assert "step" not in vars(dec.engine)  # unwrapped
 
 
 def test_host_tensors_read_for_free_on_a_cpu():

@@ -8,6 +8,7 @@ import torch
 from core.attention import BlockView, CausalView, MaskView
 from core.engine import Engine
 from core.tree_attention import HybridTreeView
+from kv_policies.base import KVPolicy
 
 
 def _sequential(engine: Engine, prompt: list[int], tokens: list[int]):
@@ -327,13 +328,23 @@ def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(5)).tolist()
     every = set(range(0, 256, 7))  # boundary tokens: slow steps now and then
-    results = []
+    results, staged = [], []
     for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
         counts = Counts()
-        dec = SlowFast(eng, kv=SFI(k=8, sinks=2, recent=6, window=3), t_max=4, trigger_token_ids=every)
+        pol = SFI(k=8, sinks=2, recent=6, window=3)
+        stacked = pol.layer_selections
+
+        def checked(cache_len, pol=pol, stacked=stacked):  # the stack is every layer's `visible`
+            got = stacked(cache_len)
+            staged.append(torch.equal(got, KVPolicy.layer_selections(pol, cache_len)))
+            return got
+
+        pol.layer_selections = checked
+        dec = SlowFast(eng, kv=pol, t_max=4, trigger_token_ids=every)
         out = dec.generate(prompt, 24, set(), counts)
         results.append((out, counts.slow_steps, [s.kv_attended for s in counts.steps]))
     assert results[0] == results[1] and 0 < results[0][1] < 23
+    assert staged and all(staged)
     assert eng.fixed_shape_steps == 23 and eng.graphs.by_rows_observed and eng.graphs.by_rows_selected
 
 

@@ -14,7 +14,7 @@ from core.types import Counts, HarnessError
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
 from decoders.verify import speculative_verify
-from kv_policies.base import build_policy
+from kv_policies.base import KVPolicy, build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
 from tests.conftest import needs_smollm
 from tests.lossless_check import (
@@ -277,3 +277,13 @@ def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_
         assert sel[:, p:].all() and int(sel[0, :p].sum()) <= 24
     n_layers = eng.w.n_layers
     assert pol.rebuild(eng) == pytest.approx((p // 4) * (n_layers - 1) / 2 / n_layers)  # the kept means
+    # the stacked selections the fixed-shape forward stages follow a rebuild (not the stack of before)
+    length = eng.length
+    per_layer = KVPolicy.layer_selections  # every layer's `visible`, one by one
+    assert torch.equal(pol.layer_selections(length), per_layer(pol, length))
+    for layer in pol._q:
+        pol._q[layer] = -pol._q[layer]  # another query chooses other chunks
+    before = pol.layer_selections(length).clone()
+    pol.rebuild(eng)
+    assert torch.equal(pol.layer_selections(length), per_layer(pol, length))
+    assert not torch.equal(pol.layer_selections(length), before)
