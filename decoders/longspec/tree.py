@@ -1,0 +1,123 @@
+"""LongSpec's draft tree: `Tree` on the host (what acceptance, lookup chains and block=auto edit and
+read) and `DraftedTree` on the device (what the beam search fills and verification reads in place)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Tree:
+    """A draft tree as the target's block: row 0 is the root, rows 1.. the nodes (parents first)."""
+
+    tokens: list[int]
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    score: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-prob
+    children: list[list[int]] = field(default_factory=lambda: [[]])
+    drafted: list[bool] = field(default_factory=lambda: [False])  # proposed by the draft model
+    lookup: list[int] = field(default_factory=lambda: [0])  # 1-based place in the lookup chain (0: none)
+    lookup_key: int = 0  # the lookup chain's matched n-gram length (0: no chain)
+
+    def add(self, token: int, parent: int, score: float, drafted: bool = True, lookup: int = 0) -> int:
+        row = len(self.tokens)
+        self.tokens.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.score.append(score)
+        self.children.append([])
+        self.children[parent].append(row)
+        self.drafted.append(drafted)
+        self.lookup.append(lookup)
+        return row
+
+    def add_chain(self, tokens: Sequence[int], key: int) -> None:
+        """A lookup chain from the root: a token a node already has as a child is that child (marked),
+        the first one it lacks and every later one are new nodes (`lookup_key` = `key`)."""
+        self.lookup_key = key if tokens else 0
+        node = 0
+        for place, token in enumerate(tokens, 1):
+            child = next((c for c in self.children[node] if self.tokens[c] == token), None)
+            if child is None:
+                child = self.add(token, node, self.score[node], drafted=False, lookup=place)
+            else:
+                self.lookup[child] = place
+            node = child
+
+    def path(self, row: int) -> list[int]:
+        """The rows from the root down to `row` (inclusive)."""
+        out = []
+        while row >= 0:
+            out.append(row)
+            row = self.parent[row]
+        return out[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """bool `[n, n]`: row i may attend to row j iff j is i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            if i:
+                mask[i] = mask[self.parent[i]]
+            mask[i, i] = True
+        return mask
+
+
+class DraftedTree:
+    """A drafted tree on the device, in buffers reused every step: row 0 the root, then each level's
+    beam in rank order (parents first). Verification reads it where it is; `host` reads it back once."""
+
+    def __init__(self, capacity: int, window: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.parent = torch.full((capacity,), -1, dtype=torch.long, device=device)
+        self.score = torch.zeros(capacity, device=device)  # cumulative draft log-prob (float32)
+        self.depths = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)  # i sees j
+        self.ones = torch.ones(capacity, window, dtype=torch.bool, device=device)  # the draft's window
+        self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # a draft level's
+        self.depth: list[int] = [0]  # per row, on the host (the levels' sizes do not depend on the data)
+
+    @property
+    def size(self) -> int:
+        return len(self.depth)
+
+    def start(self, root: int) -> DraftedTree:
+        self.tokens[0] = root
+        self.score[0] = 0.0
+        self.ancestors.zero_()
+        self.ancestors[0, 0] = True
+        self.depth = [0]
+        return self
+
+    def grow(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depth: int) -> None:
+        """Append one level: `tokens`, their `parents` (rows) and cumulative `scores`, all on the device."""
+        new = slice(self.size, self.size + tokens.numel())
+        self.tokens[new] = tokens
+        self.parent[new] = parents
+        self.score[new] = scores
+        self.depths[new] = depth
+        self.ancestors[new] = self.ancestors.index_select(0, parents)
+        self.ancestors[new, new].diagonal().fill_(True)
+        self.depth += [depth] * tokens.numel()
+
+    def host(self, preds: torch.Tensor | None = None, scores: bool = False) -> tuple[Tree, list[int] | None]:
+        """The tree as a host `Tree` and, given the target's `preds` per row, those as a list: one read
+        (two with the `scores`, which only block=auto uses)."""
+        n = self.size
+        parts = [self.tokens[:n], self.parent[:n]] + ([preds] if preds is not None else [])
+        values = torch.cat(parts).tolist()
+        tree = Tree(
+            values[:n],
+            parent=[-1, *values[n + 1 : 2 * n]],
+            depth=list(self.depth),
+            score=self.score[:n].tolist() if scores else [0.0] * n,
+            children=[[] for _ in range(n)],
+            drafted=[False] + [True] * (n - 1),
+            lookup=[0] * n,
+        )
+        for row in range(1, n):
+            tree.children[tree.parent[row]].append(row)
+        return tree, values[2 * n :] if preds is not None else None
