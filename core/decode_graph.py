@@ -30,6 +30,7 @@ them against `Engine.step`, and `make test-gpu` checks the captured graphs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -84,7 +85,8 @@ class StaticForwards:
         position_ids: torch.Tensor,
         view,
         logits_rows: Sequence[int] | torch.Tensor | None,
-    ) -> torch.Tensor:
+        argmax: bool = False,
+    ) -> Any:
         rows = padded_rows(tokens.numel())
         if getattr(view, "selects_in_forward", False):
             key = (rows, view.selector_key)
@@ -93,13 +95,13 @@ class StaticForwards:
                 fwd = self.by_rows_in_forward[key] = StaticForward(self.engine, rows, self.capture)
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
-            return fwd(tokens, position_ids, view, logits_rows)
+            return fwd(tokens, position_ids, view, logits_rows, argmax)
         layered = getattr(view, "layer_selection", False)
         observed = not layered and getattr(view, "observes_queries", False)
         forwards = self.by_rows_selected if layered else self.by_rows_observed if observed else self.by_rows
         if rows not in forwards:
             forwards[rows] = StaticForward(self.engine, rows, self.capture, layered, observed)
-        return forwards[rows](tokens, position_ids, view, logits_rows)
+        return forwards[rows](tokens, position_ids, view, logits_rows, argmax)
 
 
 class StaticForward:
@@ -133,7 +135,8 @@ class StaticForward:
         self.selector = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_key: tuple[int, int] | None = None  # (cache storage address, capacity) it was captured on
-        self.logits: torch.Tensor | None = None  # the graph's output buffer
+        self.logits: torch.Tensor | None = None  # the graph's output buffers
+        self.ids: torch.Tensor | None = None  # each row's argmax
         self.captures = 0
 
     def __call__(
@@ -142,7 +145,8 @@ class StaticForward:
         position_ids: torch.Tensor,
         view,
         logits_rows: Sequence[int] | torch.Tensor | None,
-    ) -> torch.Tensor:
+        argmax: bool = False,
+    ) -> Any:
         eng, cache, n = self.engine, self.engine.cache, tokens.numel()
         tokens, position_ids = tokens.to(eng.device).reshape(n), position_ids.to(eng.device).reshape(n)
         self.token[:n].copy_(tokens)
@@ -152,22 +156,25 @@ class StaticForward:
         self.length.fill_(cache.length)
         self._stage_visibility(view, n, cache.length, cache.capacity)
         if not self.capture:
-            logits = self.forward()
+            logits, ids = self.forward(argmax)
         else:
             key = (cache.k.data_ptr(), cache.capacity)
             if self.graph is None or key != self.graph_key:
                 self._capture()
                 self.graph_key = key
             self.graph.replay()
-            logits = self.logits
+            logits, ids = self.logits, self.ids
         if self.queries is not None:  # the real rows' queries (pad rows are no one's)
             for layer in range(self.queries.shape[0]):
                 view.observe(layer, self.queries[layer, :, :n])
         if self.selector is not None:
             view.take_reads(self.selector.reads.clone(), cache.length)
         if logits_rows is None:
-            return logits[:n].clone()
-        return logits.index_select(0, torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device))
+            logits = logits[:n].clone()
+            return (logits, ids[:n].clone()) if argmax else logits
+        picked = torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device)
+        logits = logits.index_select(0, picked)
+        return (logits, ids.index_select(0, picked)) if argmax else logits
 
     def _stage_visibility(self, view, n: int, length: int, capacity: int) -> None:
         """Which slots each row sees: the view's visibility over [cache | block] (block row j is slot
@@ -213,9 +220,9 @@ class StaticForward:
         vis = self.visible[None] & (sel[:, None, :] | ~self.restricted[None, :, None])
         return vis.repeat_interleave(heads // sel.shape[0], dim=0, output_size=heads).unsqueeze(0)
 
-    def forward(self) -> torch.Tensor:
-        """Float logits `[rows, vocab]` of the rows in the buffers; their K/V land in slots
-        `length + row`."""
+    def forward(self, argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Float logits `[rows, vocab]` of the rows in the buffers and, with `argmax`, each row's
+        argmax (None without); their K/V land in slots `length + row`."""
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
         visible = self.visible.view(1, 1, self.rows, -1)
@@ -235,7 +242,8 @@ class StaticForward:
             return sdpa(q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), mask, eng.scale)
 
         h = eng.layers_forward(self.token, self.position, attend)
-        return eng.lm_logits(eng.w.final_norm(h))
+        logits = eng.lm_logits(eng.w.final_norm(h))
+        return logits, (logits.argmax(dim=-1) if argmax else None)
 
     def _capture(self) -> None:
         """Warm up on a side stream (allocator, kernel selection), then record one forward. Both write
@@ -244,9 +252,9 @@ class StaticForward:
         side.wait_stream(torch.cuda.current_stream(self.engine.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.forward()
+                self.forward(argmax=True)
         torch.cuda.current_stream(self.engine.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self.forward()
+        with torch.cuda.graph(self.graph):  # the greedy choice too: one small kernel, no launch of its own
+            self.logits, self.ids = self.forward(argmax=True)
         self.captures += 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -130,14 +131,18 @@ class Engine:
         logits_rows: Sequence[int] | torch.Tensor | None = None,
         hooks: Sequence = (),
         replay: bool = True,
-    ) -> torch.Tensor:
-        """One forward over a block. Returns float logits for `logits_rows` (all rows if None).
+        argmax: bool = False,
+    ) -> Any:
+        """One forward over a block. Returns float logits for `logits_rows` (all rows if None), and with
+        `argmax=True` the pair (logits, long argmax of each of those rows): the greedy choice is made on
+        the device as part of the step (inside the graph when it is replayed), as gpt-fast and vLLM
+        pick inside the model step, so a greedy decoder does no work over the vocabulary itself.
         With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
         `replay=False` (the prefill: its chunks have every size)."""
         if replay and not hooks and fits(self.cache, tokens.numel(), view):
             self.fixed_shape_steps += 1
             if self.graphs is not None:
-                return self.graphs(tokens, position_ids, view, logits_rows)
+                return self.graphs(tokens, position_ids, view, logits_rows, argmax)
         cache = self.cache
         tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
         cache.stage_positions(position_ids)
@@ -158,7 +163,8 @@ class Engine:
         if logits_rows is not None:
             rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
             h = h.index_select(0, rows)
-        return self.lm_logits(self.w.final_norm(h))
+        logits = self.lm_logits(self.w.final_norm(h))
+        return (logits, logits.argmax(dim=-1)) if argmax else logits
 
     def layers_forward(
         self, tokens: torch.Tensor, position_ids: torch.Tensor, attend: Callable

@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+import torch
+
 from core.cost_curve import CostFn
 from core.engine import Engine
 from core.sampling import Sampler
@@ -113,6 +115,13 @@ class BaseDecoder:
         counts.resolve()
         counts.kv_activity = self.kv.activity_summary(counts.forwards)
         return out
+
+    def step_and_pick(self, tokens: torch.Tensor, positions: torch.Tensor, view) -> int:
+        """One target forward of one row and the token after it: greedy, the step's own argmax (chosen
+        on the device, one read), sampled, the sampler's draw from its logits."""
+        if self.sampler.greedy:
+            return int(self.engine.step(tokens, positions, view, argmax=True)[1][0])
+        return self.sampler.pick(self.engine.step(tokens, positions, view)[0])
 
     def identity_extra(self) -> dict:
         """Run-identity fields the decoder's config does not determine (a draft checkpoint's weights

@@ -79,15 +79,20 @@ class DraftModel:
             self._feed(list(prompt[lo : min(lo + chunk, len(prompt) - 1)]), counts, logits=False)
         self.settled = len(self.fed)
 
-    def _feed(self, tokens: list[int], counts: Counts, logits: bool = True) -> torch.Tensor | None:
+    def _feed(
+        self, tokens: list[int], counts: Counts, logits: bool = True, pick_into: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.engine.device)
-        out = self._feed_ids(ids, counts)
+        out = self._feed_ids(ids, counts, pick_into)
         self.fed += tokens
         return out if logits else None
 
-    def _feed_ids(self, ids: torch.Tensor, counts: Counts) -> torch.Tensor:
+    def _feed_ids(
+        self, ids: torch.Tensor, counts: Counts, pick_into: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One forward of the draft over `ids` (a device tensor; the caller records them in `fed`);
-        the last row's logits."""
+        the last row's logits. `pick_into` (a 0-dim device tensor): also write their greedy choice
+        there, on the device, as part of the draft's step."""
         eng = self.engine
         n = ids.numel()
         if eng.length + n > self.capacity:  # keep the sinks and the most recent entries
@@ -97,6 +102,8 @@ class DraftModel:
         out = eng.step(ids, torch.arange(lo, lo + n, device=eng.device), CausalView(eng.scale), [n - 1])
         eng.commit(torch.arange(n))
         counts.draft_model_step(n, lo)
+        if pick_into is not None:
+            torch.argmax(self._fit(out[0]), dim=-1, out=pick_into)
         return out[0]
 
     def _sync(self, seq: Sequence[int], committed: int) -> list[int]:
@@ -153,13 +160,10 @@ class DraftModel:
         """`n` greedy draft tokens after `seq` as a device tensor, each fed to the draft from the device
         without the host reading it. The caller reads them (with whatever else it reads) and hands them
         to `drafted`."""
-        logits = self._feed(self._sync(seq, committed), counts)
         chain = torch.empty(n, dtype=torch.long, device=self.engine.device)
-        for i in range(n):
-            assert logits is not None
-            torch.argmax(self._fit(logits), dim=-1, out=chain[i])
-            if i + 1 < n:
-                logits = self._feed_ids(chain[i : i + 1], counts)
+        self._feed(self._sync(seq, committed), counts, logits=False, pick_into=chain[0] if n else None)
+        for i in range(1, n):
+            self._feed_ids(chain[i - 1 : i], counts, pick_into=chain[i])
         return chain
 
     def drafted(self, tokens: list[int]) -> None:

@@ -262,8 +262,8 @@ class Lookahead(BaseDecoder):
                 device=eng.device,
             )
             view = self._view(lay.block_mask)
-            logits = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows)
-            preds = logits.argmax(dim=-1).cpu()
+            logits, preds = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows, argmax=True)
+            preds = preds.cpu()  # the next Jacobi window needs it, sampled or not
             verdict = verify_logits(self.sampler, logits, cands, lay.guess_sel, preds)
             before = len(seq)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)

@@ -26,7 +26,7 @@ from core.checks import integer
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
-from decoders.verify import verify_logits
+from decoders.verify import step_for, verify_logits
 
 
 def find_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> list[int]:
@@ -101,9 +101,10 @@ class PromptLookup(BaseDecoder):
             k = len(draft)
             tokens = torch.tensor([seq[-1], *draft], dtype=torch.long, device=eng.device)
             view = self.kv.decode_view(eng, k + 1)
-            logits = eng.step(tokens, torch.arange(p, p + k + 1, device=eng.device), view)
+            positions = torch.arange(p, p + k + 1, device=eng.device)
+            logits, preds = step_for(self.sampler, eng, tokens, positions, view)
             cands = torch.tensor([draft], dtype=torch.long).reshape(1 if k else 0, k)
-            verdict = verify_logits(self.sampler, logits, cands, 1)
+            verdict = verify_logits(self.sampler, logits, cands, 1, preds)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, 1, k)[:n_new]  # root + accepted tokens kept in `out`
             eng.commit(rows)

@@ -23,7 +23,7 @@ from core.attention import CausalView
 from core.checks import integer, number
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from decoders.verify import greedy_verify, speculative_verify
+from decoders.verify import greedy_verify, speculative_verify, step_for
 
 
 class SelfSpeculative(BaseDecoder):
@@ -123,10 +123,10 @@ class SelfSpeculative(BaseDecoder):
         positions = torch.arange(length, length + n, device=eng.device)
         for i in range(n):
             view = kv.draft_view(eng, length)
-            logits = eng.step(chain[i : i + 1], positions[i : i + 1], view)
+            _, ids = eng.step(chain[i : i + 1], positions[i : i + 1], view, argmax=True)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
-            torch.argmax(logits[0], dim=-1, out=chain[i + 1])
+            chain[i + 1 : i + 2].copy_(ids)
         eng.crop(length)
         return chain
 
@@ -165,12 +165,10 @@ class SelfSpeculative(BaseDecoder):
         else:
             k = len(drafts)
             tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
-        logits = eng.step(
-            tokens, torch.arange(length, length + k + 1, device=eng.device), CausalView(eng.scale)
-        )
-        if self.sampler.greedy:
-            # one read for the drafts and the predictions
-            both = torch.cat([tokens[1:], logits.argmax(-1)]).cpu()
+        positions = torch.arange(length, length + k + 1, device=eng.device)
+        logits, preds = step_for(self.sampler, eng, tokens, positions, CausalView(eng.scale))
+        if preds is not None:  # greedy: one read for the drafts and the predictions
+            both = torch.cat([tokens[1:], preds]).cpu()
             cands, preds = both[:k].reshape(1 if k else 0, k), both[k:]
             verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
         else:

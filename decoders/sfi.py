@@ -103,13 +103,13 @@ class SlowFast(BaseDecoder):
             else:
                 view = kv.fast_view(eng)
             try:
-                logits = eng.step(tok, pos, view)
+                token = self.step_and_pick(tok, pos, view)
             finally:
                 kv.end_slow()
             eng.commit([0])
             kv.after_commit(eng, 1)
             position += 1
-            n, done = extend_output(out, [self.sampler.pick(logits[0])], max_new_tokens, stop_ids)
+            n, done = extend_output(out, [token], max_new_tokens, stop_ids)
             read = eng.length - 1 if isinstance(view, CausalView) else view.kv_read(eng.length - 1)
             counts.step(1, 0, 0, n, read)
             counts.slow_steps += int(slow)

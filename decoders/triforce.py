@@ -33,7 +33,7 @@ from core.checks import integer
 from core.types import Counts
 from decoders.draft_model import DraftModel
 from decoders.selfspec import SelfSpeculative
-from decoders.verify import greedy_verify, speculative_verify
+from decoders.verify import greedy_verify, speculative_verify, step_for
 
 
 class TriForce(SelfSpeculative):
@@ -100,9 +100,10 @@ class TriForce(SelfSpeculative):
             tokens = torch.cat([root, torch.tensor(xt, dtype=torch.long, device=eng.device)])
         cache_len = eng.length
         view = kv.draft_view(eng, length, k + 1)
-        logits = eng.step(tokens, torch.arange(cache_len, cache_len + k + 1, device=eng.device), view)
-        if self.sampler.greedy:
-            both = torch.cat([tokens[1:], logits.argmax(-1)]).cpu()  # one read: drafts and predictions
+        positions = torch.arange(cache_len, cache_len + k + 1, device=eng.device)
+        logits, preds = step_for(self.sampler, eng, tokens, positions, view)
+        if preds is not None:  # greedy
+            both = torch.cat([tokens[1:], preds]).cpu()  # one read: drafts and predictions
             xt, preds = both[:k].tolist(), both[k:]
             if k:
                 draft.drafted(xt)

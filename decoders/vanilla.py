@@ -31,9 +31,9 @@ class Vanilla(BaseDecoder):
             tok[0] = out[-1]
             pos[0] = position
             view = self.kv.decode_view(eng, 1)
-            logits = eng.step(tok, pos, view)
+            token = self.step_and_pick(tok, pos, view)
             eng.commit([0])
             self.kv.after_commit(eng, 1)
             position += 1
-            n, done = extend_output(out, [self.sampler.pick(logits[0])], max_new_tokens, stop_ids)
+            n, done = extend_output(out, [token], max_new_tokens, stop_ids)
             counts.step(1, 0, 0, n, view.kv_read(eng.length - 1))

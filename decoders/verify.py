@@ -131,16 +131,25 @@ def sample_verify(
     return Verdict(alive[0], len(accepted), [*accepted, bonus])
 
 
+def step_for(
+    sampler: Sampler, eng, tokens: torch.Tensor, positions: torch.Tensor, view, logits_rows=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`eng.step` as a verification needs it: (logits, the argmax of each row on the device) when the
+    sampler is greedy, (logits, None) when it samples (no work over the vocabulary it would not use)."""
+    if sampler.greedy:
+        return eng.step(tokens, positions, view, logits_rows=logits_rows, argmax=True)
+    return eng.step(tokens, positions, view, logits_rows=logits_rows), None
+
+
 def verify_logits(
     sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, first: int, preds: torch.Tensor | None = None
 ) -> Verdict:
     """Verify `cands` [g, k] from one forward's logits rows: the root's at row 0, candidate j
-    token t's at row `first + j*k + t`. Greedy (argmax; `preds` = precomputed argmax of every row)
-    or sampling verification, following the sampler."""
+    token t's at row `first + j*k + t`. Greedy (argmax; `preds` = the argmax of every row, as the
+    step returns it, read here) or sampling verification, following the sampler."""
     g, k = cands.shape
     if sampler.greedy:
-        if preds is None:
-            preds = logits.argmax(dim=-1).cpu()
+        preds = (logits.argmax(dim=-1) if preds is None else preds).cpu()
         return greedy_verify(cands, int(preds[0]), preds[first : first + g * k].reshape(g, k))
     return sample_verify(
         cands, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler

@@ -225,6 +225,28 @@ def test_static_block_equals_the_regular_block(tiny_lm, kind):
         assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
 
 
+@pytest.mark.parametrize("rows", [None, [0, 2, 4]])
+def test_step_argmax_is_the_argmax_of_its_logits_on_both_paths(tiny_lm, rows):
+    """`step(..., argmax=True)` returns the logits a plain step returns and, beside them, the argmax of
+    each returned row (chosen inside the fixed-shape forward when that path runs), for every row or the
+    selected ones; a tied row keeps the first maximum, as `Tensor.argmax`."""
+    prompt = list(range(3, 30))
+    tokens = [7, 9, 11, 13, 15]
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        eng.reset(len(prompt) + 16)
+        eng.prefill(prompt)
+        p = len(prompt)
+        args = (torch.tensor(tokens), torch.arange(p, p + 5), CausalView(eng.scale))
+        plain = eng.step(*args, logits_rows=rows)
+        eng.commit([])
+        logits, ids = eng.step(*args, logits_rows=rows, argmax=True)
+        eng.commit([])
+        torch.testing.assert_close(logits, plain, atol=0, rtol=0)
+        assert ids.dtype == torch.long and torch.equal(ids, logits.argmax(dim=-1))
+        assert ids.shape == (5 if rows is None else 3,)
+    assert eng.fixed_shape_steps == 2  # the second engine took the fixed-shape path both times
+
+
 def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
     """PLD, Lookahead, FAFO (kv=full) and LongSpec (its tree, drafted on the device, under the masked
     backend) verify through the fixed-shape forwards and give vanilla's tokens; their blocks took the

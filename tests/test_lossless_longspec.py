@@ -15,7 +15,7 @@ from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec.decoder import DraftedTree, LongSpec, Tree
-from decoders.longspec.draft import LongSpecDraft, weights_digest
+from decoders.longspec.draft import LongSpecDraft, TreeDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm
@@ -37,7 +37,7 @@ TREES = {
 }
 
 
-class TargetDraft:
+class TargetDraft(TreeDraft):
     """A test draft whose logits are the target model's own, run densely on a cache of its own over the
     committed sequence plus the block rows each query may see: it proposes what the target will accept,
     so long paths are accepted. Same protocol as `LongSpecDraft` (start / begin_block / step / commit);

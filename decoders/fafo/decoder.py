@@ -263,8 +263,8 @@ class FAFO(BaseDecoder):
             lay = self.layouts.get(block_cands, n)
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
-            logits = eng.step(tokens, pos, view, logits_rows=lay.logits_rows)
-            preds = logits.argmax(dim=-1).cpu()
+            logits, preds = eng.step(tokens, pos, view, logits_rows=lay.logits_rows, argmax=True)
+            preds = preds.cpu()
             verdict = self._verify(lay, logits, preds, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
@@ -338,18 +338,20 @@ class FAFO2Forward(FAFO):
             lay_a = self.layouts.get(empty, self.n)
             tokens, pos = self._block(lay_a, root, streams, p, base)
             view_a = self.views.compressed(lay_a, cache_len)
-            logits = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:])
+            _, fumbled = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:], argmax=True)
             eng.commit([])
             # a forward of the target over the policy's selection that commits nothing: a draft forward
             # (counted apart, as self-speculation's are; tau counts the verification forwards)
             counts.draft_step(view_a.kv_read(cache_len), block_tokens=lay_a.size)
-            self._grow_pool(pool, streams, logits.argmax(dim=-1).cpu())
+            self._grow_pool(pool, streams, fumbled.cpu())
             # forward B: verification against the full cache
             cands, block_cands = self._candidates(pool, seq)
             lay_b = self.layouts.get(block_cands, 0)
             tokens, pos = self._block(lay_b, root, None, p, base)
-            logits = eng.step(tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows)
-            preds = logits.argmax(dim=-1).cpu() if self.sampler.greedy else logits[:, 0]
+            logits, preds = eng.step(
+                tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows, argmax=True
+            )
+            preds = preds.cpu() if self.sampler.greedy else preds
             verdict = self._verify(lay_b, logits, preds, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(lay_b.size, cands.numel(), verdict.accepted, n_new, cache_len)

@@ -66,6 +66,7 @@ from decoders.longspec.draft import DEFAULT_WINDOW, LongSpecDraft, check_window,
 from decoders.longspec.sail import is_sail, load_sail
 from decoders.longspec.tree import DraftedTree, Tree
 from decoders.pld import match_candidate
+from decoders.verify import step_for
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
 AUTO = "auto"  # decoder.checkpoint=auto: the draft shipped in SHIPPED for the target model
@@ -259,15 +260,11 @@ class LongSpec(BaseDecoder):
             # the draft's staged block is the tree's rows 0..hi-1 (this beam staged last)
             visible = torch.cat([tree.ones[:beam, :window], tree.ancestors[lo:hi, :hi]], dim=1)
             positions = tree.positions[:beam].fill_(length + d - 1)
-            logits = draft.step(tree.tokens[lo:hi], positions, visible, length)
-            if self.beam_temperature != 1.0:
-                logits = logits / self.beam_temperature
-            logp = torch.log_softmax(logits, dim=-1)
-            counts.draft_model_step(beam, window)
             width = self.widths[d - 1]
-            top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
-            if draft.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
-                top_ids = draft.vocab_ids[top_ids]
+            top_logp, top_ids = draft.top_logprobs(
+                tree.tokens[lo:hi], positions, visible, length, width, self.beam_temperature
+            )
+            counts.draft_model_step(beam, window)
             total = (top_logp + tree.score[lo:hi, None]).flatten()
             best_total, best = total.topk(min(width, total.numel()))
             tree.grow(top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, d)
@@ -400,14 +397,16 @@ class LongSpec(BaseDecoder):
                 view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
                 tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
                 positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
-                logits = eng.step(tokens, positions, view)
+                logits, on_device = step_for(self.sampler, eng, tokens, positions, view)
+                preds = on_device.tolist() if on_device is not None else None
             else:  # the drafted tree as it stands on the device; one read-back after the forward
                 n = drafted.size
                 mask = drafted.ancestors[:n, :n]
                 view = HybridTreeView(mask, eng.scale, self.tree_attention, check_diagonal=False)
-                logits = eng.step(drafted.tokens[:n], length + drafted.depths[:n], view)
-                greedy = self.sampler.greedy
-                tree, preds = drafted.host(logits.argmax(-1) if greedy else None)
+                logits, on_device = step_for(
+                    self.sampler, eng, drafted.tokens[:n], length + drafted.depths[:n], view
+                )
+                tree, preds = drafted.host(on_device)
             path, new = self._accept(tree, logits, preds)
             if cost is not None:
                 self._calibrate(tree, path)
