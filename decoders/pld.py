@@ -47,6 +47,36 @@ def match_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> tupl
     return 0, []
 
 
+class NGramIndex:
+    """A growing sequence and the leftmost start of each of its n-grams (n <= `max_ngram`), so a step's
+    lookup is `match_candidate`'s answer in O(max_ngram) dictionary reads instead of a scan of the whole
+    sequence (the index grows by O(max_ngram) entries per appended token)."""
+
+    def __init__(self, max_ngram: int, seq: Sequence[int] = ()) -> None:
+        self.max_ngram = max_ngram
+        self.seq: list[int] = []
+        self.first: dict[tuple[int, ...], int] = {}
+        self.extend(seq)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        seq, first = self.seq, self.first
+        for tok in tokens:
+            seq.append(int(tok))
+            end = len(seq)
+            for n in range(1, min(self.max_ngram, end) + 1):
+                first.setdefault(tuple(seq[end - n :]), end - n)
+
+    def match(self, num_tokens: int) -> tuple[int, list[int]]:
+        """`match_candidate(self.seq, max_ngram, num_tokens)`: the leftmost occurrence of a trailing
+        n-gram is an earlier one exactly when it ends before the last token."""
+        seq, length = self.seq, len(self.seq)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            start = self.first.get(tuple(seq[length - n :]))
+            if start is not None and start + n < length:
+                return n, seq[start + n : min(start + n + num_tokens, length)]
+        return 0, []
+
+
 class PromptLookup(BaseDecoder):
     """Prompt-lookup decoding: drafts copied from the context, verified in one forward."""
 
@@ -84,14 +114,13 @@ class PromptLookup(BaseDecoder):
         eng = self.engine
         cost = self.block_cost()
         self.stats = AcceptanceStats()
-        seq = list(prompt) + out
+        index = NGramIndex(self.max_ngram, list(prompt) + out)
+        seq = index.seq
         done = False
         while not done:
             p, cache_len = len(seq) - 1, eng.length
             budget = max(max_new_tokens - len(out) - 1, 0)  # the bonus token always comes on top
-            n_match, draft = (
-                match_candidate(seq, self.max_ngram, min(self.num_tokens, budget)) if budget else (0, [])
-            )
+            n_match, draft = index.match(min(self.num_tokens, budget)) if budget else (0, [])
             for i, tok in enumerate(draft):
                 if tok in stop_ids:
                     draft = draft[:i]
@@ -109,7 +138,7 @@ class PromptLookup(BaseDecoder):
             rows = verdict.flat_rows(0, 1, k)[:n_new]  # root + accepted tokens kept in `out`
             eng.commit(rows)
             self.kv.after_commit(eng, len(rows))
-            seq.extend(verdict.tokens[:n_new])
+            index.extend(verdict.tokens[:n_new])
             counts.step(k + 1, k, verdict.accepted, n_new, view.kv_read(cache_len))
             if k:
                 self.stats.update(n_match, k, verdict.accepted)

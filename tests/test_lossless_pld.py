@@ -12,7 +12,7 @@ import torch
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
-from decoders.pld import PromptLookup, find_candidate
+from decoders.pld import NGramIndex, PromptLookup, find_candidate, match_candidate
 from decoders.vanilla import Vanilla
 from tests.conftest import needs_smollm
 from tests.lossless_check import (
@@ -48,6 +48,26 @@ def test_draft_equals_hf_prompt_lookup():
         )
         ids, _ = hf.get_candidates(torch.tensor([seq]))
         assert find_candidate(seq, ngram, k) == ids[0, len(seq) :].tolist(), (seq, ngram, k)
+
+
+def test_incremental_index_answers_like_the_scan():
+    """The decoder's `NGramIndex`, grown token by token (and by blocks), gives `match_candidate`'s
+    (matched n, draft) at every prefix of random sequences over small vocabularies (many repeats)."""
+    rng = random.Random(1)
+    for _ in range(200):
+        ngram, k, vocab = rng.randint(1, 4), rng.randint(1, 8), rng.randint(2, 6)
+        seq = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        first = rng.randint(1, len(seq))
+        index = NGramIndex(ngram, seq[:first])
+        at = first
+        while True:
+            assert index.seq == seq[:at]
+            assert index.match(k) == match_candidate(seq[:at], ngram, k), (seq[:at], ngram, k)
+            if at == len(seq):
+                break
+            step = rng.randint(1, 3)
+            index.extend(seq[at : at + step])
+            at = min(at + step, len(seq))
 
 
 def test_draft_examples():
