@@ -57,6 +57,7 @@ from decoders.pld import PromptLookup
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
+from runners.forwards import MethodPatch
 from runners.provenance import device_name
 
 Maker = Callable[[Engine], BaseDecoder]
@@ -116,17 +117,19 @@ def methods(vocab_sizes: list[int], cost: CostFn) -> dict[str, Maker]:
 
 
 class ForwardClock:
-    """Seconds spent in the target's forwards and in a LongSpec draft's, by wrapping their `step`
-    (instance attributes: nothing else sees the wrapper)."""
+    """Seconds spent in the target's forwards and in a LongSpec draft's block steps (each beam level's
+    `top_logprobs`, its reading of the step included, as the runner's `DraftClock` counts it), by
+    wrapping them on their instances until `close()`."""
 
     def __init__(self, eng: Engine, dec: BaseDecoder) -> None:
         self.target_s = self.draft_s = 0.0
         self.target_n = self.draft_n = 0
         self.counting = False  # only decode forwards count (set once the prefill is done)
-        eng.step = self._wrap(eng.step, "target")  # type: ignore[method-assign]
-        self._eng = eng
+        self._patches = [MethodPatch([(eng, "step")], lambda fn: self._wrap(fn, "target"))]
         if isinstance(dec, LongSpec):
-            dec.draft.step = self._wrap(dec.draft.step, "draft")  # type: ignore[method-assign]
+            self._patches.append(
+                MethodPatch([(dec.draft, "top_logprobs")], lambda fn: self._wrap(fn, "draft"))
+            )
 
     def _wrap(self, fn: Callable, which: str) -> Callable:
         def timed(*args, **kwargs):
@@ -146,7 +149,8 @@ class ForwardClock:
         self.counting = True
 
     def close(self) -> None:
-        del self._eng.step  # back to the class's method
+        for patch in self._patches:
+            patch.undo()  # back to the classes' methods
 
 
 @dataclass

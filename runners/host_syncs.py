@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from core.types import Counts
+from runners.forwards import MethodPatch, model_forwards
 
 aten = torch.ops.aten
 
@@ -205,21 +206,11 @@ def forwards_apart(probe: HostSyncs, dec: Any):
 
         return forward
 
-    draft = getattr(dec, "draft", None)
-    wrapped = [(dec.engine, "step")]
-    if draft is not None:
-        wrapped += [(draft, name) for name in getattr(draft, "FORWARDS", ())]
-    before = [vars(obj).get(name) for obj, name in wrapped]  # an instance's own wrapper (a clock)
-    for obj, name in wrapped:
-        setattr(obj, name, apart(getattr(obj, name)))
+    patch = MethodPatch(model_forwards(dec), apart)
     try:
         yield probe
     finally:
-        for (obj, name), old in zip(wrapped, before, strict=True):
-            if old is None:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
+        patch.undo()
 
 
 def _on_host(t: Any, probe: HostSyncs) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from core.types import Counts
+from runners.forwards import MethodPatch, draft_forwards
 
 
 def synchronize(device: torch.device) -> None:
@@ -120,10 +121,7 @@ class DraftClock:
     def __init__(self, decoder, device: torch.device) -> None:
         self.device, self.seconds_each = device, []
         self.marked_at = self.depth = 0
-        self.draft = getattr(decoder, "draft", None)
-        self.names = tuple(getattr(self.draft, "FORWARDS", ()))
-        for name in self.names:
-            setattr(self.draft, name, self._timed(getattr(self.draft, name)))
+        self._patch = MethodPatch(draft_forwards(decoder), self._timed)
 
     def _timed(self, inner: Callable) -> Callable:
         def forward(*args, **kwargs):
@@ -150,9 +148,7 @@ class DraftClock:
         return sum(self.seconds_each[self.marked_at :])
 
     def close(self) -> None:
-        for name in self.names:
-            if name in vars(self.draft):
-                delattr(self.draft, name)  # the class's own method again
+        self._patch.undo()  # the class's own methods again
 
     def __enter__(self) -> DraftClock:
         return self

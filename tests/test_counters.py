@@ -17,6 +17,7 @@ from core.sampling import Sampler
 from core.types import Counts
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
+from runners.forwards import MethodPatch
 from runners.host_syncs import HostSyncs, forwards_apart, syncs_per_step
 from runners.runner import Runner
 from runners.timing import DraftClock, StepClock, timed_generate
@@ -162,6 +163,35 @@ def test_draft_clock_times_the_draft_forwards_after_the_mark_and_unwraps():
     assert "step" not in vars(dec.draft)
     with DraftClock(object(), torch.device("cpu")) as none:  # no draft model: nothing to time
         assert none.seconds_since_mark == 0
+
+
+def test_method_patches_nest_and_undo_to_what_was_there():
+    """A patch over another (a counter around a clock) undoes to the clock's wrapper, then to the class's
+    method; both wrap the call they replaced."""
+
+    class Model:
+        def step(self, x: int) -> int:
+            return x + 1
+
+    m, calls = Model(), []
+
+    def tag(name):
+        def wrap(fn):
+            def wrapped(x):
+                calls.append(name)
+                return fn(x)
+
+            return wrapped
+
+        return wrap
+
+    clock = MethodPatch([(m, "step")], tag("clock"))
+    counter = MethodPatch([(m, "step")], tag("counter"))
+    assert m.step(1) == 2 and calls == ["counter", "clock"]
+    counter.undo()
+    assert m.step(1) == 2 and calls == ["counter", "clock", "clock"]
+    clock.undo()
+    assert "step" not in vars(m) and m.step(1) == 2 and len(calls) == 3
 
 
 def test_draft_clock_times_every_forward_of_triforce_draft_model(tiny_lm):
