@@ -70,18 +70,24 @@ def greedy_verify(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) 
     """Longest greedy-accepted candidate prefix plus the bonus token.
 
     cands: long [g, k] candidate tokens; root_pred: argmax at the root row; cand_pred: long [g, k],
-    `cand_pred[j, t]` = argmax at the row of candidate j's token t. g may be 0.
+    `cand_pred[j, t]` = argmax at the row of candidate j's token t. g may be 0. Both are host tensors
+    (read back with the step's one read): the walk is a few dozen integer comparisons, cheaper in
+    Python than as tensor operators.
     """
-    g = cands.shape[0]
-    if g == 0 or cands.shape[1] == 0:
-        return Verdict(-1, 0, [int(root_pred)])
-    lengths = match_lengths(cands, root_pred, cand_pred)
-    best = int(lengths.argmax())  # first maximum on ties
-    n = int(lengths[best])
+    root = int(root_pred)
+    best, n = -1, 0
+    table, preds = cands.tolist(), cand_pred.tolist()
+    for j, (cand, pred) in enumerate(zip(table, preds, strict=True)):
+        prev, m = root, 0
+        for tok, nxt in zip(cand, pred, strict=True):
+            if tok != prev:
+                break
+            m, prev = m + 1, nxt
+        if m > n:  # the first maximum on ties
+            best, n = j, m
     if n == 0:
-        return Verdict(-1, 0, [int(root_pred)])
-    tokens = [int(t) for t in cands[best, :n].tolist()]
-    return Verdict(best, n, [*tokens, int(cand_pred[best, n - 1])])
+        return Verdict(-1, 0, [root])
+    return Verdict(best, n, [*table[best][:n], preds[best][n - 1]])
 
 
 def sample_verify(
