@@ -86,9 +86,15 @@ def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkey
     import argparse
 
     from benchmarks import block_cost
+    from core import cost_curve
 
     monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path))
     monkeypatch.setattr(block_cost, "load_model", lambda *a, **k: tiny_lm)
+    # the cache is under test, not the clock: steady step times, so a busy test machine (the suite
+    # runs on two workers) cannot make the noise check refuse the curve
+    monkeypatch.setattr(
+        cost_curve, "step_times", lambda eng, ctx, rows, reps: [1e-3 * (1 + rows) + 1e-6 * ctx] * reps
+    )
     args = argparse.Namespace(
         model="tiny", dtype="float32", device="cpu", linear="aten", threads=1, rows=[1, 3],
         contexts=[8, 16], reps=1, refresh=False,
