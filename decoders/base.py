@@ -37,6 +37,7 @@ from core.cost_curve import CostFn
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
+from decoders.verify import step_for
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 
@@ -119,9 +120,8 @@ class BaseDecoder:
     def step_and_pick(self, tokens: torch.Tensor, positions: torch.Tensor, view) -> int:
         """One target forward of one row and the token after it: greedy, the step's own argmax (chosen
         on the device, one read), sampled, the sampler's draw from its logits."""
-        if self.sampler.greedy:
-            return int(self.engine.step(tokens, positions, view, argmax=True)[1][0])
-        return self.sampler.pick(self.engine.step(tokens, positions, view)[0])
+        logits, ids = step_for(self.sampler, self.engine, tokens, positions, view)
+        return int(ids[0]) if ids is not None else self.sampler.pick(logits[0])
 
     def identity_extra(self) -> dict:
         """Run-identity fields the decoder's config does not determine (a draft checkpoint's weights

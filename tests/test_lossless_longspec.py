@@ -15,7 +15,8 @@ from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec.decoder import DraftedTree, LongSpec, Tree
-from decoders.longspec.draft import LongSpecDraft, TreeDraft, weights_digest
+from decoders.longspec.draft import LongSpecDraft, weights_digest
+from decoders.longspec.tree import TreeDraft
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm

@@ -50,6 +50,7 @@ from core.attention import one_row_attention, sdpa
 from core.engine import Engine, _rotate_half
 from core.hf_compat import rope_cos_sin
 from core.types import HarnessError
+from decoders.longspec.tree import TreeDraft
 
 WEIGHTS, CONFIG, COUNTS = "model.safetensors", "config.json", "token_counts.safetensors"
 DEFAULT_WINDOW = 512  # the paper's sliding window
@@ -139,40 +140,6 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-class TreeDraft:
-    """What LongSpec asks of a draft model: `start(prompt)` (fill its window), `begin_block()`,
-    `step(tokens, positions, visible, target_len)` -> float logits `[n, vocab]` (over `vocab_ids` when
-    that is set), `commit(tokens, first_position)` and a `vocab_ids` attribute. `top_logprobs`, the beam
-    search's reading of a step, comes with it."""
-
-    # what the runner times as the draft's forwards (runners.timing.DraftClock): its block steps (and
-    # the beam's reading of them) and the K/V of committed tokens entering its window
-    FORWARDS = ("step", "top_logprobs", "commit")
-    vocab_ids: torch.Tensor | None
-
-    @torch.inference_mode()
-    def top_logprobs(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        visible: torch.Tensor,
-        target_len: int,
-        width: int,
-        temperature: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`step`, then each row's `width` most likely next tokens under the draft at `temperature`:
-        (log-probabilities, token ids), both `[n, width]`. The beam search's view of the draft's
-        output, computed with its forward on the device, so the search never touches the vocabulary."""
-        logits = self.step(tokens, positions, visible, target_len)
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
-        if self.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
-            top_ids = self.vocab_ids[top_ids]
-        return top_logp, top_ids
 
 
 class LongSpecDraft(TreeDraft, torch.nn.Module):
