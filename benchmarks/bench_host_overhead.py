@@ -114,7 +114,8 @@ def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -
     total = steps = launches = 0
     for prompt in prompts:
         syncs.sites.clear()
-        counts = Counts(on_prefill_done=lambda: (syncs.mark(), syncs.sites.clear()), keep_steps=False)
+        start = lambda: (syncs.mark(), syncs.sites.clear())  # noqa: E731
+        counts = Counts(on_prefill_done=start, keep_steps=False, on_decode_done=syncs.stop)
         with syncs, forwards_apart(syncs, m.dec):
             m.dec.generate(prompt, new, stop, counts)
         total, steps = total + syncs.since_mark, steps + counts.forwards

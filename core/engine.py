@@ -118,7 +118,7 @@ class Engine:
             chunk = ids[lo : lo + self.prefill_chunk]
             pos = torch.arange(lo, lo + chunk.numel(), device=self.device)
             logits = self.step(chunk, pos, view, logits_rows=[chunk.numel() - 1], hooks=hooks, replay=False)
-            self.cache.commit(torch.arange(chunk.numel()))
+            self.cache.commit(range(chunk.numel()))
         assert logits is not None
         return logits[0]
 

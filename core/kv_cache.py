@@ -12,6 +12,8 @@ Slots `[0, length)` hold committed entries; a forward stages its block at `[leng
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -62,20 +64,41 @@ class KVCache:
         return self.k[layer, :, :hi], self.v[layer, :, :hi]
 
     # --- commit / rollback ------------------------------------------------------------------------
-    def commit(self, keep: list[int] | torch.Tensor) -> None:
+    def commit(self, keep: Sequence[int] | torch.Tensor) -> None:
         """Keep staged block rows `keep` (block-relative, in order), drop the other staged rows."""
-        keep_t = torch.as_tensor(keep, dtype=torch.long)
-        m = keep_t.numel()
-        if m and (keep_t.min() < 0 or keep_t.max() >= self.staged):
-            raise IndexError(f"commit index out of the staged block (size {self.staged}): {keep}")
-        if m and not torch.equal(keep_t, torch.arange(m)):
-            src = (keep_t + self.length).to(self.device)
+        rows = keep.tolist() if isinstance(keep, torch.Tensor) else list(keep)
+        m = len(rows)
+        if m and (min(rows) < 0 or max(rows) >= self.staged):
+            raise IndexError(f"commit index out of the staged block (size {self.staged}): {rows}")
+        if all(a < b for a, b in zip(rows, rows[1:])):
+            self._compact_runs(rows)
+        else:  # any order: gather every kept row before writing any
+            src = torch.tensor(rows, device=self.device) + self.length
             dst = torch.arange(self.length, self.length + m, device=self.device)
             self.k[:, :, dst] = self.k[:, :, src]
             self.v[:, :, dst] = self.v[:, :, src]
             self.slot_pos[dst] = self.slot_pos[src]
         self.length += m
         self.staged = 0
+
+    def _compact_runs(self, rows: list[int]) -> None:
+        """Increasing `rows`: each run of consecutive rows moves down as one slice copy (a decoder keeps the
+        root plus one accepted run, so usually one copy per tensor and no index tensor). Row i moves to
+        slot length + i <= length + rows[i], so a run never overwrites a later run's source."""
+        dst, i = self.length, 0
+        while i < len(rows):
+            j = i
+            while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
+                j += 1
+            src, n = self.length + rows[i], j - i + 1
+            if src != dst:
+                overlap = src < dst + n
+                for t in (self.k, self.v):
+                    part = t[:, :, src : src + n]
+                    t[:, :, dst : dst + n] = part.clone() if overlap else part
+                part = self.slot_pos[src : src + n]
+                self.slot_pos[dst : dst + n] = part.clone() if overlap else part
+            dst, i = dst + n, j + 1
 
     def crop(self, length: int) -> None:
         """Roll back to the first `length` committed entries."""

@@ -32,9 +32,12 @@ class StepRecord:
 
 
 class Counts:
-    """What a decoder reports. The runner owns the clock and passes `on_prefill_done`."""
+    """What a decoder reports. The runner owns the clock and passes `on_prefill_done` (and, to tell the
+    decode loop from the reads made once per generation after it, `on_decode_done`)."""
 
-    def __init__(self, on_prefill_done: Any = None, keep_steps: bool = True) -> None:
+    def __init__(
+        self, on_prefill_done: Any = None, keep_steps: bool = True, on_decode_done: Any = None
+    ) -> None:
         self.steps: list[StepRecord] = []
         self.prefill_tokens = 0
         self.forwards = 0
@@ -50,6 +53,7 @@ class Counts:
         self.kv_rebuilds = 0  # times a drafting decoder had the KV policy choose its selection again
         self.keep_steps = keep_steps
         self._on_prefill_done = on_prefill_done
+        self._on_decode_done = on_decode_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
         self.kv_activity: Any = None  # kv_policies.activity.Activity: how much the policy restricted
         self._deferred: list[tuple[Any, StepRecord | None]] = []  # KV reads still on the device
@@ -58,6 +62,11 @@ class Counts:
         self.prefill_tokens += n_tokens
         if self._on_prefill_done is not None:
             self._on_prefill_done()
+
+    def decode_done(self) -> None:
+        """The decode loop ended (`BaseDecoder.generate` calls it before the generation's deferred reads)."""
+        if self._on_decode_done is not None:
+            self._on_decode_done()
 
     def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: Any) -> None:
         """One target forward. `kv_attended`: an int, or a 0-d device tensor (a view's `kv_read` that

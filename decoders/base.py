@@ -113,6 +113,7 @@ class BaseDecoder:
         out = [first]
         if first not in stop_ids and max_new_tokens > 1:
             self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
+        counts.decode_done()
         counts.resolve()
         counts.kv_activity = self.kv.activity_summary(counts.forwards)
         return out

@@ -100,7 +100,7 @@ class DraftModel:
             eng.evict(self.sinks, eng.length - keep)
         lo = eng.length
         out = eng.step(ids, torch.arange(lo, lo + n, device=eng.device), CausalView(eng.scale), [n - 1])
-        eng.commit(torch.arange(n))
+        eng.commit(range(n))
         counts.draft_model_step(n, lo)
         if pick_into is not None:
             torch.argmax(self._fit(out[0]), dim=-1, out=pick_into)

@@ -51,6 +51,7 @@ the reference implementation):
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import match_lengths, verify_logits
+from decoders.verify import greedy_verify, verify_logits
 from kv_policies.full import FullKV
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -255,32 +256,46 @@ class Lookahead(BaseDecoder):
                 rows = [win + g * k for g in range(len(guesses) + 1)]
                 guesses = guesses[: best_prefix(survivals, rows, cost, cache_len, gains)]
             lay = self._layout(lens, len(guesses))
-            cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
+            drafted = [t for guess in guesses for t in guess]
             tokens = torch.tensor(
-                [root, *(window.flat() if lens != [0] else []), *cands.flatten().tolist()],
-                dtype=torch.long,
-                device=eng.device,
+                [root, *(window.flat() if lens != [0] else []), *drafted], dtype=torch.long, device=eng.device
             )
             view = self._view(lay.block_mask)
             logits, preds = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows, argmax=True)
-            preds = preds.cpu()  # the next Jacobi window needs it, sampled or not
-            verdict = verify_logits(self.sampler, logits, cands, lay.guess_sel, preds)
+            picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
+            at = lay.guess_sel
+            guess_preds = [picked[at + j * k : at + (j + 1) * k] for j in range(len(guesses))]
+            if self.sampler.greedy:
+                verdict = greedy_verify(guesses, picked[0], guess_preds)
+            else:
+                cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
+                verdict = verify_logits(self.sampler, logits, cands, at)
             before = len(seq)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, lay.guess_row, k)[:n_new]  # root + accepted tokens kept in `out`
             eng.commit(rows)
             self.kv.after_commit(eng, len(rows))
             seq.extend(verdict.tokens[:n_new])
-            counts.step(tokens.numel(), cands.numel(), verdict.accepted, n_new, view.kv_read(cache_len))
-            if cost is not None and len(guesses):
-                root_pred = int(preds[0])
-                rows_pred = preds[lay.guess_sel :].view(len(guesses), k)
-                lengths = match_lengths(cands, root_pred, rows_pred).tolist()
+            counts.step(len(tokens), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
+            if cost is not None and guesses:
+                lengths = [
+                    _matched(guess, picked[0], pred) for guess, pred in zip(guesses, guess_preds, strict=True)
+                ]
                 for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), k, n_ok)
                 gains.update(lengths)
             if lens != [0]:
-                for key, gram in window.advance(root, preds[lay.top_sel].tolist()):
+                for key, gram in window.advance(root, [picked[i] for i in lay.top_sel]):
                     pool.add((key,), gram)
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)
+
+
+def _matched(guess: Sequence[int], root_pred: int, preds: Sequence[int]) -> int:
+    """How many leading tokens of `guess` the greedy target agrees with (`verify.match_lengths` of one)."""
+    prev, n = root_pred, 0
+    for tok, nxt in zip(guess, preds, strict=True):
+        if tok != prev:
+            break
+        n, prev = n + 1, nxt
+    return n

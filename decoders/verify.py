@@ -66,17 +66,21 @@ def match_lengths(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) 
     return (cands == prev).long().cumprod(dim=1).sum(dim=1)
 
 
-def greedy_verify(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) -> Verdict:
+Table = torch.Tensor | Sequence[Sequence[int]]  # [g, k]: a host tensor or nested lists
+
+
+def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
     """Longest greedy-accepted candidate prefix plus the bonus token.
 
-    cands: long [g, k] candidate tokens; root_pred: argmax at the root row; cand_pred: long [g, k],
-    `cand_pred[j, t]` = argmax at the row of candidate j's token t. g may be 0. Both are host tensors
-    (read back with the step's one read): the walk is a few dozen integer comparisons, cheaper in
+    cands: [g, k] candidate tokens; root_pred: argmax at the root row; cand_pred: [g, k],
+    `cand_pred[j, t]` = argmax at the row of candidate j's token t. g may be 0. Host tensors (read back
+    with the step's one read) or nested lists: the walk is a few dozen integer comparisons, cheaper in
     Python than as tensor operators.
     """
     root = int(root_pred)
     best, n = -1, 0
-    table, preds = cands.tolist(), cand_pred.tolist()
+    table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+    preds = cand_pred.tolist() if isinstance(cand_pred, torch.Tensor) else cand_pred
     for j, (cand, pred) in enumerate(zip(table, preds, strict=True)):
         prev, m = root, 0
         for tok, nxt in zip(cand, pred, strict=True):

@@ -220,10 +220,9 @@ def sfi_select(
     if k >= m_len:
         selected = torch.arange(m_len, device=device).expand(*heads, m_len).clone()
     else:
-        # the top k as a mask, read back in ascending order (same set as a sorted topk, ~7x faster)
-        top = scores.topk(k, dim=-1, sorted=False).indices
-        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
-        selected = chosen.nonzero()[:, -1].view(*heads, k)
+        # the top k in ascending index order: sorting the k indices has a fixed output size, so the
+        # host never waits for it (a mask's `nonzero` would), and it is the faster of the two here
+        selected = scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
     return SelectorResult(selected, lam, scores)
 
 

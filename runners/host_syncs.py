@@ -87,13 +87,17 @@ MOVES = frozenset({torch.Tensor.cpu, torch.Tensor.to})
 
 class HostSyncs:
     """`with HostSyncs(device) as syncs:` counts, in `syncs.count`, the synchronisations of the code in
-    the block (the module docstring says which); `mark()` notes a point, `since_mark` counts after it.
-    `trace=True` also counts them by operator and calling line in `sites`."""
+    the block (the module docstring says which); `mark()` notes a point, `since_mark` counts after it
+    (up to `stop()`, after which what happens is counted in `after_stop` only: a generation's reads made
+    once after its decode loop are not per step). `trace=True` also counts them by operator and calling
+    line in `sites` (up to `stop()`)."""
 
     def __init__(self, device: torch.device | str, trace: bool = False) -> None:
         self.device_type = torch.device(device).type
         self.count = 0
         self.marked_at = 0
+        self.stopped = False
+        self.after_stop = 0
         self.sites: Counter[str] | None = Counter() if trace else None
         self.host = WeakIdKeyDictionary()  # CPU: the tensors a GPU run would hold on the host
         self.reading = False  # inside a counted Python-level call: its own operators are that one
@@ -107,6 +111,10 @@ class HostSyncs:
     def mark(self) -> None:
         self.marked_at = self.count
         self.launches_marked_at = self.launches
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
     @property
     def since_mark(self) -> int:
@@ -119,7 +127,7 @@ class HostSyncs:
     def launches_kernel(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
         """Whether one dispatched operator outside a forward would launch a device kernel: it computes
         (not a view or metadata) and touches a device tensor."""
-        if self.in_forward or self.in_factory or func in SCALAR_READS or _is_view(func):
+        if self.stopped or self.in_forward or self.in_factory or func in SCALAR_READS or _is_view(func):
             return False
         return any(self.on_device(t) for t in tree_leaves((args, kwargs, out)))
 
@@ -134,6 +142,9 @@ class HostSyncs:
 
     # ------------------------------------------------------------------------------------------
     def add(self, what: str) -> None:
+        if self.stopped:
+            self.after_stop += 1
+            return
         self.count += 1
         if self.sites is not None:
             self.sites[f"{what} at {_caller()}"] += 1
@@ -286,7 +297,7 @@ class _FunctionCounter(TorchFunctionMode):
             on_host = _names_host(kwargs.get("device"))
             if probe.device_type == "cpu":
                 probe.place(out, host=on_host)
-            if not (on_host or probe.in_forward or probe.reading):
+            if not (on_host or probe.in_forward or probe.reading or probe.stopped):
                 probe.launches += 1
             return out
         return self._call(func, args, kwargs, read)
@@ -337,13 +348,14 @@ class _DispatchCounter(TorchDispatchMode):
 
 def syncs_per_step(dec: Any, prompt: list[int], max_new_tokens: int, stop_ids: Collection[int]) -> float:
     """Host synchronisations per decode step (target forward counted in tau) of
-    `dec.generate(prompt, max_new_tokens, stop_ids)`, counted from the end of its prefill. Untimed: the
+    `dec.generate(prompt, max_new_tokens, stop_ids)`, counted from the end of its prefill to the end of its
+    decode loop (the generation's deferred reads after it are once per generation). Untimed: the
     modes slow every operator. NaN for a decoder whose attention compiles (kv.backend=flex): torch.compile
     does not run under a dispatch mode."""
     if dec.compiles_attention():
         return float("nan")
     syncs = HostSyncs(dec.engine.device)
-    counts = Counts(on_prefill_done=syncs.mark, keep_steps=False)
+    counts = Counts(on_prefill_done=syncs.mark, keep_steps=False, on_decode_done=syncs.stop)
     with syncs:
         dec.generate(prompt, max_new_tokens, set(stop_ids), counts)
     return syncs.since_mark / counts.forwards if counts.forwards else float("nan")

@@ -133,6 +133,26 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
     assert syncs_per_step(dec, list(range(3, 20)), 12, set()) == 1.0
 
 
+def test_reads_once_per_generation_after_the_decode_loop_are_not_per_step(tiny_lm):
+    """A restricting policy's deferred reads (KV read per step, how much it restricted) happen once, after
+    the decode loop: counted apart, so the decode loop's one read per step is what `syncs_per_step` says."""
+    dev = torch.device("cpu")
+    x = torch.arange(4.0, device=dev)
+    with HostSyncs(dev) as syncs:
+        x.sum().item()
+        syncs.stop()
+        x.max().item()
+    assert (syncs.count, syncs.after_stop) == (1, 1)
+    dec = Vanilla(Engine(tiny_lm.model), kv=StreamingLLM(budget=8, sinks=2))
+    events: list[str] = []
+    counts = Counts(on_decode_done=lambda: events.append("decode done"), keep_steps=False)
+    resolve = counts.resolve
+    counts.resolve = lambda: (events.append("resolve"), resolve())  # type: ignore[method-assign]
+    dec.generate(list(range(3, 30)), 6, set(), counts)
+    assert events == ["decode done", "resolve"] and counts.kv_activity.restricted_frac > 0
+    assert syncs_per_step(dec, list(range(3, 30)), 12, set()) == 1.0
+
+
 def test_no_sync_count_where_attention_compiles(tiny_lm):
     """torch.compile does not run under the counter's dispatch modes: such runs record no count."""
     from kv_policies.base import build_policy

@@ -38,6 +38,7 @@ pool, then a second, full-cache forward verifies [x_last | candidates].
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import torch
 
@@ -62,25 +63,27 @@ FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed
 
 
 class FumbleStreams:
-    """n sliding windows of k tokens plus each stream's buffer of its last k discarded tokens."""
+    """n sliding windows of k tokens plus each stream's buffer of its last k discarded tokens, as Python
+    lists: the host walks them every step, so no tensor operator is spent on them."""
 
-    def __init__(self, init: torch.Tensor) -> None:
-        self.win = init.clone()  # long [n, k]
-        n, k = init.shape
-        self.disc = torch.zeros(n, k, dtype=torch.long)
-        self.n_disc = 0
+    def __init__(self, init: torch.Tensor | Sequence[Sequence[int]]) -> None:
+        rows = init.tolist() if isinstance(init, torch.Tensor) else init
+        self.win = [list(r) for r in rows]  # [n][k]
+        self.k = len(self.win[0]) if self.win else 0
+        self.disc: list[list[int]] = [[] for _ in self.win]  # oldest first, at most k
 
-    def flat_columns(self) -> torch.Tensor:
+    def flat_columns(self) -> list[int]:
         """Column-wise token order: token r of every stream, then token r + 1, ... (App. E)."""
-        return self.win.t().reshape(-1)
+        return [w[r] for r in range(self.k) for w in self.win]
 
-    def advance(self, new_tokens: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+    def advance(self, new_tokens: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
         """Append each stream's new token, drop its oldest; return (discard buffers, new k-grams)."""
-        k = self.win.shape[1]
-        self.disc = torch.cat([self.disc[:, 1:], self.win[:, :1]], dim=1)
-        self.n_disc = min(self.n_disc + 1, k)
-        self.win = torch.cat([self.win[:, 1:], new_tokens.view(-1, 1).to(self.win.dtype)], dim=1)
-        return self.disc[:, k - self.n_disc :].tolist(), self.win.tolist()
+        for w, d, t in zip(self.win, self.disc, new_tokens, strict=True):
+            d.append(w.pop(0))
+            if len(d) > self.k:
+                del d[0]
+            w.append(int(t))
+        return [list(d) for d in self.disc], [list(w) for w in self.win]
 
 
 class FAFO(BaseDecoder):
@@ -170,9 +173,7 @@ class FAFO(BaseDecoder):
         self, prompt: list[int], out: list[int], n: int | None = None
     ) -> tuple[FumbleStreams, NGramPool, list[int]]:
         rng = random.Random(self.seed)
-        init = torch.tensor(
-            [[rng.choice(prompt) for _ in range(self.k)] for _ in range(n or self.n)], dtype=torch.long
-        )
+        init = [[rng.choice(prompt) for _ in range(self.k)] for _ in range(n or self.n)]
         pool = NGramPool(capacity=self.pool_capacity, max_key_len=self.k)
         seq = list(prompt) + out  # committed tokens + the root (last element)
         if self.pool_from_prompt:
@@ -192,8 +193,8 @@ class FAFO(BaseDecoder):
     def _block(
         self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
-        tokens = tokens.to(self.engine.device)
+        flat = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
+        tokens = torch.tensor(flat, dtype=torch.long, device=self.engine.device)
         pos = lay.offsets + torch.where(lay.is_stream, base, p)
         return tokens, pos
 
@@ -205,7 +206,8 @@ class FAFO(BaseDecoder):
         g = cands.shape[0]
         rows = lay.cand_rows[:g]
         if self.sampler.greedy:
-            return greedy_verify(cands, int(preds[0]), preds[rows])
+            picked = preds.tolist()
+            return greedy_verify(cands, picked[0], [[picked[r] for r in row] for row in lay.cand_row_ids[:g]])
         probs = self.sampler.probs
         return sample_verify(
             cands, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
@@ -223,7 +225,7 @@ class FAFO(BaseDecoder):
     ) -> tuple[int, bool]:
         """Commit the verdict's KV rows, extend the output. Returns (tokens appended, done)."""
         eng = self.engine
-        rows = verdict.commit_rows(0, lay.cand_rows)
+        rows = verdict.commit_rows(0, lay.cand_row_ids)
         eng.commit(rows)
         self.kv.after_commit(eng, len(rows))
         before = len(seq)
@@ -233,7 +235,7 @@ class FAFO(BaseDecoder):
             pool.add_sequence(seq, self.k, start=before - self.k + 1)
         return n_new, done
 
-    def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: torch.Tensor) -> None:
+    def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: Sequence[int]) -> None:
         for disc, gram in zip(*streams.advance(new_tokens)):
             pool.add_suffix_keys(disc, gram)
 
@@ -276,7 +278,7 @@ class FAFO(BaseDecoder):
                     stats.update(min(j, RANKS), self.k, n_ok)
                 gains.update(lengths)
             if n:
-                self._grow_pool(pool, streams, preds[preds.numel() - n :])  # each stream's last row
+                self._grow_pool(pool, streams, preds[preds.numel() - n :].tolist())  # each stream's last row
             base = self._next_base(base, len(seq) - 1)
 
     # --- block=auto ---------------------------------------------------------------------------
@@ -343,7 +345,7 @@ class FAFO2Forward(FAFO):
             # a forward of the target over the policy's selection that commits nothing: a draft forward
             # (counted apart, as self-speculation's are; tau counts the verification forwards)
             counts.draft_step(view_a.kv_read(cache_len), block_tokens=lay_a.size)
-            self._grow_pool(pool, streams, fumbled.cpu())
+            self._grow_pool(pool, streams, fumbled.tolist())
             # forward B: verification against the full cache
             cands, block_cands = self._candidates(pool, seq)
             lay_b = self.layouts.get(block_cands, 0)

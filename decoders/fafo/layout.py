@@ -43,23 +43,26 @@ class FafoLayout:
     k: int
     n: int  # streams in the block (0 for a verification-only forward)
     stream_row: int  # first block row of the fumble streams (after any padding rows)
+    cand_row_ids: list[list[int]] | None = None  # `cand_rows` as Python ints (commits read no tensor)
+
+    def __post_init__(self) -> None:
+        if self.cand_row_ids is None:
+            self.cand_row_ids = self.cand_rows.tolist()
 
     @property
     def size(self) -> int:
         return self.block_mask.shape[0]
 
-    def tokens(self, root: int, streams: torch.Tensor | None) -> torch.Tensor:
-        """Block tokens (cpu): root, candidates, padding (root), streams column-wise, padding."""
+    def tokens(self, root: int, streams: list[int] | None) -> list[int]:
+        """Block tokens: root, candidates, padding (root), streams column-wise, padding."""
         c = self.cand_tokens.numel()
         mid = self.stream_row - 1 - c
         tail = self.size - self.stream_row - self.n * self.k
-        r = torch.tensor([root], dtype=torch.long)
-        parts = [r, self.cand_tokens, r.expand(mid)]
+        out = [root, *self.cand_tokens.tolist(), *[root] * mid]
         if self.n:
             assert streams is not None
-            parts.append(streams)
-        parts.append(r.expand(tail))
-        return torch.cat(parts)
+            out += streams
+        return out + [root] * tail
 
 
 def _round_up(x: int, align: int) -> int:
@@ -148,7 +151,9 @@ class Trie:
     def fill(self, lay: FafoLayout) -> FafoLayout:
         """`lay` (this trie's structure) with this trie's candidate tokens and rows."""
         cand_rows = torch.tensor(self.rows, dtype=torch.long).view(len(self.rows), lay.k)
-        return dataclasses.replace(lay, cand_rows=cand_rows, cand_tokens=torch.tensor(self.tokens))
+        return dataclasses.replace(
+            lay, cand_rows=cand_rows, cand_tokens=torch.tensor(self.tokens), cand_row_ids=self.rows
+        )
 
 
 def _tree_structure(
