@@ -268,8 +268,7 @@ class Lookahead(BaseDecoder):
             if self.sampler.greedy:
                 verdict = greedy_verify(guesses, picked[0], guess_preds)
             else:
-                cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), k)
-                verdict = verify_logits(self.sampler, logits, cands, at)
+                verdict = verify_logits(self.sampler, logits, guesses, at)
             before = len(seq)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, lay.guess_row, k)[:n_new]  # root + accepted tokens kept in `out`

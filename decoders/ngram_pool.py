@@ -14,7 +14,6 @@ evicts the least recently used.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 Gram = tuple[int, ...]
@@ -30,7 +29,8 @@ class NGramPool:
             raise ValueError(f"max_key_len must be positive, got {max_key_len}")
         self.capacity = capacity
         self.max_key_len = max_key_len
-        self._store: dict[Gram, OrderedDict[Gram, None]] = {}
+        # a plain dict per key keeps insertion order, least recently used first (cheaper than OrderedDict)
+        self._store: dict[Gram, dict[Gram, None]] = {}
 
     def __len__(self) -> int:
         """Number of keys holding at least one continuation."""
@@ -50,19 +50,30 @@ class NGramPool:
             raise ValueError(f"key length {len(k)} outside 1..{self.max_key_len}")
         entries = self._store.get(k)
         if entries is None:
-            entries = self._store[k] = OrderedDict()
+            entries = self._store[k] = {}
         if v in entries:
-            entries.move_to_end(v)
-            return
+            del entries[v]  # re-inserted below as the most recent
         entries[v] = None
         if len(entries) > self.capacity:
-            entries.popitem(last=False)
+            del entries[next(iter(entries))]
 
     def add_suffix_keys(self, context: Sequence[int], value: Iterable[int]) -> None:
-        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2)."""
-        v = tuple(value)
-        for m in range(1, min(self.max_key_len, len(context)) + 1):
-            self.add(context[len(context) - m :], v)
+        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2). `add`
+        inlined: FAFO makes n * k of these insertions per step on the host."""
+        v, ctx = tuple(value), tuple(context)
+        store, cap = self._store, self.capacity
+        for m in range(1, min(self.max_key_len, len(ctx)) + 1):
+            key = ctx[len(ctx) - m :]
+            entries = store.get(key)
+            if entries is None:
+                store[key] = {v: None}
+            elif v in entries:
+                del entries[v]
+                entries[v] = None
+            else:
+                entries[v] = None
+                if len(entries) > cap:
+                    del entries[next(iter(entries))]
 
     def add_sequence(self, tokens: Sequence[int], gram_len: int, start: int = 0) -> None:
         """Insert every n-gram of `tokens` keyed by the token(s) just before it.

@@ -132,8 +132,7 @@ class PromptLookup(BaseDecoder):
             view = self.kv.decode_view(eng, k + 1)
             positions = torch.arange(p, p + k + 1, device=eng.device)
             logits, preds = step_for(self.sampler, eng, tokens, positions, view)
-            cands = torch.tensor([draft], dtype=torch.long).reshape(1 if k else 0, k)
-            verdict = verify_logits(self.sampler, logits, cands, 1, preds)
+            verdict = verify_logits(self.sampler, logits, [draft] if k else [], 1, preds)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, 1, k)[:n_new]  # root + accepted tokens kept in `out`
             eng.commit(rows)

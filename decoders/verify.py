@@ -152,17 +152,23 @@ def step_for(
 
 
 def verify_logits(
-    sampler: Sampler, logits: torch.Tensor, cands: torch.Tensor, first: int, preds: torch.Tensor | None = None
+    sampler: Sampler, logits: torch.Tensor, cands: Table, first: int, preds: torch.Tensor | None = None
 ) -> Verdict:
-    """Verify `cands` [g, k] from one forward's logits rows: the root's at row 0, candidate j
-    token t's at row `first + j*k + t`. Greedy (argmax; `preds` = the argmax of every row, as the
-    step returns it, read here) or sampling verification, following the sampler."""
-    g, k = cands.shape
+    """Verify `cands` [g, k] (a host tensor or nested lists) from one forward's logits rows: the root's at
+    row 0, candidate j token t's at row `first + j*k + t`. Greedy (argmax; `preds` = the argmax of every
+    row, as the step returns it, read here in one transfer) or sampling verification, following the
+    sampler."""
+    if isinstance(cands, torch.Tensor):
+        g, k = cands.shape
+    else:
+        g, k = len(cands), len(cands[0]) if cands else 0
     if sampler.greedy:
-        preds = (logits.argmax(dim=-1) if preds is None else preds).cpu()
-        return greedy_verify(cands, int(preds[0]), preds[first : first + g * k].reshape(g, k))
+        picked = (logits.argmax(dim=-1) if preds is None else preds).tolist()
+        rows = [picked[first + j * k : first + (j + 1) * k] for j in range(g)]
+        return greedy_verify(cands, picked[0], rows)
+    table = cands if isinstance(cands, torch.Tensor) else torch.tensor(cands, dtype=torch.long).reshape(g, k)
     return sample_verify(
-        cands, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler
+        table, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler
     )
 
 

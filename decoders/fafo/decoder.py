@@ -204,10 +204,10 @@ class FAFO(BaseDecoder):
         """Greedy or sampling verification of the real candidates (padding rows are never read);
         logits row == block row over the verification part."""
         g = cands.shape[0]
-        rows = lay.cand_rows[:g]
         if self.sampler.greedy:
             picked = preds.tolist()
-            return greedy_verify(cands, picked[0], [[picked[r] for r in row] for row in lay.cand_row_ids[:g]])
+            return greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
+        rows = lay.cand_rows[:g]
         probs = self.sampler.probs
         return sample_verify(
             cands, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler

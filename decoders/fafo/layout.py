@@ -26,6 +26,7 @@ row of each stream (its next token, Eq. 1). `cand_rows[j, t]` maps candidate j t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -48,6 +49,17 @@ class FafoLayout:
     def __post_init__(self) -> None:
         if self.cand_row_ids is None:
             self.cand_row_ids = self.cand_rows.tolist()
+
+    def candidate_rows(self, values: list, g: int) -> list[list]:
+        """`values[cand_rows[j, t]]` for the first `g` candidates (slices where the rows are consecutive,
+        as in a flat layout)."""
+        rows = self.cand_row_ids
+        assert rows is not None
+        k = self.k
+        if g and rows[g - 1][-1] == rows[0][0] + g * k - 1:  # candidate j at rows first + j*k ..
+            first = rows[0][0]
+            return [values[first + j * k : first + (j + 1) * k] for j in range(g)]
+        return [[values[r] for r in row] for row in rows[:g]]
 
     @property
     def size(self) -> int:
@@ -214,4 +226,6 @@ class LayoutCache:
         if lay is None:
             lay = build_layout(self.k, g, n, self.fumble_sees_last, self.device, self.align)
             self._cache[(g, n)] = lay
-        return dataclasses.replace(lay, cand_tokens=cands.reshape(-1))
+        filled = copy.copy(lay)  # a shallow copy: dataclasses.replace would rerun __init__ every step
+        filled.cand_tokens = cands.reshape(-1)
+        return filled
