@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -206,6 +207,8 @@ def test_warmup_repeats_until_its_seconds_have_passed(tmp_path):
     sample = runner.task.load()[0]
     assert runner.warmup_s == 0.0 and runner._warmup(sample) == 1
     longer = Runner(make_cfg(tmp_path, "run.warmup_s=0.5"))
+    # a generation of fixed length (a real one can take longer than 0.5 s on a busy machine)
+    longer.decoder.generate = lambda *args: time.sleep(0.05) or [0]
     assert longer.run_id == runner.run_id and longer._warmup(sample) > 1
     for bad in ("-1", "soon"):
         with pytest.raises(HarnessError, match="run.warmup_s must be"):
