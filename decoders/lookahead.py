@@ -51,7 +51,6 @@ the reference implementation):
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +61,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import greedy_verify, verify_logits
+from decoders.verify import greedy_verify, prefix_match, verify_logits
 from kv_policies.full import FullKV
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -277,9 +276,8 @@ class Lookahead(BaseDecoder):
             seq.extend(verdict.tokens[:n_new])
             counts.step(len(tokens), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
             if cost is not None and guesses:
-                lengths = [
-                    _matched(guess, picked[0], pred) for guess, pred in zip(guesses, guess_preds, strict=True)
-                ]
+                pairs = zip(guesses, guess_preds, strict=True)
+                lengths = [prefix_match(guess, picked[0], pred) for guess, pred in pairs]
                 for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), k, n_ok)
                 gains.update(lengths)
@@ -288,13 +286,3 @@ class Lookahead(BaseDecoder):
                     pool.add((key,), gram)
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)
-
-
-def _matched(guess: Sequence[int], root_pred: int, preds: Sequence[int]) -> int:
-    """How many leading tokens of `guess` the greedy target agrees with (`verify.match_lengths` of one)."""
-    prev, n = root_pred, 0
-    for tok, nxt in zip(guess, preds, strict=True):
-        if tok != prev:
-            break
-        n, prev = n + 1, nxt
-    return n

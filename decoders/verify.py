@@ -69,6 +69,17 @@ def match_lengths(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) 
 Table = torch.Tensor | Sequence[Sequence[int]]  # [g, k]: a host tensor or nested lists
 
 
+def prefix_match(cand: Sequence[int], root_pred: int, preds: Sequence[int]) -> int:
+    """How many leading tokens of one candidate the greedy target agrees with: token t is accepted when
+    it equals the argmax at the row before it (`root_pred` for the first, `preds[t - 1]` after)."""
+    prev, n = root_pred, 0
+    for tok, nxt in zip(cand, preds, strict=True):
+        if tok != prev:
+            break
+        n, prev = n + 1, nxt
+    return n
+
+
 def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
     """Longest greedy-accepted candidate prefix plus the bonus token.
 
@@ -82,11 +93,7 @@ def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
     table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
     preds = cand_pred.tolist() if isinstance(cand_pred, torch.Tensor) else cand_pred
     for j, (cand, pred) in enumerate(zip(table, preds, strict=True)):
-        prev, m = root, 0
-        for tok, nxt in zip(cand, pred, strict=True):
-            if tok != prev:
-                break
-            m, prev = m + 1, nxt
+        m = prefix_match(cand, root, pred)
         if m > n:  # the first maximum on ties
             best, n = j, m
     if n == 0:
