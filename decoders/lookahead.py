@@ -61,7 +61,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import greedy_verify, prefix_match, verify_logits
+from decoders.verify import candidate_slices, greedy_verify, prefix_match, verify_logits
 from kv_policies.full import FullKV
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -263,7 +263,7 @@ class Lookahead(BaseDecoder):
             logits, preds = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows, argmax=True)
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel
-            guess_preds = [picked[at + j * k : at + (j + 1) * k] for j in range(len(guesses))]
+            guess_preds = candidate_slices(picked, at, len(guesses), k)
             if self.sampler.greedy:
                 verdict = greedy_verify(guesses, picked[0], guess_preds)
             else:

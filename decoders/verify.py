@@ -58,14 +58,6 @@ class Verdict:
         return [root_row, *range(base, base + self.accepted)]
 
 
-def match_lengths(cands: torch.Tensor, root_pred: int, cand_pred: torch.Tensor) -> torch.Tensor:
-    """long [g]: how many leading tokens of each candidate the greedy target agrees with."""
-    if cands.numel() == 0:
-        return torch.zeros(cands.shape[0], dtype=torch.long)
-    prev = torch.cat([torch.full_like(cands[:, :1], int(root_pred)), cand_pred[:, :-1]], dim=1)
-    return (cands == prev).long().cumprod(dim=1).sum(dim=1)
-
-
 Table = torch.Tensor | Sequence[Sequence[int]]  # [g, k]: a host tensor or nested lists
 
 
@@ -78,6 +70,11 @@ def prefix_match(cand: Sequence[int], root_pred: int, preds: Sequence[int]) -> i
             break
         n, prev = n + 1, nxt
     return n
+
+
+def candidate_slices(values: Sequence[int], first: int, g: int, k: int) -> list[Sequence[int]]:
+    """`values` of the usual layout's candidate rows: candidate j's token t at row `first + j*k + t`."""
+    return [values[first + j * k : first + (j + 1) * k] for j in range(g)]
 
 
 def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
@@ -171,8 +168,7 @@ def verify_logits(
         g, k = len(cands), len(cands[0]) if cands else 0
     if sampler.greedy:
         picked = (logits.argmax(dim=-1) if preds is None else preds).tolist()
-        rows = [picked[first + j * k : first + (j + 1) * k] for j in range(g)]
-        return greedy_verify(cands, picked[0], rows)
+        return greedy_verify(cands, picked[0], candidate_slices(picked, first, g, k))
     table = cands if isinstance(cands, torch.Tensor) else torch.tensor(cands, dtype=torch.long).reshape(g, k)
     return sample_verify(
         table, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler

@@ -56,7 +56,7 @@ from decoders.block_size import (
 from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import NGramPool
-from decoders.verify import Verdict, greedy_verify, match_lengths, sample_verify
+from decoders.verify import Verdict, greedy_verify, prefix_match, sample_verify
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
@@ -199,13 +199,13 @@ class FAFO(BaseDecoder):
         return tokens, pos
 
     def _verify(
-        self, lay: FafoLayout, logits: torch.Tensor, preds: torch.Tensor, cands: torch.Tensor
+        self, lay: FafoLayout, logits: torch.Tensor, picked: list[int] | None, cands: torch.Tensor
     ) -> Verdict:
-        """Greedy or sampling verification of the real candidates (padding rows are never read);
-        logits row == block row over the verification part."""
+        """Greedy (`picked`: every returned row's argmax, read back) or sampling verification of the real
+        candidates (padding rows are never read); logits row == block row over the verification part."""
         g = cands.shape[0]
         if self.sampler.greedy:
-            picked = preds.tolist()
+            assert picked is not None
             return greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
         rows = lay.cand_rows[:g]
         probs = self.sampler.probs
@@ -266,19 +266,19 @@ class FAFO(BaseDecoder):
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
             logits, preds = eng.step(tokens, pos, view, logits_rows=lay.logits_rows, argmax=True)
-            preds = preds.cpu()
-            verdict = self._verify(lay, logits, preds, cands)
+            picked = preds.tolist()  # the step's one read: verification and the streams' next tokens
+            verdict = self._verify(lay, logits, picked, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
             if cost is not None and len(cands):
-                rows = lay.cand_rows[: len(cands)]
-                lengths = match_lengths(cands, int(preds[0]), preds[rows]).tolist()
+                pairs = zip(cands.tolist(), lay.candidate_rows(picked, len(cands)), strict=True)
+                lengths = [prefix_match(cand, picked[0], pred) for cand, pred in pairs]
                 for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), self.k, n_ok)
                 gains.update(lengths)
             if n:
-                self._grow_pool(pool, streams, preds[preds.numel() - n :].tolist())  # each stream's last row
+                self._grow_pool(pool, streams, picked[len(picked) - n :])  # each stream's last row
             base = self._next_base(base, len(seq) - 1)
 
     # --- block=auto ---------------------------------------------------------------------------
@@ -353,8 +353,7 @@ class FAFO2Forward(FAFO):
             logits, preds = eng.step(
                 tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows, argmax=True
             )
-            preds = preds.cpu() if self.sampler.greedy else preds
-            verdict = self._verify(lay_b, logits, preds, cands)
+            verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(lay_b.size, cands.numel(), verdict.accepted, n_new, cache_len)
             base = self._next_base(base, len(seq) - 1)

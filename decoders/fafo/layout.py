@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from decoders.verify import candidate_slices
+
 
 @dataclass
 class FafoLayout:
@@ -57,8 +59,7 @@ class FafoLayout:
         assert rows is not None
         k = self.k
         if g and rows[g - 1][-1] == rows[0][0] + g * k - 1:  # candidate j at rows first + j*k ..
-            first = rows[0][0]
-            return [values[first + j * k : first + (j + 1) * k] for j in range(g)]
+            return candidate_slices(values, rows[0][0], g, k)
         return [[values[r] for r in row] for row in rows[:g]]
 
     @property
