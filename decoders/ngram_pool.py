@@ -45,35 +45,28 @@ class NGramPool:
     # --- insertion -------------------------------------------------------------------------------
     def add(self, key: Iterable[int], value: Iterable[int]) -> None:
         """Store `value` under `key` as the most recently used entry (LRU eviction beyond capacity)."""
-        k, v = tuple(key), tuple(value)
+        k = tuple(key)
         if not 0 < len(k) <= self.max_key_len:
             raise ValueError(f"key length {len(k)} outside 1..{self.max_key_len}")
-        entries = self._store.get(k)
+        self._put(k, tuple(value))
+
+    def _put(self, key: Gram, value: Gram) -> None:
+        entries = self._store.get(key)
         if entries is None:
-            entries = self._store[k] = {}
-        if v in entries:
-            del entries[v]  # re-inserted below as the most recent
-        entries[v] = None
+            self._store[key] = {value: None}
+            return
+        if value in entries:
+            del entries[value]  # re-inserted below as the most recent
+        entries[value] = None
         if len(entries) > self.capacity:
             del entries[next(iter(entries))]
 
     def add_suffix_keys(self, context: Sequence[int], value: Iterable[int]) -> None:
-        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2). `add`
-        inlined: FAFO makes n * k of these insertions per step on the host."""
+        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2; the
+        suffixes are valid keys by construction, so `add`'s check is skipped: n * k insertions a step)."""
         v, ctx = tuple(value), tuple(context)
-        store, cap = self._store, self.capacity
         for m in range(1, min(self.max_key_len, len(ctx)) + 1):
-            key = ctx[len(ctx) - m :]
-            entries = store.get(key)
-            if entries is None:
-                store[key] = {v: None}
-            elif v in entries:
-                del entries[v]
-                entries[v] = None
-            else:
-                entries[v] = None
-                if len(entries) > cap:
-                    del entries[next(iter(entries))]
+            self._put(ctx[len(ctx) - m :], v)
 
     def add_sequence(self, tokens: Sequence[int], gram_len: int, start: int = 0) -> None:
         """Insert every n-gram of `tokens` keyed by the token(s) just before it.
