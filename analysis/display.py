@@ -38,6 +38,7 @@ SHORT = {
 # forwards-weighted mean over the run's turns (a turn with more forwards says more about the run)
 COUNTERS = (
     ("static_frac", "static", "{:.0%}"),
+    ("draft_static_frac", "draft static", "{:.0%}"),
     ("syncs_per_step", "syncs/step", "{:.2f}"),
     ("host_ms_per_forward", "host ms/fwd", "{:.2f}"),
 )

@@ -25,7 +25,13 @@ RUN_KEYS = [
 ]
 
 # samples columns of the host counters (runners.records.host_counters)
-HOST_COLUMNS = ("draft_forward_s", "static_frac", "syncs_per_step", "host_ms_per_forward")
+HOST_COLUMNS = (
+    "draft_forward_s",
+    "static_frac",
+    "draft_static_frac",
+    "syncs_per_step",
+    "host_ms_per_forward",
+)
 
 
 def _flatten(prefix: str, blob: str) -> dict:

@@ -2,7 +2,7 @@
 
     flock results/bench/.lock python -m benchmarks.bench_host_overhead \\
         [--questions 2] [--new 64] [--repeats 3] [--count-new 32] [--threads 1] [--only fafo+streaming ...]
-        [--device cuda --dtype bfloat16 --cuda-graphs --scale paper]
+        [--device cuda --dtype bfloat16 --cuda-graphs --scale paper] [--long [--context 2048]]
 
 Per decoder/policy (SmolLM2-135M, by default fp32 on the CPU; `--scale cpu`: each experiment's decoder
 settings, KV budgets at 10% of the context, FAFO at its CPU size; `--scale paper`: the papers' decoder
@@ -44,6 +44,7 @@ from runners.config import build, resolve_linear, stop_ids_for
 from runners.host_syncs import HostSyncs, forwards_apart
 from runners.timing import DraftClock, StepClock, timed_generate
 from tasks.mtbench import MTBench
+from tasks.pg19 import PG19
 
 REPO = Path(__file__).resolve().parents[1]
 # (decoder, kv, overrides) of the experiments in conf/experiment/ on this model (decoder=triforce brings
@@ -68,6 +69,19 @@ COMBOS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vanilla", "kvpress", ("kv.press=StreamingLLMPress",)),
 )
 
+# `--long`: the long-context experiments (PG-19 windows of --context tokens, the package's stand-in
+# offline): self-speculation and TriForce over retrieval and SFI on the compressed-region backend
+# (triforce_figure6a/6b, triforce_table8a/8b, sfi_figure4: kv.backend=sliced) and on the dense one
+# (triforce_table1: retrieval and the Top-K oracle, first two layers full)
+LONG_COMBOS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("vanilla", "full", ()),
+    ("selfspec", "retrieval", ("kv.backend=sliced", "kv.budget_frac=0.034")),
+    ("triforce", "retrieval", ("kv.backend=sliced", "kv.budget_frac=0.034")),
+    ("sfi", "sfi_ctx20", ("kv.backend=sliced",)),
+    ("selfspec", "retrieval", ("kv.budget_frac=0.04", "kv.dense_layers=2")),
+    ("selfspec", "topk", ("kv.budget_frac=0.04", "kv.dense_layers=2")),
+)
+
 
 @dataclass
 class Method:
@@ -84,10 +98,12 @@ class Method:
     syncs: float = float("nan")
     launches: float = float("nan")  # device operators per step outside the forwards (GPU: kernel launches)
     sites: list[tuple[str, float]] = field(default_factory=list)  # (where, syncs per decode step)
+    backend: str = ""  # a KV backend other than the configured one, named in the table
+    draft_static: list[float] = field(default_factory=list)  # per timed generation, with a draft model
 
     @property
     def name(self) -> str:
-        return f"{self.decoder}+{self.kv}"
+        return f"{self.decoder}+{self.kv}" + (f"/{self.backend}" if self.backend else "")
 
 
 def make_decoder(
@@ -103,6 +119,11 @@ def make_decoder(
     if "draft" in needs:
         extra["draft"] = build_draft(cfg.get("draft"), lm, eng)
     return factory(engine=eng, kv=build(cfg.kv, "kv"), sampler=Sampler(), **extra)
+
+
+def backend_of(overrides: tuple[str, ...]) -> str:
+    """The KV backend an override sets (empty: the policy's configured one)."""
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("kv.backend=")), "")
 
 
 def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -> None:
@@ -141,6 +162,7 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
             fwd_s[m.name] += clock.seconds_since_mark
             n_fwd[m.name] += clock.forwards_since_mark
             m.static.append(clock.static_frac_since_mark)
+            m.draft_static.append(drafts.static_frac_since_mark)
             m.forwards += timed.counts.forwards
             m.committed += timed.counts.committed
             m.outputs.append(timed.output)
@@ -153,16 +175,19 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
 def print_table(methods: list[Method], repeats: int) -> None:
     base = methods[0]
     print(
-        "| decoder | kv | tau | static_frac | syncs/step | launches/step | host ms/forward | x vanilla "
-        "| forward ms | exact |"
+        "| decoder | kv | tau | static_frac | draft static | syncs/step | launches/step | host ms/forward "
+        "| x vanilla | forward ms | exact |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in methods:
         ratio = statistics.median(h / b for h, b in zip(m.host_ms, base.host_ms, strict=True))
+        drafts = [x for x in m.draft_static if x == x]  # NaN: no draft model forward
+        draft = f"{statistics.mean(drafts):.3f}" if drafts else "-"
+        kv = m.kv + (f" ({m.backend})" if m.backend else "")
         print(
-            f"| {m.decoder} | {m.kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
-            f"{m.syncs:.2f} | {m.launches:.0f} | {statistics.median(m.host_ms):.2f} | {ratio:.2f} | "
-            f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
+            f"| {m.decoder} | {kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
+            f"{draft} | {m.syncs:.2f} | {m.launches:.0f} | {statistics.median(m.host_ms):.2f} | "
+            f"{ratio:.2f} | {statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
         )
     print(f"\nmedians over {repeats} repeats; x vanilla: median of the per-repeat ratios")
 
@@ -191,20 +216,33 @@ def main() -> None:
     )
     ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
     ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
+    ap.add_argument("--long", action="store_true", help="the long-context experiments (LONG_COMBOS)")
+    ap.add_argument("--context", type=int, default=2048, help="--long: prompt tokens (PG-19 windows)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, linear=resolve_linear("auto", lm), cuda_graphs=args.cuda_graphs)
     stop = stop_ids_for(lm.tokenizer, lm.model)
-    task = MTBench(limit=args.questions)
-    prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
-    combos = [c for c in COMBOS if args.only is None or c == COMBOS[0] or f"{c[0]}+{c[1]}" in args.only]
+    task = (
+        PG19(limit=args.questions, context_length=args.context)
+        if args.long
+        else MTBench(limit=args.questions)
+    )
+    samples = task.load()
+    prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in samples]
+    every = LONG_COMBOS if args.long else COMBOS
+    combos = [c for c in every if args.only is None or c == every[0] or f"{c[0]}+{c[1]}" in args.only]
     if args.scale != "cpu":  # the experiments' own decoder settings
         combos = [(d, k, tuple(e for e in extra if e not in FAFO_CPU)) for d, k, extra in combos]
-    methods = [Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale)) for d, k, extra in combos]
+    methods = [
+        Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale), backend=backend_of(extra))
+        for d, k, extra in combos
+    ]
+    source = samples[0].meta.get("source", "?") if samples else "?"
+    prompt_set = f"PG-19 windows ({source}) x" if args.long else "MT-Bench turn 1 x"
     print(
         f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} ({eng.linear}"
-        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale={args.scale}, MT-Bench turn 1 x "
+        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale={args.scale}, {prompt_set} "
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
         f"threads={args.threads}, torch {torch.__version__}\n"
     )
@@ -222,7 +260,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("bench_host_overhead"):
+    name = "bench_host_overhead_long" if "--long" in sys.argv else "bench_host_overhead"
+    with recorded(name, module="benchmarks.bench_host_overhead"):
         main()

@@ -18,9 +18,12 @@ inside the block, `observe(layer, q)`) or a causal view whose policy watches the
 vanilla's steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's
 blocks, LongSpec's tree under its masked backend: a view with `whole_cache_block`), the blocks
 restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
-kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's blocks, whose page choice runs
-inside the forward (a view that `selects_in_forward`: the `selector` below). The prefill, Top-K,
-the hybrid tree backend, per-head masks and hooks take the regular forward. The queries a policy
+kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's and Top-K's blocks, whose choice
+runs inside the forward (a view that `selects_in_forward`: the `selector` below; Top-K's with a
+self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
+(`Engine.use_graphs`). The prefill, the hybrid tree backend, the compressed-region backends
+(`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks take the
+regular forward. The queries a policy
 observes are kept per layer by the forward and handed to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
@@ -53,8 +56,9 @@ def fits(cache, n: int, view) -> bool:
         return tuple(view.block_mask.shape) == (n, n)
     if getattr(view, "layer_selection", False):
         return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
-    if getattr(view, "selects_in_forward", False):
-        return tuple(view.block_mask.shape) == (n, n) and view.tail_from is None
+    if getattr(view, "selects_in_forward", False):  # a draft tail only where the selector stages it
+        tail_ok = view.tail_from is None or getattr(view, "selects_with_tail", False)
+        return tuple(view.block_mask.shape) == (n, n) and tail_ok
     return isinstance(view, CausalView) and (
         type(view) is CausalView or getattr(view, "observes_queries", False)
     )

@@ -77,9 +77,14 @@ class Engine:
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
-            from core.decode_graph import StaticForwards
+            self.use_graphs(capture=True)
 
-            self.graphs = StaticForwards(self, capture=True)
+    def use_graphs(self, capture: bool) -> None:
+        """Send this engine's fixed-shape steps through `core.decode_graph.StaticForwards`: captured CUDA
+        graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs)."""
+        from core.decode_graph import StaticForwards
+
+        self.graphs = StaticForwards(self, capture=capture)
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):
@@ -228,7 +233,9 @@ class Engine:
         sub.w = dataclasses.replace(self.w, layers=self.w.layers[:n_layers], n_layers=n_layers)
         w = sub.w
         sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)
-        sub.graphs = None  # the parent's graphs hold the parent's layers and cache
+        sub.graphs, sub.fixed_shape_steps = None, 0  # the parent's graphs hold the parent's layers and cache
+        if self.graphs is not None:  # a self-draft's steps are graphed like the target's
+            sub.use_graphs(self.graphs.capture)
         return sub
 
     @torch.inference_mode()

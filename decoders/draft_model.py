@@ -72,9 +72,11 @@ class DraftModel:
     def start(self, prompt: Sequence[int], counts: Counts) -> None:
         """Reset the cache and stream the prompt through it (chunks of half the recent window)."""
         eng = self.engine
-        eng.reset(self.capacity)
-        self.fed, self.settled = [], 0
         chunk = max(1, min(eng.prefill_chunk, self.recent // 2))
+        # entries never exceed `capacity`; the slots past it hold the pad rows of a fixed-shape forward
+        # (core.decode_graph pads a block of n <= max(chunk, room) rows to a power of two, < 2n)
+        eng.reset(self.capacity + max(chunk, self.room))
+        self.fed, self.settled = [], 0
         for lo in range(0, len(prompt) - 1, chunk):  # the last prompt token is the first root
             self._feed(list(prompt[lo : min(lo + chunk, len(prompt) - 1)]), counts, logits=False)
         self.settled = len(self.fed)
@@ -219,7 +221,10 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
         )
         label = str(name)
     check_same_vocabulary(target_lm.tokenizer, lm.tokenizer, label)
-    return DraftModel(Engine(lm.model, prefill_chunk=target.prefill_chunk), label, vocab, **cache)
+    engine = Engine(lm.model, prefill_chunk=target.prefill_chunk)
+    if target.graphs is not None:  # the draft's steps are graphed like the target's
+        engine.use_graphs(target.graphs.capture)
+    return DraftModel(engine, label, vocab, **cache)
 
 
 def check_same_vocabulary(target_tok: Any, draft_tok: Any, label: str) -> None:

@@ -57,6 +57,7 @@ from kv_policies.activity import Activity, SelectionActivity
 log = logging.getLogger(__name__)
 
 BACKENDS = ("dense", "flex", "sliced", "flash")
+_WARNED_UNGRAPHED: set[str] = set()  # region backends warned about under CUDA graphs (once per process)
 
 # name -> "module:Class"; `build_policy` gives the one-line error for anything else
 REGISTRY = {
@@ -387,6 +388,13 @@ class KVPolicy:
         if reg is None or reg.cache is not engine.cache or reg.backend != backend:
             if reg is not None:
                 reg.restore()
+            if getattr(engine, "graphs", None) is not None and backend not in _WARNED_UNGRAPHED:
+                _WARNED_UNGRAPHED.add(backend)
+                log.warning(
+                    "kv.backend=%s moves entries between steps: its restricted steps take the regular "
+                    "forward, not the CUDA graphs (kv.backend=dense keeps them on the graphs)",
+                    backend,
+                )
             reg = CompressedRegion(self, engine, backend=backend)
         return reg
 

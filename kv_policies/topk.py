@@ -8,6 +8,8 @@ key to choose, so it never saves work: it measures how good a budget could be.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
@@ -35,6 +37,21 @@ class TopK(KVPolicy):
             "backend": self.backend,
             "dense_layers": self.dense_layers,
         }
+
+    def forward_view(
+        self,
+        engine: Any,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None,
+        rows: slice | None,
+    ) -> Any:
+        """`TopKView`: the choice also runs inside the fixed-shape forward (draft tail included)."""
+        if self.region is not None:
+            return None
+        from kv_policies.topk_view import TopKView
+
+        return TopKView(self, engine.scale, block_mask, restricted, tail_from, rows)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

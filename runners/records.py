@@ -65,6 +65,7 @@ SAMPLE_COLUMNS = {
     # decode target forward spent outside the target's and the draft model's forwards
     "draft_forward_s": "float64",
     "static_frac": "float64",
+    "draft_static_frac": "float64",
     "syncs_per_step": "float64",
     "host_ms_per_forward": "float64",
     "output_digest": "string",
@@ -126,15 +127,16 @@ def measurements(
     }
 
 
-def host_counters(
-    decode_s: float, forward_s: float, draft_s: float, forwards: int, static_frac: float, syncs: float
-) -> dict[str, float]:
-    """The host-side columns of one (sample, turn) row: `forwards` target forwards after the prefill
-    took `forward_s` seconds, the draft model's `draft_s`, of `decode_s` decode seconds."""
-    host = (decode_s - forward_s - draft_s) / forwards * 1e3 if forwards else float("nan")
+def host_counters(decode_s: float, forwards: Any, drafts: Any, syncs: float) -> dict[str, float]:
+    """The host-side columns of one (sample, turn) row of `decode_s` decode seconds, from the clocks of
+    its forwards after the prefill mark (`runners.timing`): the target's (`forwards`, a `StepClock`) and
+    the draft model's (`drafts`, a `DraftClock`), with the share of each that took the fixed-shape path."""
+    n, draft_s = forwards.forwards_since_mark, drafts.seconds_since_mark
+    host = (decode_s - forwards.seconds_since_mark - draft_s) / n * 1e3 if n else float("nan")
     return {
         "draft_forward_s": draft_s,
-        "static_frac": static_frac,
+        "static_frac": forwards.static_frac_since_mark,
+        "draft_static_frac": drafts.static_frac_since_mark,
         "syncs_per_step": syncs,
         "host_ms_per_forward": host,
     }

@@ -442,14 +442,7 @@ class Runner:
             **measurements(
                 len(prompt), timed, forwards.seconds_since_mark, cache.bytes_per_entry(), cache.capacity, peak
             ),
-            **host_counters(
-                timed.decode_s,
-                forwards.seconds_since_mark,
-                drafts.seconds_since_mark,
-                forwards.forwards_since_mark,
-                forwards.static_frac_since_mark,
-                syncs,
-            ),
+            **host_counters(timed.decode_s, forwards, drafts, syncs),
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
             "output_ids": out,

@@ -120,14 +120,20 @@ class DraftClock:
 
     def __init__(self, decoder, device: torch.device) -> None:
         self.device, self.seconds_each = device, []
+        self.fixed: list[bool] = []  # per forward: did its engine take the fixed-shape path
         self.marked_at = self.depth = 0
+        self.engine = getattr(getattr(decoder, "draft", None), "engine", None)  # a draft without one: never
         self._patch = MethodPatch(draft_forwards(decoder), self._timed)
+
+    def _fixed_steps(self) -> int:
+        return getattr(self.engine, "fixed_shape_steps", 0)
 
     def _timed(self, inner: Callable) -> Callable:
         def forward(*args, **kwargs):
             if self.depth:  # a forward inside another one is timed by the outer one
                 return inner(*args, **kwargs)
             synchronize(self.device)
+            fixed = self._fixed_steps()
             t0 = time.perf_counter()
             self.depth += 1
             try:
@@ -136,6 +142,7 @@ class DraftClock:
                 self.depth -= 1
             synchronize(self.device)
             self.seconds_each.append(time.perf_counter() - t0)
+            self.fixed.append(self._fixed_steps() != fixed)
             return out
 
         return forward
@@ -146,6 +153,13 @@ class DraftClock:
     @property
     def seconds_since_mark(self) -> float:
         return sum(self.seconds_each[self.marked_at :])
+
+    @property
+    def static_frac_since_mark(self) -> float:
+        """Share of the draft's forwards after the mark whose engine took (with graphs off: would take)
+        the fixed-shape forward; NaN without any (no draft model, or it never ran)."""
+        after = self.fixed[self.marked_at :]
+        return sum(after) / len(after) if after else float("nan")
 
     def close(self) -> None:
         self._patch.undo()  # the class's own methods again

@@ -105,7 +105,7 @@ def test_host_tensors_read_for_free_on_a_cpu():
     assert syncs.count == 2
 
 
-def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_under_top_k(tiny_lm):
+def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_on_a_region_backend(tiny_lm):
     from kv_policies.base import build_policy
 
     eng = Engine(tiny_lm.model)
@@ -122,8 +122,10 @@ def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_under_t
     assert static_frac(Vanilla(eng, kv=streaming)) == 1.0
     quest = build_policy("quest", budget=16, page_size=8, dense_layers=0)  # chosen inside the forward
     assert static_frac(Vanilla(eng, kv=quest)) == 1.0
-    topk = build_policy("topk", budget=16)  # exact top-k of this forward's scores: the regular forward
-    assert static_frac(Vanilla(eng, kv=topk)) < 1.0
+    topk = build_policy("topk", budget=16)  # exact top-k of this forward's scores: inside it too
+    assert static_frac(Vanilla(eng, kv=topk)) == 1.0
+    region = build_policy("streaming", budget=16, sinks=4, backend="sliced")  # entries move: regular
+    assert static_frac(Vanilla(eng, kv=region)) < 1.0
     assert eng.graphs is None  # counted without graphs, nothing changed in what ran
 
 
@@ -235,7 +237,7 @@ def test_run_records_the_host_counters(tmp_path):
     path = Runner(make_cfg(tmp_path)).run()
     samples = pd.read_parquet(path / "samples.parquet")
     assert (samples["static_frac"] == 1.0).all() and (samples["syncs_per_step"] == 1.0).all()
-    assert (samples["draft_forward_s"] == 0).all()
+    assert (samples["draft_forward_s"] == 0).all() and samples["draft_static_frac"].isna().all()
     host = samples["host_ms_per_forward"]
     assert host.map(math.isfinite).all() and (host >= 0).all()
     expected = (samples["decode_s"] - samples["forward_s"]) / samples["forwards"] * 1e3
@@ -247,8 +249,10 @@ def test_triforce_run_times_its_draft_model_and_can_skip_the_sync_count(tmp_path
     cfg = make_cfg(tmp_path, *overrides)
     samples = pd.read_parquet(Runner(cfg).run() / "samples.parquet")
     assert (samples["draft_forward_s"] > 0).all() and samples["syncs_per_step"].isna().all()
-    # the verification and the streaming middle level take the fixed-shape forward (the draft has its own)
+    # the verification and the streaming middle level take the fixed-shape forward, the draft model's
+    # steps their own
     assert (samples["static_frac"] == 1).all() and (samples["host_ms_per_forward"] >= 0).all()
+    assert (samples["draft_static_frac"] == 1).all()
     assert (samples["draft_forward_s"] + samples["forward_s"] < samples["decode_s"]).all()
 
 
@@ -271,12 +275,15 @@ def test_the_counting_generation_reproduces_the_timed_one(tiny_lm):
 
 
 def test_host_overhead_benchmark_names_existing_configs():
-    from benchmarks.bench_host_overhead import COMBOS, REPO
+    from benchmarks.bench_host_overhead import COMBOS, LONG_COMBOS, REPO, Method, backend_of
 
-    assert COMBOS[0][:2] == ("vanilla", "full")  # the ratios' reference runs first
-    for decoder, kv, _ in COMBOS:
-        assert (REPO / "conf" / "decoder" / f"{decoder}.yaml").exists(), decoder
-        assert (REPO / "conf" / "kv" / f"{kv}.yaml").exists(), kv
+    for combos in (COMBOS, LONG_COMBOS):
+        assert combos[0][:2] == ("vanilla", "full")  # the ratios' reference runs first
+        for decoder, kv, _ in combos:
+            assert (REPO / "conf" / "decoder" / f"{decoder}.yaml").exists(), decoder
+            assert (REPO / "conf" / "kv" / f"{kv}.yaml").exists(), kv
+        names = [Method(d, k, None, backend=backend_of(extra)).name for d, k, extra in combos]
+        assert len(set(names)) == len(names)  # the timing tables are keyed by name
 
 
 def test_draft_clock_times_a_longspec_draft_and_leaves_the_output_alone(tiny_lm):

@@ -161,7 +161,8 @@ def test_draft_memory_is_bounded_by_its_budget(refs):
     dec = TriForce(eng, kv=build_policy("streaming", budget=24), gamma1=1, gamma2=2, draft=draft)
     prompt = cases[0][0] * 3
     dec.generate(prompt, N_NEW, set(), Counts())
-    assert draft.engine.cache.capacity == 24 and draft.engine.length <= 24 < len(prompt)
+    # entries: at most budget + room = 24; slots: 24 + max(chunk 7, room 8) for fixed-shape pad rows
+    assert draft.engine.cache.capacity == 32 and draft.engine.length <= 24 < len(prompt)
 
 
 # --- sampling ----------------------------------------------------------------------------------------
@@ -316,3 +317,39 @@ def test_smollm_gsm8k_and_long_context_slow(smollm):
     specs = [("gsm8k", {"limit": 20})]
     specs += [("pg19", {"context_length": n, "source": "package", "limit": 3}) for n in (4096, 7168)]
     prompts_lossless(smollm, _smollm_makers(), task_prompts(smollm, specs), 128)
+
+
+def test_draft_models_take_the_fixed_shape_forward_when_the_target_does(refs, other_draft, tiny_lm):
+    """A target on the fixed-shape forwards (`Engine.use_graphs`; here the eager twin of the CUDA graphs)
+    gives its draft model, self-truncated or loaded, fixed-shape forwards of its own: the same tokens and
+    counts as the regular forwards, and every decode step of the draft (one token) took them."""
+    from omegaconf import OmegaConf
+
+    eng, cases = refs
+    static = Engine(tiny_lm.model)
+    static.use_graphs(capture=False)
+    loaded = build_draft(OmegaConf.create({"kind": "tiny", "arch": "llama", "seed": 7}), tiny_lm, static)
+    for which in ("self", "other"):
+        plain = drafts(eng, other_draft)[which]
+        graphed = drafts(static, other_draft)[which]
+        if which == "other":  # a loaded draft gets its own fixed-shape forwards from `build_draft`
+            graphed = DraftModel(loaded.engine, "tiny", eng.w.vocab_size, budget=24, sinks=4, room=12)
+            plain = DraftModel(
+                Engine(loaded.engine.model), "tiny", eng.w.vocab_size, budget=24, sinks=4, room=12
+            )
+        assert graphed.engine.graphs is not None and graphed.engine.graphs.engine is graphed.engine
+        assert plain.engine.graphs is None
+        for prompt, ref in cases[:3]:
+            want, got = Counts(), Counts()
+            before = graphed.engine.fixed_shape_steps
+            out = TriForce(static, kv=build_policy("streaming", budget=24), draft=graphed).generate(
+                prompt, N_NEW, set(), got
+            )
+            assert out == ref
+            plain_out = TriForce(eng, kv=build_policy("streaming", budget=24), draft=plain).generate(
+                prompt, N_NEW, set(), want
+            )
+            assert plain_out == ref and got.accepted_l1 == want.accepted_l1 and got.accepted == want.accepted
+            decode_steps = got.draft_model_forwards
+            assert graphed.engine.fixed_shape_steps - before >= decode_steps > 0
+        assert 1 in graphed.engine.graphs.by_rows

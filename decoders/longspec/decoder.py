@@ -27,13 +27,13 @@ A chain (gamma drafts) is the case widths = [1] * gamma.
 `block=auto` (ours, not the paper's): the drafted tree is cut to the nodes worth verifying on this
 hardware and drafting may stop before `depth` (`decoders.longspec.auto`); verification is unchanged.
 
-`lookup=N` (ours, not the paper's): after drafting, prompt lookup's guess (`decoders.pld.match_candidate`:
+`lookup=N` (ours, not the paper's): after drafting, prompt lookup's guess (`decoders.pld.NGramIndex`:
 up to N tokens after the earliest earlier occurrence of the trailing 2-gram of prompt + output) joins
 the tree as one more root path; where the draft proposed the same tokens the path runs through its nodes.
-The one-block draft cannot copy from its context (`research.probes.probe_longspec_copy`: it misses about
-half the tokens a lookup gets right), so the two cover different tokens. Under block=auto a lookup node's
-rate is the chain's running acceptance at its place (per matched n-gram length, as decoder=pld's), a node
-both drafted and looked up takes the higher of its two rates. Verification is unchanged: lossless.
+The one-block draft cannot copy from its context, so a lookup covers tokens the draft rarely proposes.
+Under block=auto a lookup node's rate is the chain's running acceptance at its place (per matched n-gram
+length, as decoder=pld's), a node both drafted and looked up takes the higher of its two rates.
+Verification is unchanged: lossless.
 
 Counts: one `counts.step` per target forward (block rows, drafted tree nodes, accepted, committed, cache
 entries read); one `counts.draft_model_step(rows, window entries)` per draft forward (its cross-attention
@@ -65,7 +65,7 @@ from decoders.longspec.auto import (
 from decoders.longspec.draft import DEFAULT_WINDOW, LongSpecDraft, check_window, resolve_layer, target_name
 from decoders.longspec.sail import is_sail, load_sail
 from decoders.longspec.tree import DraftedTree, Tree
-from decoders.pld import match_candidate
+from decoders.pld import NGramIndex
 from decoders.verify import step_for
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
@@ -140,8 +140,8 @@ class LongSpec(BaseDecoder):
         (`decoders.longspec.auto`). `lookup`: 0 = the paper's tree; N = up to N prompt-lookup tokens
         join the tree as one more branch from the root (ours; module docstring). `beam_temperature`:
         the draft's logits are divided by it before the beam ranks nodes by cumulative log-prob (1.0:
-        the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours,
-        `research.probes.probe_longspec_temperature` compares values on held-out prompts). Drafting only:
+        the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours).
+        Drafting only:
         verification, hence losslessness, does not change."""
         tree_attention = choice("decoder.tree_attention", tree_attention, BACKENDS)
         self.block = choice("decoder.block", block, BLOCK_MODES)
@@ -376,6 +376,7 @@ class LongSpec(BaseDecoder):
     ) -> None:
         eng = self.engine
         done = False
+        index = NGramIndex(LOOKUP_NGRAM, prompt + out) if self.lookup else None  # grows with `out`
         while not done:
             length = eng.length
             budget = max_new_tokens - len(out) - 1  # the bonus token comes on top
@@ -388,8 +389,9 @@ class LongSpec(BaseDecoder):
             preds: list[int] | None = None
             if on_host:  # the tree changes on the host (lookup chain, cut): verify the host's tree
                 tree = drafted.host(scores=cost is not None)[0] if drafted is not None else Tree([out[-1]])
-                if self.lookup and budget > 0:
-                    matched, chain = match_candidate(prompt + out, LOOKUP_NGRAM, min(self.lookup, budget))
+                if index is not None and budget > 0:
+                    index.extend(out[len(index.seq) - len(prompt) :])
+                    matched, chain = index.match(min(self.lookup, budget))
                     tree.add_chain(chain, matched)
                 if cost is not None and depth > 0:
                     tree = self._cut(tree, length, spent, cost)

@@ -1,0 +1,394 @@
+"""Fixed-shape decode forwards (core/decode_graph.py): eager here (`Engine.use_graphs(capture=False)`),
+captured as CUDA graphs on a GPU. Each path gives the regular `Engine.step`'s logits, tokens, cache
+contents and counts; what does not fit takes the regular forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.attention import BlockView, CausalView, MaskView
+from core.engine import Engine
+from core.tree_attention import HybridTreeView
+from kv_policies.base import KVPolicy
+
+
+def _vanilla_with_steps(eng, prompt, n):
+    """Greedy ids and every step's logits of vanilla on `eng`."""
+    eng.reset(len(prompt) + n + 1)
+    logits = eng.prefill(prompt)
+    out, rows = [int(logits.argmax())], [logits]
+    for i in range(n - 1):
+        tok = torch.tensor([out[-1]], device=eng.device)
+        pos = torch.tensor([len(prompt) + i], device=eng.device)
+        step = eng.step(tok, pos, CausalView(eng.scale))
+        eng.commit([0])
+        rows.append(step[0])
+        out.append(int(step[0].argmax()))
+    return out, torch.stack(rows)
+
+
+def _static(tiny_lm) -> Engine:
+    eng = Engine(tiny_lm.model)
+    eng.use_graphs(capture=False)
+    return eng
+
+
+def test_static_decode_equals_the_regular_one_row_step(tiny_lm):
+    """The fixed-shape forward (device-index cache write, attention over the whole allocation through
+    a visibility of every slot) gives the regular step's logits, tokens and cache contents."""
+    prompt = list(range(3, 40))
+    plain = Engine(tiny_lm.model)
+    ref_ids, ref_logits = _vanilla_with_steps(plain, prompt, 24)
+    static = _static(tiny_lm)
+    ids, logits = _vanilla_with_steps(static, prompt, 24)
+    assert ids == ref_ids and set(static.graphs.by_rows) == {1}
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    n = plain.length
+    assert static.length == n
+    torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
+    assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
+
+
+def _block_step(eng, prompt, tokens, view_of, keep, logits_rows=None):
+    """Prefill `prompt`, run one block of `tokens` under `view_of(eng)`, commit `keep`; the logits."""
+    eng.reset(len(prompt) + 16)
+    eng.prefill(prompt)
+    p, dev = len(prompt), eng.device
+    depth = torch.tensor([0, 1, 2, 1, 2], device=dev)[: len(tokens)]
+    logits = eng.step(torch.tensor(tokens, device=dev), p + depth, view_of(eng), logits_rows=logits_rows)
+    eng.commit(keep)
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["causal", "tree", "block"])
+def test_static_block_equals_the_regular_block(tiny_lm, kind):
+    """A padded block (5 rows in 8) under a causal view, a tree mask over [cache | block] or the same tree
+    as a `BlockView` gives the regular step's logits (selected rows too), and the committed rows' cache
+    entries; the pad rows stay uncommitted."""
+    prompt = list(range(3, 30))
+    tokens = [7, 9, 11, 13, 15]
+    if kind == "causal":
+        view_of, keep = (lambda e: CausalView(e.scale)), [0, 1, 2]
+    else:  # root, a chain of two, and a second chain of two: rows 3-4 do not see rows 1-2
+        block = torch.tensor(
+            [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 1, 1]],
+            dtype=torch.bool,
+        )
+
+        def view_of(e):
+            if kind == "block":
+                return BlockView(block.to(e.device), e.scale)
+            mask = torch.cat([torch.ones(5, len(prompt), dtype=torch.bool), block], dim=1)
+            return MaskView(mask.to(e.device), e.scale)
+
+        keep = [0, 3, 4]
+    plain, static = Engine(tiny_lm.model), _static(tiny_lm)
+    for rows in (None, [0, 2, 4]):
+        ref = _block_step(plain, prompt, tokens, view_of, keep, rows)
+        got = _block_step(static, prompt, tokens, view_of, keep, rows)
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        n = plain.length
+        assert static.length == n == len(prompt) + 3 and set(static.graphs.by_rows) == {8}
+        torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
+        assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
+
+
+@pytest.mark.parametrize("rows", [None, [0, 2, 4]])
+def test_step_argmax_is_the_argmax_of_its_logits_on_both_paths(tiny_lm, rows):
+    """`step(..., argmax=True)` returns the logits a plain step returns and, beside them, the argmax of
+    each returned row (chosen inside the fixed-shape forward when that path runs), for every row or the
+    selected ones; a tied row keeps the first maximum, as `Tensor.argmax`."""
+    prompt = list(range(3, 30))
+    tokens = [7, 9, 11, 13, 15]
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        eng.reset(len(prompt) + 16)
+        eng.prefill(prompt)
+        p = len(prompt)
+        args = (torch.tensor(tokens), torch.arange(p, p + 5), CausalView(eng.scale))
+        plain = eng.step(*args, logits_rows=rows)
+        eng.commit([])
+        logits, ids = eng.step(*args, logits_rows=rows, argmax=True)
+        eng.commit([])
+        torch.testing.assert_close(logits, plain, atol=0, rtol=0)
+        assert ids.dtype == torch.long and torch.equal(ids, logits.argmax(dim=-1))
+        assert ids.shape == (5 if rows is None else 3,)
+    assert eng.fixed_shape_steps == 2  # the second engine took the fixed-shape path both times
+
+
+def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
+    """PLD, Lookahead, FAFO (kv=full) and LongSpec (its tree, drafted on the device, under the masked
+    backend) verify through the fixed-shape forwards and give vanilla's tokens; their blocks took the
+    padded sizes."""
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.longspec import LongSpec
+    from decoders.lookahead import Lookahead
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6] * 3, list(range(40, 70)), [9, 8, 7, 9, 8, 7, 1, 2] * 2]
+    plain = Engine(tiny_lm.model)
+    refs = [Vanilla(plain).generate(p, 32, set(), Counts()) for p in prompts]
+    for make in (
+        lambda e: PromptLookup(e, num_tokens=5),
+        lambda e: Lookahead(e, N=3, W=4, G=2),
+        lambda e: FAFO(e, k=2, n=4),
+        lambda e: LongSpec(e, depth=3, widths=[2, 3, 3], checkpoint="random", window=16),
+    ):
+        static = _static(tiny_lm)
+        dec = make(static)
+        assert [dec.generate(p, 32, set(), Counts()) for p in prompts] == refs, type(dec).__name__
+        assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
+        assert static.fixed_shape_steps > 0
+
+
+FIXED_POLICIES = {  # at budgets below the 60-token prompt
+    "streaming": {"budget": 20, "sinks": 4},  # one selection for every layer and head
+    "snapkv": {"budget": 24, "window": 8},  # per layer and head, from the prefill
+    "h2o": {"budget": 24, "recent": 8},  # per layer and head, from the queries it observes
+    "retrieval": {"budget": 24, "chunk": 4},  # per layer and head, from the last prompt query
+    "quest": {"budget": 24, "page_size": 8, "dense_layers": 0},  # per layer, from this forward's queries
+    "topk": {"budget": 24},  # per layer and head, from this forward's exact attention
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
+def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
+    """A restricted block is one staged visibility when the policy chooses before the forward
+    (`SelectionView`, `LayerSelectionView`), or chooses inside the fixed-shape forward from its queries
+    (Quest, `QuestView`; Top-K, `TopKView`): vanilla + the policy and FAFO with it take the fixed-shape
+    forward on every decode step and give the tokens, KV reads and policy activity of the regular
+    `RestrictedView`."""
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.vanilla import Vanilla
+    from kv_policies.base import REGISTRY, build_policy
+
+    module, cls = REGISTRY[name].split(":")
+    policy_class = getattr(__import__(module, fromlist=[cls]), cls)
+
+    class PerLayer(policy_class):  # the reference: the regular forward's `RestrictedView`
+        query_free = False
+
+        def fixed_selection(self, cache_len):
+            return None
+
+        def forward_view(self, *args):
+            return None
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    for make in (lambda e, kv: Vanilla(e, kv), lambda e, kv: FAFO(e, kv, k=2, n=4)):
+        ref_kv, ref_counts = PerLayer(**FIXED_POLICIES[name]), Counts()
+        ref = make(Engine(tiny_lm.model), ref_kv).generate(prompt, 24, set(), ref_counts)
+        static, counts = _static(tiny_lm), Counts()
+        kv = build_policy(name, **FIXED_POLICIES[name])
+        assert make(static, kv).generate(prompt, 24, set(), counts) == ref
+        assert static.fixed_shape_steps == counts.forwards > 0
+        assert [s.kv_attended for s in counts.steps] == [s.kv_attended for s in ref_counts.steps]
+        activity = kv.activity_summary(counts.forwards)
+        assert activity == ref_kv.activity_summary(ref_counts.forwards) and activity.restricted_frac > 0.5
+
+
+def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny_lm):
+    """TriForce's middle level checks the draft model's tokens in a block of every row restricted to the
+    retrieval selection, which observes their queries: on the fixed-shape path (blocks padded to a power
+    of two) it gives the regular path's tokens and counts, and the policy sees the real rows only."""
+    from core.types import Counts
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+    from kv_policies.base import build_policy
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(7)).tolist()
+    results = []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
+        kv = build_policy("retrieval", budget=24, chunk=4)
+        counts = Counts()
+        dec = TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)  # from the last queries
+        out = dec.generate(prompt, 24, set(), counts)
+        results.append((out, counts.draft_forwards, counts.accepted_l1, kv.activity_summary(counts.forwards)))
+    assert results[0] == results[1]
+
+
+def test_self_speculation_over_top_k_takes_the_fixed_shape_forward(tiny_lm):
+    """Self-speculation's draft steps see Top-K's choice among the entries before their fresh tail, and
+    the tail: on the fixed-shape path (the choice made inside the forward, the first layer dense) every
+    decode forward takes it, with the regular path's tokens, acceptance, KV reads and policy activity."""
+    from core.types import Counts
+    from decoders.selfspec import SelfSpeculative
+    from kv_policies.base import build_policy
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(11)).tolist()
+    results = []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        kv, counts = build_policy("topk", budget=24, dense_layers=1), Counts()
+        out = SelfSpeculative(eng, kv=kv, gamma=4).generate(prompt, 24, set(), counts)
+        reads = [s.kv_attended for s in counts.steps]
+        results.append(
+            (out, counts.draft_forwards, counts.accepted, reads, kv.activity_summary(counts.forwards))
+        )
+        forwards = counts.forwards + counts.draft_forwards  # verifications and draft steps
+    assert results[0] == results[1] and results[0][4].restricted_frac > 0.5
+    assert eng.fixed_shape_steps == forwards and eng.graphs.by_rows_in_forward
+
+
+def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
+    """SFI's slow steps (dense, the Selector watching every layer's queries) and fast steps (the set
+    chosen at the last slow step) both take the fixed-shape forward, with the regular path's tokens,
+    slow steps and KV reads: the forward keeps the queries and the Selector gets them after it."""
+    from core.types import Counts
+    from decoders.sfi import SlowFast
+    from kv_policies.sfi import SFI
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    every = set(range(0, 256, 7))  # boundary tokens: slow steps now and then
+    results, staged = [], []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        counts = Counts()
+        pol = SFI(k=8, sinks=2, recent=6, window=3)
+        stacked = pol.layer_selections
+
+        def checked(cache_len, pol=pol, stacked=stacked):  # the stack is every layer's `visible`
+            got = stacked(cache_len)
+            staged.append(torch.equal(got, KVPolicy.layer_selections(pol, cache_len)))
+            return got
+
+        pol.layer_selections = checked
+        dec = SlowFast(eng, kv=pol, t_max=4, trigger_token_ids=every)
+        out = dec.generate(prompt, 24, set(), counts)
+        results.append((out, counts.slow_steps, [s.kv_attended for s in counts.steps]))
+    assert results[0] == results[1] and 0 < results[0][1] < 23
+    assert staged and all(staged)
+    assert eng.fixed_shape_steps == 23 and eng.graphs.by_rows_observed and eng.graphs.by_rows_selected
+
+
+def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
+    """The prefill, per-head masks, hooks and a block whose padded size overflows the cache take the
+    regular forward; CUDA graphs are refused off a CUDA device."""
+
+    class Spy:
+        calls = 0
+
+        def applies(self, n, view):
+            from core.decode_graph import StaticForwards
+
+            return StaticForwards.applies(self, n, view)
+
+        def __call__(self, *args):
+            Spy.calls += 1
+            raise AssertionError("the fixed-shape path took a step it must not")
+
+    eng = Engine(tiny_lm.model)
+    spy = Spy()
+    spy.engine = eng
+    eng.graphs = spy
+    eng.reset(24)
+    eng.prefill(list(range(3, 20)))  # 17 rows: a 32-row padded block would not fit, nor is it replayed
+    dev = eng.device
+    per_head = torch.ones(tiny_lm.model.config.num_attention_heads, 1, 18, dtype=torch.bool, device=dev)
+    eng.step(torch.tensor([5], device=dev), torch.tensor([17], device=dev), MaskView(per_head, eng.scale))
+    eng.crop(17)
+    eng.step(
+        torch.tensor([5], device=dev),
+        torch.tensor([17], device=dev),
+        CausalView(eng.scale),
+        hooks=[lambda *a: None],
+    )
+    eng.crop(17)
+    five = torch.arange(5, 10, device=dev)
+    eng.step(five, torch.arange(17, 22, device=dev), CausalView(eng.scale))  # 8 padded rows > 7 free
+    eng.crop(17)
+    chain = torch.ones(2, 2, dtype=torch.bool, device=dev).tril()
+    hybrid = HybridTreeView(chain, eng.scale, "hybrid")  # the LSE split is not the masked replay
+    eng.step(five[:2], torch.arange(17, 19, device=dev), hybrid)
+    assert Spy.calls == 0
+    if dev.type != "cuda":
+        with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+            Engine(tiny_lm.model, cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
+def test_cuda_graph_decode_equals_eager_and_recaptures_on_a_new_allocation(tiny_lm):
+    if tiny_lm.device.type != "cuda":
+        pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
+    prompt = list(range(3, 40))
+    ref_ids, ref_logits = _vanilla_with_steps(Engine(tiny_lm.model), prompt, 24)
+    eng = Engine(tiny_lm.model, cuda_graphs=True)
+    ids, logits = _vanilla_with_steps(eng, prompt, 24)
+    assert ids == ref_ids and eng.graphs.captures == 1
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    _vanilla_with_steps(eng, prompt, 24)  # same allocation: the graph is replayed, not captured again
+    assert eng.graphs.captures == 1
+    ids, _ = _vanilla_with_steps(eng, prompt * 3, 24)  # a larger cache: captured again
+    assert eng.graphs.captures == 2 and ids == _vanilla_with_steps(Engine(tiny_lm.model), prompt * 3, 24)[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
+def test_cuda_graph_blocks_equal_eager(tiny_lm):
+    """Captured block graphs: PLD, Lookahead, FAFO (full cache, streaming, Quest and Top-K choosing
+    inside the graph, H2O observing from it) and LongSpec's tree give the eager tokens."""
+    if tiny_lm.device.type != "cuda":
+        pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.longspec import LongSpec
+    from decoders.lookahead import Lookahead
+    from decoders.pld import PromptLookup
+    from decoders.vanilla import Vanilla
+
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
+    ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
+    from kv_policies.base import build_policy
+    from kv_policies.streaming import StreamingLLM
+
+    for make in (
+        lambda e: PromptLookup(e, num_tokens=5),
+        lambda e: Lookahead(e, N=3, W=4, G=2),
+        lambda e: FAFO(e, k=2, n=4),
+        lambda e: FAFO(e, StreamingLLM(budget=12, sinks=2), k=2, n=4),  # stream rows see 12 of ~30
+        lambda e: FAFO(e, build_policy("quest", budget=16, page_size=8, dense_layers=0), k=2, n=4),
+        lambda e: FAFO(e, build_policy("h2o", budget=16, recent=4), k=2, n=4),
+        lambda e: FAFO(e, build_policy("topk", budget=16), k=2, n=4),  # chosen inside the graph
+        lambda e: LongSpec(e, depth=3, widths=[2, 3, 3], checkpoint="random", window=16),
+    ):
+        eng = Engine(tiny_lm.model, cuda_graphs=True)
+        assert make(eng).generate(prompt, 48, set(), Counts()) == ref
+        assert eng.graphs.captures >= 2 and max(eng.graphs.by_rows) > 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
+def test_cuda_graph_draft_model_steps_equal_eager(tiny_lm):
+    """TriForce with a layer-truncated self-draft on a graphed target: the draft's steps are replayed
+    from graphs of the draft's own engine, and the tokens are the eager ones."""
+    if tiny_lm.device.type != "cuda":
+        pytest.skip("the model fixtures are on the CPU (HARNESS_TEST_DEVICE=cuda)")
+    from core.types import Counts
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+    from decoders.vanilla import Vanilla
+    from kv_policies.streaming import StreamingLLM
+
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
+    ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
+    eng = Engine(tiny_lm.model, cuda_graphs=True)
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=16, sinks=2, room=8)
+    got = TriForce(eng, StreamingLLM(budget=12, sinks=2), draft=draft).generate(prompt, 48, set(), Counts())
+    assert got == ref and draft.engine.graphs.captures >= 1 and 1 in draft.engine.graphs.by_rows
+
+
+def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm, caplog):
+    """The compressed-region backends move entries between steps: on an engine with fixed-shape forwards
+    the user is told once that their restricted steps take the regular forward."""
+    import kv_policies.base as base
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+
+    base._WARNED_UNGRAPHED.discard("sliced")
+    prompt = list(range(3, 60))
+    for _ in range(2):
+        kv = base.build_policy("streaming", budget=24, sinks=4, backend="sliced")
+        Vanilla(_static(tiny_lm), kv).generate(prompt, 6, set(), Counts())
+    warned = [r for r in caplog.records if "kv.backend=sliced" in r.getMessage()]
+    assert len(warned) == 1 and "regular forward" in warned[0].getMessage()
