@@ -23,8 +23,8 @@ runs inside the forward (a view that `selects_in_forward`: the `selector` below;
 self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
 (`Engine.use_graphs`). The prefill, the hybrid tree backend, the compressed-region backends
 (`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks take the
-regular forward. The queries a policy
-observes are kept per layer by the forward and handed to it after the forward, before the commit.
+regular forward. The queries a policy observes are kept per layer by the forward and handed to it
+after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.

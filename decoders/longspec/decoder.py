@@ -141,8 +141,7 @@ class LongSpec(BaseDecoder):
         join the tree as one more branch from the root (ours; module docstring). `beam_temperature`:
         the draft's logits are divided by it before the beam ranks nodes by cumulative log-prob (1.0:
         the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours).
-        Drafting only:
-        verification, hence losslessness, does not change."""
+        Drafting only: verification, hence losslessness, does not change."""
         tree_attention = choice("decoder.tree_attention", tree_attention, BACKENDS)
         self.block = choice("decoder.block", block, BLOCK_MODES)
         self.lookup = integer("decoder.lookup", lookup, 0)
