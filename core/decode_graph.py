@@ -55,7 +55,7 @@ def fits(cache, n: int, view) -> bool:
     if getattr(view, "whole_cache_block", False):  # BlockView, LongSpec's tree (masked backend)
         return tuple(view.block_mask.shape) == (n, n)
     if getattr(view, "layer_selection", False):
-        return tuple(view.block_mask.shape) == (n, n) and view.selection.shape[-1] == cache.length
+        return tuple(view.block_mask.shape) == (n, n) and view.cache_len == cache.length
     if getattr(view, "selects_in_forward", False):  # a draft tail only where the selector stages it
         tail_ok = view.tail_from is None or getattr(view, "selects_with_tail", False)
         return tuple(view.block_mask.shape) == (n, n) and tail_ok
@@ -207,11 +207,11 @@ class StaticForward:
 
     def _stage_selection(self, view, n: int, length: int, capacity: int) -> None:
         """Each layer's selection over the cached slots (True from `length` on) and the restricted rows."""
-        layers, hkv = view.selection.shape[0], view.selection.shape[1]
+        layers, hkv, sel_len = view.chosen.shape
         if self.selection.shape != (layers, hkv, capacity):
             self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
-        self.selection[:, :, :length].copy_(view.selection)
-        self.selection[:, :, length:] = True
+        self.selection[:, :, :sel_len].copy_(view.chosen)
+        self.selection[:, :, sel_len:] = True  # a draft's tail, the block and the free slots
         self._stage_restricted(view, n)
 
     def _stage_restricted(self, view, n: int) -> None:

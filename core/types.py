@@ -69,8 +69,9 @@ class Counts:
             self._on_decode_done()
 
     def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: Any) -> None:
-        """One target forward. `kv_attended`: an int, or a 0-d device tensor (a view's `kv_read` that
-        the host need not wait for): such reads are added up by `resolve` when the generation ends."""
+        """One target forward. `kv_attended`: an int, or a device tensor the host need not wait for (a
+        view's `kv_read`: the entries read per layer, whose rounded mean is the forward's read); such
+        reads are taken by `resolve` when the generation ends."""
         self.forwards += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -89,12 +90,22 @@ class Counts:
             self._deferred.append((kv_attended, rec))
 
     def resolve(self) -> None:
-        """Read the deferred KV reads (one host-device transfer for the whole generation)."""
+        """Read the deferred KV reads: each the rounded mean of its elements (per-layer reads), worked
+        out for all reads of one size at once and read in one host-device transfer per generation."""
         if not self._deferred:
             return
         import torch
 
-        reads = torch.stack([t.reshape(()) for t, _ in self._deferred]).tolist()
+        by_size: dict[int, list[int]] = {}
+        for i, (t, _) in enumerate(self._deferred):
+            by_size.setdefault(t.numel(), []).append(i)
+        order = [i for idx in by_size.values() for i in idx]
+        means = [
+            torch.stack([self._deferred[i][0].reshape(size) for i in idx]).double().mean(1).round()
+            for size, idx in by_size.items()
+        ]
+        values = dict(zip(order, torch.cat(means).tolist(), strict=True))
+        reads = [values[i] for i in range(len(self._deferred))]
         for value, (_, rec) in zip(reads, self._deferred, strict=True):
             self.kv_attended += int(value)
             if rec is not None:

@@ -252,17 +252,24 @@ class KVPolicy:
             for layer, m in keep.items():
                 stack[layer, :, : m.shape[1]] = m
             self.__dict__["_stack"], self.__dict__["_stack_layers"] = stack, len(keep)
+            self.__dict__.pop("_stacked", None)
+        last = self.__dict__.get("_stacked")
+        if last is not None and last[0] == cache_len and self.region is None:
+            return last[1]  # a draft's rounds select over the same entries, which committing never moves
         stack = self.__dict__["_stack"]
         logical = torch.ones(
             cache.n_layers, cache.n_kv_heads, cache_len, dtype=torch.bool, device=cache.device
         )
         n = min(cache_len, stack.shape[2])
         logical[:, :, :n] = stack[:, :, :n]
-        return self.physical_stack(logical)
+        physical = self.physical_stack(logical)
+        self.__dict__["_stacked"] = (cache_len, physical)  # committed slots keep their entries
+        return physical
 
     def forget_stack(self) -> None:
         """Drop `stacked_keep`'s stack: the keep masks changed (a new generation, a rebuild)."""
         self.__dict__.pop("_stack_layers", None)
+        self.__dict__.pop("_stacked", None)
 
     def physical_stack(self, logical: torch.Tensor) -> torch.Tensor:
         """Every layer's selection `[n_layers, n_kv_heads, L]` over logical positions, mapped onto
@@ -374,9 +381,9 @@ class KVPolicy:
             from core.attention import CausalView
 
             return CausalView(engine.scale)
-        dev = engine.device
-        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
-        rows = torch.ones(n_block, dtype=torch.bool, device=dev)
+        from kv_policies.view import causal_block
+
+        tril, rows = causal_block(n_block, engine.device)
         return self.restricted_view(engine, tril, rows, tail_from=tail_from, rows=slice(None))
 
     def region_for(self, engine: Any, backend: str) -> Any:
@@ -409,9 +416,9 @@ class KVPolicy:
             if not self.watches_queries:
                 return CausalView(engine.scale)
             return ObservedCausalView(engine.scale, self)
-        dev = engine.device
-        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
-        every = torch.ones(n_block, dtype=torch.bool, device=dev)
+        from kv_policies.view import causal_block
+
+        tril, every = causal_block(n_block, engine.device)
         return self.restricted_view(engine, tril, every, rows=slice(None))
 
     # --- misc ----------------------------------------------------------------------------------

@@ -65,8 +65,13 @@ class StreamingLLM(KVPolicy):
         eng = self.engine
         if self.dense_layers or self.region is not None or eng is None or eng.cache.capacity < cache_len:
             return None
-        pos = eng.cache.slot_pos[:cache_len]
-        return (pos < self.sinks) | (pos >= cache_len - self.recent), min(cache_len, self.budget)
+        pos = eng.cache.slot_pos
+        key = (cache_len, self.sinks, self.recent, pos.data_ptr())
+        last = self.__dict__.get("_fixed")
+        if last is None or last[0] != key:  # a draft's rounds select over the same entries: made once
+            window = (pos[:cache_len] < self.sinks) | (pos[:cache_len] >= cache_len - self.recent)
+            last = self.__dict__["_fixed"] = (key, (window, min(cache_len, self.budget)))
+        return last[1]
 
     def selection(self, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """bool `[cache_len]`: positions < sinks or >= cache_len - recent."""

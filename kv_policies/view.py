@@ -56,10 +56,19 @@ def restricted_attention(
     return sdpa(q, k, v, mask.unsqueeze(0), scale)
 
 
-def mean_read(reads: torch.Tensor) -> torch.Tensor:
-    """The mean of per-layer entries read, rounded: a 0-d device tensor `Counts` reads when the
-    generation ends (the step does not wait for it)."""
-    return reads.double().mean().round().long()
+_CAUSAL_BLOCKS: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def causal_block(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block mask `[n, n]` causal, restricted `[n]` every row) of a block whose rows all see a policy's
+    selection: made once per size and device and shared by every view (no view writes them), so a
+    step builds no masks."""
+    key = (n, torch.device(device))
+    masks = _CAUSAL_BLOCKS.get(key)
+    if masks is None:
+        tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        masks = _CAUSAL_BLOCKS[key] = (tril, torch.ones(n, dtype=torch.bool, device=device))
+    return masks
 
 
 class RestrictedView:
@@ -82,9 +91,7 @@ class RestrictedView:
 
     @classmethod
     def all_rows(cls, policy: Any, engine: Any, n_block: int) -> RestrictedView:
-        dev = engine.device
-        tril = torch.ones(n_block, n_block, dtype=torch.bool, device=dev).tril()
-        every = torch.ones(n_block, dtype=torch.bool, device=dev)
+        tril, every = causal_block(n_block, engine.device)
         return cls(policy, engine.scale, tril, every, rows=slice(None))
 
     def _restricted_rows(self) -> torch.Tensor | slice:
@@ -110,10 +117,11 @@ class RestrictedView:
         return restricted_attention(q, k, v, vis, self.restricted, self.block_mask, self.scale)
 
     def kv_read(self, cache_len: int) -> int | torch.Tensor:
-        """Mean over layers of cached entries read per KV head by the restricted rows (`mean_read`)."""
+        """Cached entries read per KV head by the restricted rows, per layer on the device (`Counts` takes
+        their rounded mean when the generation ends)."""
         if not self._read:
             return cache_len
-        return mean_read(torch.stack(self._read))
+        return torch.stack(self._read)
 
 
 class SelectionView(MaskView):
@@ -156,12 +164,13 @@ class SelectionView(MaskView):
 
 
 class LayerSelectionView:
-    """Restricted rows see `selection[layer]` (bool `[n_layers, n_kv_heads, L]`, True past `tail_from`)
-    of the cache, the other rows all of it; `block_mask` inside the block. `rows`: the restricted rows'
-    indices when the policy observes queries (None otherwise). The policy's activity is noted for the
-    whole forward when the view is built, read when the generation is summarised."""
+    """Restricted rows see `selection[layer]` (bool `[n_layers, n_kv_heads, L]`: `chosen` over the first
+    `sel_len` slots, True past them, a draft's tail) of the cache, the other rows all of it; `block_mask`
+    inside the block. `rows`: the restricted rows' indices when the policy observes queries (None
+    otherwise). The policy's activity is noted for the whole forward when the view is built, read when
+    the generation is summarised."""
 
-    layer_selection = True  # core.decode_graph stages `selection` and `restricted` for the fixed-shape path
+    layer_selection = True  # core.decode_graph stages `chosen` and `restricted` for the fixed-shape path
 
     def __init__(
         self,
@@ -169,13 +178,29 @@ class LayerSelectionView:
         scale: float,
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
-        selection: torch.Tensor,
+        chosen: torch.Tensor,
+        cache_len: int,
         read: torch.Tensor,
         rows: torch.Tensor | slice | None,
     ) -> None:
         self.policy, self.scale = policy, scale
-        self.block_mask, self.restricted, self.selection = block_mask, restricted, selection
+        self.block_mask, self.restricted, self.chosen = block_mask, restricted, chosen
+        self.cache_len, self.sel_len = cache_len, chosen.shape[-1]
         self.read, self.rows = read, rows
+        self._selection: torch.Tensor | None = None
+
+    @property
+    def selection(self) -> torch.Tensor:
+        """`chosen` with the tail made visible: the regular forward's mask (the fixed-shape path stages
+        `chosen` itself)."""
+        if self._selection is None:
+            self._selection = self.chosen
+            tail = self.cache_len - self.sel_len
+            if tail:
+                n_layers, hkv, _ = self.chosen.shape
+                ones = torch.ones(n_layers, hkv, tail, dtype=torch.bool, device=self.chosen.device)
+                self._selection = torch.cat([self.chosen, ones], dim=2)
+        return self._selection
 
     @classmethod
     def build(
@@ -192,22 +217,23 @@ class LayerSelectionView:
         `restricted` once, for a policy that watches their queries)."""
         if not policy.query_free:
             return None
-        cache, cache_len = engine.cache, engine.length
+        cache_len = engine.length
         sel_len = selectable_length(cache_len, tail_from)
-        hkv, dev = cache.n_kv_heads, engine.device
         chosen = policy.layer_selections(sel_len)  # [n_layers, n_kv_heads, sel_len]
-        kept = chosen.sum(dim=(1, 2)) // hkv  # per layer, as `RestrictedView` notes it
+        memo = policy.__dict__.get("_kept_of")  # a policy may serve one stack to a draft's rounds
+        if memo is not None and memo[0] is chosen:
+            kept = memo[1]
+        else:
+            kept = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads  # per layer, as `RestrictedView`
+            policy.__dict__["_kept_of"] = (chosen, kept)
         policy.activity.note_forward(kept, sel_len)
-        selection = chosen
-        if sel_len < cache_len:  # a draft's fresh tail: visible to every row
-            tail = torch.ones(cache.n_layers, hkv, cache_len - sel_len, dtype=torch.bool, device=dev)
-            selection = torch.cat([chosen, tail], dim=2)
-        restricted = restricted.to(dev)
+        restricted = restricted.to(engine.device)
         if not policy.watches_queries:
             rows = None
         elif rows is None:
             rows = restricted.nonzero().squeeze(1)
-        return cls(policy, engine.scale, block_mask, restricted, selection, kept + cache_len - sel_len, rows)
+        read = kept + (cache_len - sel_len) if cache_len > sel_len else kept  # the tail: read by every row
+        return cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """Show the policy the restricted rows' queries of `q [n_heads, n, d]` (policies that watch them)."""
@@ -221,8 +247,9 @@ class LayerSelectionView:
         )
 
     def kv_read(self, cache_len: int) -> torch.Tensor:
-        """Mean over layers of cached entries read per KV head by the restricted rows (`mean_read`)."""
-        return mean_read(self.read)
+        """Cached entries read per KV head by the restricted rows, per layer on the device (`Counts` takes
+        their rounded mean when the generation ends)."""
+        return self.read
 
 
 class ObservedCausalView(CausalView):

@@ -298,3 +298,39 @@ def test_draft_clock_times_a_longspec_draft_and_leaves_the_output_alone(tiny_lm)
     assert timed.output == ref and drafts.seconds_since_mark > 0
     assert forwards.seconds_since_mark + drafts.seconds_since_mark < timed.decode_s
     assert not {"step", "commit"} & set(vars(dec.draft))  # the draft's own methods again
+
+
+def test_deferred_reads_are_each_the_rounded_mean_of_their_layers():
+    """A view's KV read stays on the device per layer; when the generation ends `Counts` takes each
+    one's rounded mean (ints and 0-d tensors as they are), in the order the steps came."""
+    counts = Counts()
+    reads = [torch.tensor(5), torch.tensor([3, 4]), 7, torch.tensor([1, 2, 3]), torch.tensor([[10, 13]])]
+    for r in reads[:3]:
+        counts.step(1, 0, 0, 1, r)
+    for r in reads[3:]:
+        counts.draft_step(r)
+    counts.resolve()
+    assert [s.kv_attended for s in counts.steps] == [5, 4, 7, 2, 12]  # round half to even: 3.5 -> 4
+    assert counts.kv_attended == 30 and not counts._deferred
+
+
+def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
+    """Self-speculation's draft steps of one verification select over the same entries: the stacked
+    selections of a query-free policy and StreamingLLM's window are made once, not once per round."""
+    from kv_policies.base import build_policy
+
+    eng = Engine(tiny_lm.model)
+    eng.reset(80)
+    eng.prefill(list(range(3, 63)))
+    retrieval = build_policy("retrieval", budget=24, chunk=4)
+    retrieval.attach(eng)
+    keep = {0: torch.ones(eng.cache.n_kv_heads, 40, dtype=torch.bool, device=eng.device)}
+    first = retrieval.stacked_keep(keep, 50)
+    assert retrieval.stacked_keep(keep, 50) is first and retrieval.stacked_keep(keep, 51) is not first
+    retrieval.forget_stack()
+    assert retrieval.stacked_keep(keep, 51) is not first
+    window = StreamingLLM(budget=16, sinks=4)
+    window.attach(eng)
+    sel, kept = window.fixed_selection(50)
+    assert window.fixed_selection(50)[0] is sel and kept == 16 and int(sel.sum()) == 16
+    assert window.fixed_selection(51)[0] is not sel
