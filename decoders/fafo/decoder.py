@@ -195,7 +195,9 @@ class FAFO(BaseDecoder):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         flat = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
         tokens = torch.tensor(flat, dtype=torch.long, device=self.engine.device)
-        pos = lay.offsets + torch.where(lay.is_stream, base, p)
+        pos = lay.offsets + p
+        if base != p and lay.stream_row < pos.numel():  # the stream rows (`is_stream`) count from `base`
+            pos[lay.stream_row :] += base - p
         return tokens, pos
 
     def _verify(
