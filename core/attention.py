@@ -136,16 +136,18 @@ def one_row_two_slices(
     k2: torch.Tensor,
     v2: torch.Tensor,
     scale: float,
+    uneven: bool | None = None,
 ) -> torch.Tensor:
     """One query row per head (`q [1, H, 1, d]`) over two key/value slices read where they lie, with
     one softmax over both: `k1/v1 [1, H_kv, M, d]` of which the first `len1[h]` keys of KV head h are
     valid, and `k2/v2 [1, H_kv, T, d]` all valid. The group's query heads share one pass over their KV
-    head. Equal to SDPA over the concatenated valid keys to float32 rounding, without copying them."""
+    head. Equal to SDPA over the concatenated valid keys to float32 rounding, without copying them.
+    `uneven`: whether some `len1[h] < M`, when the caller knows (None: read from `len1`)."""
     hkv, m, d = k1.shape[1], k1.shape[2], k1.shape[3]
     h = q.shape[1]
     qg = q.reshape(hkv, h // hkv, d).transpose(1, 2)  # [hkv, d, g]
     s1 = torch.matmul(k1[0], qg).transpose(1, 2)  # [hkv, g, M]: keys as the tall side
-    if bool((len1 < m).any()):
+    if bool((len1 < m).any()) if uneven is None else uneven:
         pad = torch.arange(m, device=q.device)[None, None, :] >= len1.to(q.device)[:, None, None]
         s1 = s1.masked_fill(pad, float("-inf"))
     s2 = torch.matmul(k2[0], qg).transpose(1, 2)  # [hkv, g, T]

@@ -239,3 +239,20 @@ def test_key_norms_follow_logical_positions_when_the_region_moves_entries(setup)
         keys = kv.gather_keys(layer, eng.cache.k[layer, :, :n], torch.arange(n))
         done = kv._normed[layer]
         torch.testing.assert_close(kv._key_norms(layer, hkv, done)[:, :done], keys[:, :done].norm(dim=-1))
+
+
+def test_sliced_fast_steps_read_nothing_back_but_the_token(setup):
+    """The packed region's lengths are read once per packing (one slow step): a generation with one
+    slow step reads the device once per step, plus that packing's reads."""
+    from runners.host_syncs import HostSyncs
+
+    eng, cases = setup
+    prompt = cases[0][0]
+    kv = SFI(k=6, sinks=2, recent=6, backend="sliced")
+    dec = SlowFast(eng, kv=kv, t_max=10**6, trigger_token_ids=frozenset({10**6}))  # only the first is slow
+    syncs = HostSyncs(eng.device)
+    counts = Counts(on_prefill_done=syncs.mark, on_decode_done=syncs.stop)
+    with syncs:
+        dec.generate(prompt, N_NEW, set(), counts)
+    layers = eng.cache.n_layers
+    assert counts.slow_steps == 1 and syncs.since_mark <= counts.forwards + 4 * layers + 4
