@@ -24,6 +24,7 @@ would cut entries the region moved (it raises otherwise, instead of attending to
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -99,6 +100,8 @@ class CompressedRegion:
         self.synced = length
         self.region_len = torch.zeros(nl, hkv, dtype=torch.long, device=dev)
         self._shared_at = -1
+        self.placed: dict[int, Any] = {}  # layer -> the policy's `selection_key` of what is in place
+        self._lengths: dict[int, tuple[int, int, int]] = {}  # layer -> region_len's (max, min, sum)
         self.swaps = 0  # entries moved so far (a cost measure)
         policy.region = self
 
@@ -124,7 +127,33 @@ class CompressedRegion:
             self.where[:, :, tail] = tail
             self.region_len.clamp_(max=length)
             self._shared_at = -1
+            self._forget_placements()
         self.synced = length
+
+    def _forget_placements(self, layers: Iterable[int] | None = None) -> None:
+        """The region lengths (and what is in place) of `layers`, or of every layer, changed."""
+        if layers is None:
+            self.placed.clear()
+            self._lengths.clear()
+        for layer in layers or ():
+            self.placed.pop(layer, None)
+            self._lengths.pop(layer, None)
+
+    def read_lengths(self) -> None:
+        """Read every layer's `lengths` at once (after a placement of every layer)."""
+        rl = self.region_len
+        values = torch.stack([rl.amax(1), rl.amin(1), rl.sum(1)], dim=1).tolist()
+        self._lengths = {layer: (top, low, total) for layer, (top, low, total) in enumerate(values)}
+
+    def lengths(self, layer: int) -> tuple[int, int, int]:
+        """(longest, shortest, total) of layer `layer`'s region lengths over its KV heads: read back once
+        per placement."""
+        got = self._lengths.get(layer)
+        if got is None:
+            rl = self.region_len[layer]
+            top, low, total = torch.stack([rl.max(), rl.min(), rl.sum()]).tolist()
+            got = self._lengths[layer] = (top, low, total)
+        return got
 
     def positions(self, layer: int, cache_len: int) -> torch.Tensor:
         """long `[n_kv_heads, cache_len]`: logical position held by each slot."""
@@ -148,16 +177,21 @@ class CompressedRegion:
                 return
             self._place_shared(sel[0])
             self._shared_at = length
+            self._forget_placements()
             return
         layers = torch.full((1,), layer, dtype=torch.long, device=sel.device)
         self._place_per_head(layers, sel[None])
+        self._forget_placements([layer])
 
     @torch.inference_mode()
-    def place_layers(self, sel: torch.Tensor) -> None:
-        """`place` for every layer at once (a per-layer / per-head policy): `sel [n_layers, n_kv_heads,
-        L]`. One set of indexed copies for the whole cache instead of one per layer."""
+    def place_layers(self, sel: torch.Tensor, layers: list[int] | None = None) -> None:
+        """`place` for several layers at once (a per-layer / per-head policy): `sel [len(layers),
+        n_kv_heads, L]` (default: every layer). One set of indexed copies for all of them instead of one
+        per layer."""
         self.sync(sel.shape[-1])
-        self._place_per_head(torch.arange(sel.shape[0], device=sel.device), sel)
+        layers = list(range(sel.shape[0])) if layers is None else layers
+        self._place_per_head(torch.tensor(layers, dtype=torch.long, device=sel.device), sel)
+        self._forget_placements(layers)
 
     def _place_per_head(self, layers: torch.Tensor, sel: torch.Tensor) -> None:
         """Place `sel [len(layers), n_kv_heads, L]` for the layers listed in `layers` (per-head moves)."""
@@ -227,6 +261,7 @@ class CompressedRegion:
         self.where[:, :, :n] = self.pos[:, :, :n]
         self.region_len.zero_()
         self._shared_at = -1
+        self._forget_placements()
 
     def placed_shared(self, cache_len: int) -> bool:
         """True when a shared selection is already in place for this cache length."""
@@ -238,20 +273,25 @@ class CompressedRegion:
 
     # --- views ---------------------------------------------------------------------------------
     def view(
-        self, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None = None
+        self,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        tail_from: int | None = None,
+        rows: slice | None = None,
     ) -> RegionView:
         if tail_from is not None and self.backend == "flex":
             raise HarnessError(
                 f"kv={self.policy.name}: backend=flex keeps one static block mask and cannot add a draft "
                 "tail; use backend=sliced (or dense) with a self-drafting decoder"
             )
-        return RegionView(self, block_mask, restricted, tail_from)
+        return RegionView(self, block_mask, restricted, tail_from, rows)
 
 
 class RegionView:
     """Attention view: `restricted` rows see the region (the policy's selection), the other rows the
     whole cache, every row the block through `block_mask [n, n]`. Same contract as `RestrictedView`,
-    `tail_from` included (the tail stays at slot == position: the region never moves it)."""
+    `tail_from` included (the tail stays at slot == position: the region never moves it). `rows`: the
+    restricted rows as a range, when the caller knows it (otherwise read from `restricted` once)."""
 
     def __init__(
         self,
@@ -259,11 +299,14 @@ class RegionView:
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
+        rows: slice | None = None,
     ) -> None:
         self.region, self.scale = region, region.engine.scale
         self.block_vis, self.restricted = block_mask.bool(), restricted.bool()
         self.tail_from = tail_from
-        self.rows = self.restricted.nonzero().squeeze(1)
+        n = self.block_vis.shape[0]
+        self.rows: torch.Tensor | slice = self.restricted.nonzero().squeeze(1) if rows is None else rows
+        self.n_rows = len(range(n)[rows]) if isinstance(self.rows, slice) else self.rows.numel()
         self._read: list[int] = []
         self._mask: RegionBlockMask | None = None
 
@@ -273,24 +316,42 @@ class RegionView:
         cache_len = k.shape[2] - n
         sel_len = cache_len if self.tail_from is None else min(self.tail_from, cache_len)
         q_rows = q[0, :, self.rows]
-        if self.rows.numel():
+        if self.n_rows:
             policy.observe(layer, q_rows)
-        if not self.rows.numel() or policy.keeps_all(layer, sel_len):
+        if not self.n_rows or policy.keeps_all(layer, sel_len):
             self._read.append(cache_len)
-            if self.rows.numel():
+            if self.n_rows:
                 policy.activity.note(layer, sel_len, sel_len)
             return self._dense(q, k, v, cache_len)
         reg.sync(sel_len)
         if not (policy.shared and reg.placed_shared(sel_len)):  # shared: once per step, all layers
-            reg.place(layer, policy.select(layer, q_rows, k[0, :, :sel_len], sel_len))
+            key = policy.selection_key(layer, sel_len)
+            if key is None:
+                reg.place(layer, policy.select(layer, q_rows, k[0, :, :sel_len], sel_len))
+            elif reg.placed.get(layer) != key:  # a draft's rounds share one placement
+                self._place_every_layer(sel_len)
         rl = reg.region_len[layer]
-        self._read.append(int(rl.sum()) // rl.numel() + cache_len - sel_len)
+        self._read.append(reg.lengths(layer)[2] // rl.numel() + cache_len - sel_len)
         policy.activity.note(layer, self._read[-1] - (cache_len - sel_len), sel_len)
         if self.tail_from is not None:  # the tail joins the block: always visible, read in place
             return self._gathered(layer, q, k, v, sel_len, rl)
         if reg.backend == "flex":
             return self._flex(layer, q, cache_len, rl)
         return self._gathered(layer, q, k, v, cache_len, rl)
+
+    def _place_every_layer(self, sel_len: int) -> None:
+        """A policy with a `selection_key` (its choice needs no query): every restricted layer whose key
+        changed, placed in one go, their lengths read back once."""
+        reg = self.region
+        policy, cache = reg.policy, reg.cache
+        keys = {li: policy.selection_key(li, sel_len) for li in range(cache.n_layers)}
+        todo = [
+            li for li, key in keys.items() if not policy.keeps_all(li, sel_len) and reg.placed.get(li) != key
+        ]
+        sel = torch.stack([policy.select(li, None, cache.k[li, :, :sel_len], sel_len) for li in todo])
+        reg.place_layers(sel, todo)
+        reg.placed.update((li, keys[li]) for li in todo)
+        reg.read_lengths()
 
     def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int) -> torch.Tensor:
         n = q.shape[2]
@@ -319,7 +380,7 @@ class RegionView:
         """The restricted rows over the region slice + everything from `cache_len` on (the block, with
         a draft tail in front of it when `tail_from` is set); the other rows over the whole cache."""
         n, total = q.shape[2], k.shape[2]
-        top = int(rl.max())
+        top, low, _ = self.region.lengths(layer)
         kb, vb = k[:, :, cache_len:], v[:, :, cache_len:]
         tail = total - n - cache_len
         bvis = self.block_vis
@@ -329,9 +390,10 @@ class RegionView:
         rows = self.rows
         if self.region.backend == "flash":
             o_r = flash_region_attend(q[:, :, rows], *args, bvis[rows], self.scale)
-        else:
-            o_r = sliced_attend(q[:, :, rows], *args, bvis[rows], self.scale)
-        if rows.numel() == n:
+        else:  # one row of a one-row block sees its whole block; the region is full when low == top
+            plain = low == top and (n == 1 or None)
+            o_r = sliced_attend(q[:, :, rows], *args, bvis[rows], self.scale, plain)
+        if self.n_rows == n:
             return o_r
         full = (~self.restricted).nonzero().squeeze(1)  # these rows see the whole cache
         mask = torch.ones(full.numel(), total, dtype=torch.bool, device=q.device)

@@ -227,13 +227,18 @@ def sliced_attend(
     v_block: torch.Tensor,
     block_vis: torch.Tensor,
     scale: float,
+    plain: bool | None = None,
 ) -> torch.Tensor:
     """Rows `q [1, H, r, d]` over the region slice `[1, H_kv, R, d]` (slot < region_len[h] valid) and
-    the block keys `[1, H_kv, n, d]` with `block_vis [r, n]`. Dense math over R + n keys only."""
+    the block keys `[1, H_kv, n, d]` with `block_vis [r, n]`. Dense math over R + n keys only.
+    `plain`: whether every region slot and block key is visible, when the caller knows (None: read
+    from `region_len` and `block_vis`; False: take the masked path without reading)."""
     h, r, hkv, big_r, n = q.shape[1], q.shape[2], k_region.shape[1], k_region.shape[2], k_block.shape[2]
     k = torch.cat([k_region, k_block], dim=2)
     v = torch.cat([v_region, v_block], dim=2)
-    if r == 1 and bool((region_len == big_r).all()) and bool(block_vis.all()):  # a decode step, no mask
+    if plain is None and r == 1:
+        plain = bool((region_len == big_r).all()) and bool(block_vis.all())
+    if r == 1 and plain:  # a decode step, no mask
         return one_row_attention(q, k, v, scale)
     mask = torch.empty(hkv, r, big_r + n, dtype=torch.bool, device=q.device)
     mask[:, :, :big_r] = (torch.arange(big_r, device=q.device)[None, :] < region_len[:, None])[:, None, :]

@@ -281,6 +281,13 @@ class KVPolicy:
         slots = self.engine.cache.slot_pos[:cache_len].expand(n_layers, hkv, cache_len)
         return logical.gather(2, slots)
 
+    def selection_key(self, layer: int, sel_len: int) -> Any:
+        """A value that changes whenever layer `layer`'s `select` over `[0, sel_len)` may change, for a
+        policy whose `select` needs neither the forward's queries nor its keys (it is then called with
+        `q=None`); None (the default): choose again at every forward. A compressed region places such
+        selections once per key, every layer in one go (a draft's rounds share one placement)."""
+        return None
+
     def max_selected(self, capacity: int) -> int:
         """Upper bound on entries selected per KV head for any cache length <= capacity."""
         return capacity if self.budget is None else min(self.budget, capacity)
@@ -355,7 +362,7 @@ class KVPolicy:
             )
             view = view or self.forward_view(engine, block_mask, restricted, tail_from, rows)
             return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, rows)
-        return self.region_for(engine, backend).view(block_mask, restricted, tail_from)
+        return self.region_for(engine, backend).view(block_mask, restricted, tail_from, rows)
 
     def forward_view(
         self,

@@ -88,6 +88,7 @@ class Retrieval(KVPolicy):
         self.built_len = 0
         self._q: dict[int, torch.Tensor] = {}
         self._keep: dict[int, torch.Tensor] = {}
+        self._builds = 0  # keep masks chosen so far in this generation (the region's placement key)
         self._means: dict[int, torch.Tensor] = {}  # per layer: mean keys of the prompt's full chunks
 
     def min_budget(self) -> int:
@@ -112,6 +113,7 @@ class Retrieval(KVPolicy):
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.built_len = prompt_len, 0
         self._q, self._keep, self._means = {}, {}, {}
+        self._builds = 0
         super().reset(prompt_len, context_len)
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
@@ -160,6 +162,7 @@ class Retrieval(KVPolicy):
             keys_read += kbar.shape[1]
             self._keep[layer] = self.choose_from_means(q, kbar, length)
         self.built_len = length
+        self._builds += 1
         self.forget_stack()
         return keys_read / 2 / engine.cache.n_layers
 
@@ -181,6 +184,10 @@ class Retrieval(KVPolicy):
         keep = torch.ones(hkv, length, dtype=torch.bool, device=kbar.device)
         keep[:, : n * c] = keep_chunks.repeat_interleave(c, dim=1)
         return keep
+
+    def selection_key(self, layer: int, sel_len: int) -> Any:
+        """The keep masks change only at a build; entries past the prompt are always selected."""
+        return (self._builds, sel_len)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

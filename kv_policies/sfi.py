@@ -85,9 +85,6 @@ class SFI(KVPolicy):
         self._q: dict[int, list[torch.Tensor]] = {}
         self._chosen: dict[int, int] = {}  # layer -> how many times its set was chosen
         self._packed: dict[int, int] = {}  # layer -> that count when its long-range set was packed
-        # layer -> (its `_packed` count, (longest, total, uneven) of its packed region lengths): read once
-        # per packing, so a fast step reads nothing back
-        self._packed_lens: dict[int, tuple[int, tuple[int, int, bool]]] = {}
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}  # layer -> Selector inputs
         self._pending_j = torch.empty(0, dtype=torch.long)
         self._norms: torch.Tensor | None = None  # [layers, hkv, capacity] key norms by logical position
@@ -120,7 +117,6 @@ class SFI(KVPolicy):
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
         self._sel, self._q, self._chosen, self._packed = {}, {}, {}, {}
-        self._packed_lens = {}
         self._pending, self._norms, self._normed = {}, None, {}
         self.__dict__.pop("_long_key", None)  # `layer_selections`' stack belongs to one generation
         super().reset(prompt_len, context_len)
@@ -213,10 +209,7 @@ class SFI(KVPolicy):
                            for layer in range(chosen_layers)])  # fmt: skip
         self.region.place_layers(sel)
         self._packed = dict(self._chosen)
-        rl = self.region.region_len  # every layer's lengths in one read
-        lens = torch.stack([rl.amax(1), rl.amin(1), rl.sum(1)], dim=1).tolist()
-        for layer, (top, low, total) in enumerate(lens):
-            self._packed_lens[layer] = (self._packed.get(layer, 0), (top, total, low < top))
+        self.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         if self.slow:
@@ -262,17 +255,6 @@ class SFI(KVPolicy):
         sel = self._long_range(layer, self.engine.cache.n_kv_heads, cache_len, self.engine.device)
         self.region.place(layer, sel)
         self._packed[layer] = self._chosen.get(layer, 0)
-
-    def packed_lengths(self, layer: int) -> tuple[int, int, bool]:
-        """(longest, total, uneven across KV heads) of layer `layer`'s packed region lengths, read back
-        once per packing."""
-        version = self._packed.get(layer, 0)
-        hit = self._packed_lens.get(layer)
-        if hit is None or hit[0] != version:
-            rl = self.region.region_len[layer]
-            top, low, total = torch.stack([rl.max(), rl.min(), rl.sum()]).tolist()
-            hit = self._packed_lens[layer] = (version, (top, total, low < top))
-        return hit[1]
 
     def layer_selections(self, cache_len: int) -> torch.Tensor:
         """Every layer's sinks and chosen entries, stacked once per choice (a slow step), with the

@@ -60,11 +60,11 @@ class SFIFastView:
         pol.pack_long_range(layer, cache_len)
         rl = reg.region_len[layer]
         start = cache_len - min(pol.recent, cache_len)
-        m, total, uneven = pol.packed_lengths(layer)  # read once per packing, not per step
+        m, low, total = reg.lengths(layer)  # read once per packing, not per step
         if m > start:
             raise RuntimeError(f"kv=sfi: the packed set ({m} slots) reaches the recent window (slot {start})")
         out = one_row_two_slices(
-            q, k[:, :, :m], v[:, :, :m], rl, k[:, :, start:], v[:, :, start:], self.scale, uneven
+            q, k[:, :, :m], v[:, :, :m], rl, k[:, :, start:], v[:, :, start:], self.scale, low < m
         )
         read = total // rl.numel() + cache_len - start
         self._read.append(read)

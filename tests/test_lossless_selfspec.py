@@ -287,3 +287,37 @@ def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_
     pol.rebuild(eng)
     assert torch.equal(pol.layer_selections(length), per_layer(pol, length))
     assert not torch.equal(pol.layer_selections(length), before)
+
+
+@pytest.mark.parametrize("rebuild_every", [0, 1])
+def test_sliced_drafts_equal_the_dense_ones(refs, rebuild_every):
+    """The compressed region places retrieval's selection once per selection (a step's draft rounds
+    share one; a rebuild makes a new one): the drafts, their acceptance and the KV read of every
+    forward are the dense layout's."""
+    eng, cases = refs
+    results = []
+    for backend in ("dense", "sliced"):
+        per_prompt = []
+        for prompt, ref in cases[:3]:
+            pol = build_policy("retrieval", budget=24, chunk=4, backend=backend)
+            counts = Counts()
+            dec = SelfSpeculative(eng, kv=pol, gamma=4, rebuild_every=rebuild_every)
+            assert dec.generate(prompt, N_NEW, set(), counts) == ref
+            per_prompt.append((counts.accepted, counts.drafted, [s.kv_attended for s in counts.steps]))
+        results.append(per_prompt)
+    assert results[0] == results[1] and any(acc for acc, _, _ in results[0])
+
+
+def test_sliced_drafts_read_the_device_a_few_times_per_step(refs):
+    """On the compressed region a step's placement (every layer at once) reads the device a few times;
+    the draft rounds read nothing more (their lengths are known from the placement)."""
+    from runners.host_syncs import HostSyncs
+
+    eng, cases = refs
+    prompt, ref = cases[0]
+    syncs = HostSyncs(eng.device)
+    counts = Counts(on_prefill_done=syncs.mark, on_decode_done=syncs.stop)
+    dec = SelfSpeculative(eng, kv=build_policy("retrieval", budget=24, chunk=4, backend="sliced"), gamma=4)
+    with syncs:
+        assert dec.generate(prompt, N_NEW, set(), counts) == ref
+    assert counts.draft_forwards > 2 * counts.forwards and syncs.since_mark <= 6 * counts.forwards
