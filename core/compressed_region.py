@@ -148,12 +148,9 @@ class CompressedRegion:
     def lengths(self, layer: int) -> tuple[int, int, int]:
         """(longest, shortest, total) of layer `layer`'s region lengths over its KV heads: read back once
         per placement."""
-        got = self._lengths.get(layer)
-        if got is None:
-            rl = self.region_len[layer]
-            top, low, total = torch.stack([rl.max(), rl.min(), rl.sum()]).tolist()
-            got = self._lengths[layer] = (top, low, total)
-        return got
+        if layer not in self._lengths:
+            self.read_lengths()  # every layer's in the same one read
+        return self._lengths[layer]
 
     def positions(self, layer: int, cache_len: int) -> torch.Tensor:
         """long `[n_kv_heads, cache_len]`: logical position held by each slot."""

@@ -124,6 +124,46 @@ class RestrictedView:
         return torch.stack(self._read)
 
 
+class InForwardView(RestrictedView):
+    """`RestrictedView` (the regular forward is unchanged) whose choice can also be made inside a
+    fixed-shape forward (`core.decode_graph`), for a policy that chooses from the forward's own queries
+    (Quest, Top-K): a subclass names its `selector_key` and builds its `selector` (an
+    `InForwardSelector`); the entries the selector chose come back through `take_reads`."""
+
+    selects_in_forward = True
+
+    def take_reads(self, reads: torch.Tensor, cache_len: int) -> None:
+        """Every layer's chosen entries per KV head (`[n_layers]`, on the device) from the fixed-shape
+        forward, noted as the regular forward notes them (a draft tail is read by every row)."""
+        sel_len = selectable_length(cache_len, self.tail_from)
+        self._read = [reads + (cache_len - sel_len) if cache_len > sel_len else reads]
+        self.policy.activity.note_forward(reads, sel_len)
+
+
+class InForwardSelector:
+    """What an `InForwardView`'s selector shares: buffers sized by one cache allocation (a new one makes a
+    new selector), the selectable length on the device (`length`, staged before each step), every layer's
+    chosen entries per KV head (`reads`), and the dense layers, which see every entry."""
+
+    def __init__(self, static: Any, policy: Any) -> None:
+        eng = static.engine
+        self.engine, self.policy, self.dense = eng, policy, policy.dense_layers
+        self.capacity = eng.cache.capacity
+        self.length = torch.zeros(1, dtype=torch.long, device=eng.device)
+        self.reads = torch.zeros(eng.cache.n_layers, dtype=torch.long, device=eng.device)
+
+    def stage(self, view: Any, n: int, length: int) -> None:
+        """Before the step (outside a CUDA graph): the selectable length of a cache of `length` entries."""
+        if self.engine.cache.capacity != self.capacity:  # StaticForward's key
+            raise RuntimeError(f"the cache was reallocated under a {type(self).__name__}")
+        self.length.fill_(selectable_length(length, view.tail_from))
+
+    def dense_layer(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """A dense layer's selection: every slot (its reads: the selectable entries)."""
+        self.reads[layer].copy_(self.length[0])
+        return torch.ones(self.engine.cache.n_kv_heads, slots.numel(), dtype=torch.bool, device=slots.device)
+
+
 class SelectionView(MaskView):
     """Restricted rows see `selection` of the cache, the others all of it; `block_mask` inside the block.
     The policy's activity is noted for every layer when the view is built (one forward per view)."""
