@@ -311,10 +311,13 @@ def paired_with_baselines(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_table2(samples: pd.DataFrame) -> pd.DataFrame:
-    """Table 2 over the runs of its experiment and their vanilla baselines (recorded by Table 1's)."""
+    """Table 2 over the runs of its experiment and their vanilla baseline: the one its own slice recorded
+    (so the table's runs share one code version), else Table 1's."""
     runs = from_experiments(samples, (*EXPERIMENTS, TABLE2))
     if "experiment" in runs.columns:
-        runs = runs[(runs["decoder"] == "vanilla") | (runs["experiment"] == TABLE2)]
+        own = runs["experiment"] == TABLE2
+        vanilla = runs["decoder"] == "vanilla"
+        runs = runs[own | (vanilla & ~(own & vanilla).any())]
     runs = paired_with_baselines(runs)
     has_ablation = runs.get("decoder.checkpoint", pd.Series(dtype=str)).astype(str).str.contains("no-anchor")
     return table2(runs) if has_ablation.any() else pd.DataFrame()

@@ -217,7 +217,7 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         "LongSpec",
         "Table 2",
         lambda s, _out: longspec.load_table2(s),
-        "python run.py -m experiment=longspec_table2_cpu (needs the no-anchor-offset ablation draft)",
+        "python run.py -m experiment=longspec_table2_cpu (+ decoder=vanilla; needs the ablation drafts)",
     ),
     (
         "LongSpec",

@@ -123,9 +123,9 @@ def test_table2_names_a_draft_that_reads_another_target_layer():
     assert "another target layer" not in lp.table2(df[df["run_id"] != "l"]).attrs["caption"]
 
 
-def test_table2_takes_its_own_runs_and_table1s_vanilla():
+def test_table2_takes_its_own_runs_and_vanilla():
     """The shipped draft's Table 1 run is not one of the ablation's pair: Table 2 holds the runs of
-    experiment=longspec_table2_cpu, against the vanilla run Table 1's experiment recorded."""
+    experiment=longspec_table2_cpu, against the vanilla run its own slice recorded, else Table 1's."""
 
     def run(run_id: str, experiment: str, checkpoint: str, wall: float, forwards: int) -> list[dict]:
         extra = {"decoder.widths": "[4, 16, 16, 16, 16]", "decoder.checkpoint": checkpoint}
@@ -140,6 +140,10 @@ def test_table2_takes_its_own_runs_and_table1s_vanilla():
     t = lp.load_table2(df).set_index("checkpoint")
     assert sorted(t.index) == ["x/anchor@1", "y/no-anchor@2"]
     assert t.loc["x/anchor@1", "speedup"] == pytest.approx(2.0)
+
+    own = rows("v2", "vanilla", "full", 9.0, 60, 60, experiment=lp.TABLE2)
+    t = lp.load_table2(pd.concat([df, pd.DataFrame(own)])).set_index("checkpoint")
+    assert t.loc["x/anchor@1", "speedup"] == pytest.approx(3.0)  # its own slice's vanilla, not Table 1's
 
 
 def tau_frame(per_prompt: dict[str, list[tuple[int, int]]], experiment: str = lp.TAU_PROMPTS) -> pd.DataFrame:
