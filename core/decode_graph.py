@@ -21,10 +21,10 @@ restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2
 kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's and Top-K's blocks, whose choice
 runs inside the forward (a view that `selects_in_forward`: the `selector` below; Top-K's with a
 self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
-(`Engine.use_graphs`). The prefill, the hybrid tree backend, the compressed-region backends
-(`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks take the
-regular forward. The queries a policy observes are kept per layer by the forward and handed to it
-after the forward, before the commit.
+(`Engine.use_graphs`), LongSpec's draft too (`decoders/longspec/static_draft.py`). The prefill, the
+hybrid tree backend, the compressed-region backends (`kv.backend=sliced|flex|flash`: entries move
+between steps), per-head masks and hooks take the regular forward. The queries a policy observes
+are kept per layer by the forward and handed to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.

@@ -122,11 +122,14 @@ class DraftClock:
         self.device, self.seconds_each = device, []
         self.fixed: list[bool] = []  # per forward: did its engine take the fixed-shape path
         self.marked_at = self.depth = 0
-        self.engine = getattr(getattr(decoder, "draft", None), "engine", None)  # a draft without one: never
+        draft = getattr(decoder, "draft", None)
+        # what counts the draft's fixed-shape forwards: the draft itself (LongSpec's, which has no engine
+        # of its own) or its engine (a draft model); a draft with neither never takes them
+        self.counter = draft if hasattr(draft, "fixed_shape_steps") else getattr(draft, "engine", None)
         self._patch = MethodPatch(draft_forwards(decoder), self._timed)
 
     def _fixed_steps(self) -> int:
-        return getattr(self.engine, "fixed_shape_steps", 0)
+        return getattr(self.counter, "fixed_shape_steps", 0)
 
     def _timed(self, inner: Callable) -> Callable:
         def forward(*args, **kwargs):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -50,85 +50,32 @@ from core.attention import one_row_attention, sdpa
 from core.engine import Engine, _rotate_half
 from core.hf_compat import rope_cos_sin
 from core.types import HarnessError
+from decoders.longspec.draft_config import (
+    CONFIG,
+    COUNTS,
+    DEFAULT_WINDOW,
+    WEIGHTS,
+    DraftConfig,
+    check_window,
+    resolve_layer,
+    target_name,
+    weights_digest,
+)
+from decoders.longspec.static_draft import StaticDraftForwards, commit_fits
 from decoders.longspec.tree import TreeDraft
 
-WEIGHTS, CONFIG, COUNTS = "model.safetensors", "config.json", "token_counts.safetensors"
-DEFAULT_WINDOW = 512  # the paper's sliding window
-
-
-@dataclass
-class DraftConfig:
-    """What a draft checkpoint was built for; `check_target` compares it with a target engine."""
-
-    vocab_size: int
-    hidden_size: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    target_model: str  # the target's name (informative: the shapes decide compatibility)
-    target_layer: int  # the target layer whose cached K/V the cross-attention reads (non-negative)
-    window: int  # self-attention window: committed tokens kept in the draft's own cache
-    rms_norm_eps: float = 1e-6
-    qkv_bias: bool = False  # biases on q_proj/k_proj/v_proj/cross_q_proj (the released LongSpec drafts)
-    final_norm: bool = True  # False: logits = LMHead(h3), no norm (the released LongSpec drafts)
-
-    @staticmethod
-    def for_target(engine: Engine, target_layer: int, window: int) -> DraftConfig:
-        cfg = engine.model.config
-        w = engine.w
-        return DraftConfig(
-            vocab_size=w.vocab_size,
-            hidden_size=int(cfg.hidden_size),
-            n_heads=w.n_heads,
-            n_kv_heads=w.n_kv_heads,
-            head_dim=w.head_dim,
-            intermediate_size=int(cfg.intermediate_size),
-            target_model=target_name(engine),
-            target_layer=resolve_layer(target_layer, w.n_layers),
-            window=check_window(window),
-            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
-        )
-
-    def check_target(self, engine: Engine, where: str) -> None:
-        """One clear line when this draft cannot serve `engine`'s model."""
-        want = DraftConfig.for_target(engine, 0, 1)
-        for field in ("vocab_size", "hidden_size", "n_heads", "n_kv_heads", "head_dim"):
-            mine, theirs = getattr(self, field), getattr(want, field)
-            if mine != theirs:
-                raise HarnessError(
-                    f"LongSpec draft {where} was trained for another target ({self.target_model}): its "
-                    f"{field} is {mine}, the target's ({want.target_model}) is {theirs}"
-                )
-        resolve_layer(self.target_layer, engine.w.n_layers)
-
-
-def weights_digest(path: Path) -> str:
-    """The first 10 hex digits of the sha1 of a weights file: which draft a run used, in its identity."""
-    import hashlib
-
-    return hashlib.sha1(path.read_bytes()).hexdigest()[:10]
-
-
-def target_name(engine: Engine) -> str:
-    cfg = engine.model.config
-    return str(getattr(cfg, "_name_or_path", "") or f"{cfg.model_type} (unnamed)")
-
-
-def resolve_layer(layer: object, n_layers: int) -> int:
-    """`layer` in [-n_layers, n_layers) as a non-negative index (-1 = the last layer)."""
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-        raise HarnessError(
-            f"decoder=longspec: target_layer must be an integer in [-{n_layers}, {n_layers - 1}] "
-            f"(the target has {n_layers} layers), got {layer!r}"
-        )
-    return layer % n_layers
-
-
-def check_window(window: object) -> int:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise HarnessError(f"decoder=longspec: window must be a positive integer, got {window!r}")
-    return window
+__all__ = [  # the checkpoint's identity, re-exported where the draft's users import it
+    "CONFIG",
+    "COUNTS",
+    "DEFAULT_WINDOW",
+    "WEIGHTS",
+    "DraftConfig",
+    "LongSpecDraft",
+    "check_window",
+    "resolve_layer",
+    "target_name",
+    "weights_digest",
+]
 
 
 class RMSNorm(torch.nn.Module):
@@ -175,6 +122,11 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         self.vocab_ids: torch.Tensor | None = None  # the restricted vocabulary (None: the whole one)
         self._head: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._packed: dict[str, tuple[tuple[int, int], Callable[[torch.Tensor], torch.Tensor]]] = {}
+        # the staged block's K/V `[H_kv, slots, d]`, grown on demand and kept between blocks
+        self.block_k = torch.zeros(c.n_kv_heads, 0, c.head_dim, dtype=engine.dtype, device=engine.device)
+        self.block_v = torch.zeros_like(self.block_k)
+        self.static: StaticDraftForwards | None = None  # fixed-shape steps, while the target has graphs
+        self.fixed_shape_steps = 0  # draft forwards that took them or would (runners.timing.DraftClock)
         self.begin_block()
 
     # --- construction ---------------------------------------------------------------------------
@@ -294,6 +246,7 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         if isinstance(size, bool) or not (size is None or isinstance(size, int) and size > 0):
             raise HarnessError(f"draft_vocab must be a positive integer or null, got {size!r}")
         vocab = self.config.vocab_size
+        self.static = None  # captured forwards read the head they were captured with
         if size is None or size >= vocab:
             self.vocab_ids, self._head = None, None
             return
@@ -359,12 +312,19 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         m = len(tokens)
         if not m:
             return
+        drop = max(0, self.cached + m - self.window)
+        keep = self.cached - drop
+        fits = commit_fits(self.window, m, drop)
+        self.fixed_shape_steps += fits  # with graphs off: would take the fixed-shape commit
+        static = self._static_forwards()
+        if static is not None and fits:
+            static.commit(tokens, first_position)
+            self.cached = keep + m
+            return
         dev = self.engine.device
         pos = torch.arange(first_position, first_position + m, device=dev)
         cos, sin = self._rope(pos)
         k, v = self._self_kv(self.engine.w.embed(torch.tensor(tokens, device=dev)), cos, sin)
-        drop = max(0, self.cached + m - self.window)
-        keep = self.cached - drop
         if drop and keep:
             self.win_k[:, :keep] = self.win_k[:, drop : self.cached].clone()
             self.win_v[:, :keep] = self.win_v[:, drop : self.cached].clone()
@@ -374,8 +334,28 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
 
     # --- block forwards -------------------------------------------------------------------------
     def begin_block(self) -> None:
-        self._block_k: list[torch.Tensor] = []
-        self._block_v: list[torch.Tensor] = []
+        self.staged = 0  # rows of the block staged so far (their K/V in block_k/block_v)
+
+    def reserve_block(self, rows: int) -> None:
+        """Room for `rows` staged rows in the block buffers (the staged ones kept)."""
+        if self.block_k.shape[1] >= rows:
+            return
+        c = self.config
+        shape = (c.n_kv_heads, max(rows, 2 * self.block_k.shape[1]), c.head_dim)
+        for name in ("block_k", "block_v"):
+            with torch.inference_mode(False):  # a plain tensor, which training steps may write too
+                grown = torch.zeros(shape, dtype=self.engine.dtype, device=self.engine.device)
+            grown[:, : self.staged] = getattr(self, name)[:, : self.staged]
+            setattr(self, name, grown)
+
+    def _static_forwards(self) -> StaticDraftForwards | None:
+        """The fixed-shape forwards while the target engine has its own (`Engine.use_graphs`)."""
+        graphs = self.engine.graphs
+        if graphs is None:
+            return None
+        if self.static is None or self.static.capture != graphs.capture:
+            self.static = StaticDraftForwards(self, graphs.capture)
+        return self.static
 
     @torch.inference_mode()
     def step(
@@ -387,16 +367,24 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         target cache's first `target_len` entries of layer `target_layer` (its committed entries)."""
         eng = self.engine
         tokens, positions = tokens.to(eng.device), positions.to(eng.device)
-        n = tokens.numel()
+        n, staged = tokens.numel(), self.staged
+        keys_len = self.cached + staged + n
+        if visible.shape != (n, keys_len):
+            raise ValueError(f"visible must be [{n}, {keys_len}], got {tuple(visible.shape)}")
+        self.reserve_block(staged + n)
+        self.staged = staged + n
+        fits = target_len > 0  # a cross-attention over no entry is the regular path's alone
+        self.fixed_shape_steps += fits
+        static = self._static_forwards()
+        if static is not None and fits:
+            return static.step(tokens, positions, visible.to(eng.device), target_len, staged)
         cos, sin = self._rope(positions)
         h0 = eng.w.embed(tokens)
         k, v = self._self_kv(h0, cos, sin)
-        self._block_k.append(k)
-        self._block_v.append(v)
-        keys = torch.cat([self.win_k[:, : self.cached], *self._block_k], dim=1)
-        values = torch.cat([self.win_v[:, : self.cached], *self._block_v], dim=1)
-        if visible.shape != (n, keys.shape[1]):
-            raise ValueError(f"visible must be [{n}, {keys.shape[1]}], got {tuple(visible.shape)}")
+        self.block_k[:, staged : staged + n] = k
+        self.block_v[:, staged : staged + n] = v
+        keys = torch.cat([self.win_k[:, : self.cached], self.block_k[:, : staged + n]], dim=1)
+        values = torch.cat([self.win_v[:, : self.cached], self.block_v[:, : staged + n]], dim=1)
         cross = None
         if target_len > 0:
             cross = (
@@ -404,9 +392,13 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
                 eng.cache.v[self.target_layer, :, :target_len],
             )
         h3 = self._hidden(h0, cos, sin, keys, values, visible.to(eng.device), cross, None)
-        if self._head is not None:  # logits over vocab_ids only
+        return self.logits_of(h3)
+
+    def logits_of(self, h3: torch.Tensor) -> torch.Tensor:
+        """Float logits of the block's outputs h3 (over `vocab_ids` when restricted)."""
+        if self._head is not None:
             return self._head(self.final_norm(h3)).float()
-        return eng.lm_logits(self.final_norm(h3))  # the target's head, prepacked like the target's
+        return self.engine.lm_logits(self.final_norm(h3))  # the target's head, prepacked like the target's
 
     def _hidden(
         self,
@@ -489,5 +481,5 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
     def memory_bytes(self) -> int:
         """Bytes the draft itself holds: its weights, its window cache and the staged block (the
         target's embedding, LM head and KV cache are shared, not counted)."""
-        tensors = [*self.parameters(), self.win_k, self.win_v, *self._block_k, *self._block_v]
+        tensors = [*self.parameters(), self.win_k, self.win_v, self.block_k, self.block_v]
         return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,189 @@
+"""LongSpec's draft forwards with fixed shapes, replayed as CUDA graphs while the target has its own
+(`run.cuda_graphs=true`, `Engine.use_graphs`).
+
+A LongSpec decode step runs the draft once per tree level and once to commit the accepted tokens. Each
+is a one-block forward of a few dozen operators, so on a GPU its cost is their launches. Here each of
+them reads its inputs from device buffers and has shapes that do not depend on the data:
+- a level's step attends over the whole window buffer and the whole staged-block buffer under a staged
+  visibility (window slots past `cached` and block slots past the staged rows hidden), and over the
+  target cache's whole allocation with the slots from `target_len` on hidden; its rows' K/V go to the
+  block slots after the staged ones, a fixed range per (rows, staged rows);
+- a commit writes the tokens' K/V into the window through a device index while the window fills, and
+  once it is full shifts it by the number of tokens (one forward per count); the one commit that both
+  fills and shifts takes the regular path.
+The keys the masks hide change the order of the attention's sums, not what it sees: drafts match the
+regular path's up to rounding (the target verifies every token, so outputs are exact either way).
+
+`StaticDraftForwards(draft, capture=False)` runs them eagerly: the CPU tests check them against the
+regular path, and `make test-gpu` checks the captured graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def commit_fits(window: int, m: int, drop: int) -> bool:
+    """Whether a commit of `m` tokens that drops `drop` window entries has a fixed-shape forward: at most
+    a window of tokens that only fill the window or only shift it."""
+    return 0 < m <= window and drop in (0, m)
+
+
+class Replay:
+    """One fixed-shape forward `run()` -> output, run eagerly or captured once per `key` and replayed.
+    `state`: tensors `run` updates in place from their own values (not idempotent), restored after the
+    warm-up runs that precede a capture."""
+
+    def __init__(self, run: Callable[[], Any], capture: bool, device: torch.device, state=()) -> None:
+        self.run, self.capture, self.device, self.state = run, capture, device, tuple(state)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self.out: Any = None
+        self.captures = 0
+
+    def __call__(self, key: tuple) -> Any:
+        if not self.capture:
+            return self.run()
+        if self.graph is None or key != self.key:
+            self._capture()
+            self.key = key
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        saved = [t.clone() for t in self.state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for t, before in zip(self.state, saved, strict=True):
+            t.copy_(before)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.run()
+        self.captures += 1
+
+
+class StaticDraftForwards:
+    """The fixed-shape forwards of a `LongSpecDraft`: `step` per (rows, staged rows), `commit` per
+    (tokens, whether the window shifts). The draft decides when they apply (a step with a target entry
+    to read, a commit that `commit_fits`) and keeps `cached`/`staged` on the host."""
+
+    def __init__(self, draft, capture: bool) -> None:
+        self.draft, self.capture = draft, capture
+        self.steps: dict[tuple[int, int], StaticStep] = {}
+        self.commits: dict[tuple[int, bool], StaticCommit] = {}
+
+    @property
+    def captures(self) -> int:
+        return sum(f.replay.captures for f in [*self.steps.values(), *self.commits.values()])
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        target_len: int,
+        staged: int,
+    ) -> torch.Tensor:
+        """`LongSpecDraft.step` for rows staged after `staged` others (the block buffers hold room)."""
+        n = tokens.numel()
+        fwd = self.steps.get((n, staged))
+        if fwd is None:
+            fwd = self.steps[(n, staged)] = StaticStep(self.draft, n, staged, self.capture)
+        return fwd(tokens, positions, visible, target_len)
+
+    def commit(self, tokens: Sequence[int], first_position: int) -> None:
+        m = len(tokens)
+        shifts = self.draft.cached + m > self.draft.window
+        fwd = self.commits.get((m, shifts))
+        if fwd is None:
+            fwd = self.commits[(m, shifts)] = StaticCommit(self.draft, m, shifts, self.capture)
+        fwd(tokens, first_position)
+
+
+class StaticStep:
+    """One tree level's draft step of `rows` rows after `staged` staged ones, through device buffers."""
+
+    def __init__(self, draft, rows: int, staged: int, capture: bool) -> None:
+        self.draft, self.rows, self.staged = draft, rows, staged
+        dev = draft.engine.device
+        self.token = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.position = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.target_len = torch.zeros(1, dtype=torch.long, device=dev)
+        self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, window + block slots]
+        self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # the target allocation's slots
+        self.replay = Replay(self.forward, capture, dev)
+
+    def __call__(
+        self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, target_len: int
+    ) -> torch.Tensor:
+        d, n = self.draft, self.rows
+        cache = d.engine.cache
+        window, block = d.win_k.shape[1], d.block_k.shape[1]
+        if self.visible.shape != (n, window + block):
+            self.visible = torch.zeros(n, window + block, dtype=torch.bool, device=d.engine.device)
+        if self.slots.numel() != cache.capacity:
+            self.slots = torch.arange(cache.capacity, device=d.engine.device)
+        self.token.copy_(tokens.reshape(n))
+        self.position.copy_(positions.reshape(n))
+        self.target_len.fill_(target_len)
+        cached, end = d.cached, window + self.staged + n
+        self.visible.zero_()
+        self.visible[:, :cached] = visible[:, :cached]
+        self.visible[:, window:end] = visible[:, cached:]
+        key = (d.win_k.data_ptr(), d.block_k.data_ptr(), cache.k.data_ptr(), cache.capacity)
+        return self.replay(key).clone()
+
+    def forward(self) -> torch.Tensor:
+        d, n, at = self.draft, self.rows, self.staged
+        eng = d.engine
+        cos, sin = d._rope(self.position)
+        h0 = eng.w.embed(self.token)
+        k, v = d._self_kv(h0, cos, sin)
+        d.block_k[:, at : at + n] = k
+        d.block_v[:, at : at + n] = v
+        keys = torch.cat([d.win_k, d.block_k], dim=1)
+        values = torch.cat([d.win_v, d.block_v], dim=1)
+        layer = d.target_layer
+        cross = (eng.cache.k[layer], eng.cache.v[layer])
+        cross_mask = (self.slots < self.target_len)[None, :].expand(n, -1)
+        h3 = d._hidden(h0, cos, sin, keys, values, self.visible, cross, cross_mask)
+        return d.logits_of(h3)
+
+
+class StaticCommit:
+    """The K/V of `m` committed tokens into the window: written after the cached ones while it fills,
+    or (`shifts`, the window full) the oldest `m` dropped and the tokens written at its end."""
+
+    def __init__(self, draft, m: int, shifts: bool, capture: bool) -> None:
+        self.draft, self.m, self.shifts = draft, m, shifts
+        dev = draft.engine.device
+        self.token = torch.zeros(m, dtype=torch.long, device=dev)
+        self.position = torch.zeros(m, dtype=torch.long, device=dev)
+        self.slot = torch.zeros(m, dtype=torch.long, device=dev)
+        self.count = torch.arange(m, device=dev)
+        self.replay = Replay(self.forward, capture, dev, state=(draft.win_k, draft.win_v) if shifts else ())
+
+    def __call__(self, tokens: Sequence[int], first_position: int) -> None:
+        d = self.draft
+        self.token.copy_(torch.tensor(tokens, dtype=torch.long))
+        torch.add(self.count, first_position, out=self.position)
+        torch.add(self.count, d.cached, out=self.slot)
+        self.replay((d.win_k.data_ptr(),))
+
+    def forward(self) -> None:
+        d, m = self.draft, self.m
+        cos, sin = d._rope(self.position)
+        k, v = d._self_kv(d.engine.w.embed(self.token), cos, sin)
+        for win, new in ((d.win_k, k), (d.win_v, v)):
+            if self.shifts:
+                win[:, : d.window - m] = win[:, m:].clone()
+                win[:, d.window - m :] = new
+            else:
+                win.index_copy_(1, self.slot, new)
