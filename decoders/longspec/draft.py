@@ -300,12 +300,12 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         """Empty the window, then commit the prompt (positions 0..) into it."""
         self.cached = 0
         self.begin_block()
-        self.commit(prompt, 0)
+        self.commit(prompt, 0, fixed_shape=False)  # one per prompt length: not worth a graph each
 
     @torch.inference_mode()
-    def commit(self, tokens: Sequence[int], first_position: int) -> None:
+    def commit(self, tokens: Sequence[int], first_position: int, fixed_shape: bool = True) -> None:
         """Committed tokens at positions `first_position, ...`: their K/V enter the window (the oldest
-        entries leave it once it holds `window`)."""
+        entries leave it once it holds `window`). `fixed_shape=False`: the regular path."""
         tokens = list(tokens)
         first_position += max(0, len(tokens) - self.window)  # only the last `window` can stay
         tokens = tokens[-self.window :]
@@ -314,7 +314,7 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
             return
         drop = max(0, self.cached + m - self.window)
         keep = self.cached - drop
-        fits = commit_fits(self.window, m, drop)
+        fits = fixed_shape and commit_fits(self.window, m, drop)
         self.fixed_shape_steps += fits  # with graphs off: would take the fixed-shape commit
         static = self._static_forwards()
         if static is not None and fits:
