@@ -12,6 +12,7 @@ from core.engine import Engine
 from core.types import Counts
 from decoders.longspec.decoder import LongSpec
 from decoders.longspec.draft import LongSpecDraft
+from decoders.longspec.tree import DraftedTree
 from decoders.vanilla import Vanilla
 from runners.timing import DraftClock
 from tests.test_lossless_lookahead import varied_prompts
@@ -83,7 +84,33 @@ def test_longspec_on_the_static_draft_equals_vanilla_with_the_regular_acceptance
             shares.append((counts.accepted, counts.draft_model_forwards, clock.static_frac_since_mark))
         assert shares[0] == shares[1]  # acceptance, draft forwards and the share, both paths alike
         assert shares[1][2] > 0.9  # every level step and nearly every commit
-    assert static.draft.static is not None and static.draft.static.steps
+    assert static.draft.static is not None and static.draft.static.levels  # each level in one forward
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_static_beam_search_level_grows_the_regular_tree(tiny_lm, temperature):
+    """`expand` in one fixed-shape forward: the same children (tokens, parents, scores, ancestors) as
+    the regular level, level after level, its block K/V staged alike."""
+    trees = []
+    for eng in _engines(tiny_lm):
+        eng.reset(96)
+        eng.prefill(list(range(5, 60)))
+        draft = LongSpecDraft.init_for(eng, window=16, seed=4)
+        draft.start(list(range(5, 60)))
+        tree = DraftedTree(1 + 2 + 4 + 4, draft.window, eng.device).start(7)
+        draft.begin_block()
+        lo, hi = 0, 1
+        for depth, width in enumerate([2, 4, 4], 1):
+            draft.expand(tree, lo, hi, eng.length, depth, width, temperature)
+            lo, hi = hi, tree.size
+        trees.append((draft, tree))
+    (regular, want), (static, got) = trees
+    assert static.static is not None and len(static.static.levels) == 3 and regular.static is None
+    assert got.depth == want.depth == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    for name in ("tokens", "parent", "depths", "ancestors"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.testing.assert_close(got.score, want.score, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static.block_k[:, : got.size - 4], regular.block_k[:, : want.size - 4])
 
 
 def test_a_restricted_vocabulary_drops_the_static_forwards(tiny_lm):
@@ -113,4 +140,4 @@ def test_cuda_graph_longspec_draft_equals_eager(tiny_lm):
     eng = Engine(tiny_lm.model, cuda_graphs=True)
     dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint="random", window=16)
     assert dec.generate(prompt, 48, set(), Counts()) == ref
-    assert dec.draft.static is not None and dec.draft.static.captures >= 5
+    assert dec.draft.static is not None and dec.draft.static.captures >= 5 and dec.draft.static.levels

@@ -257,16 +257,8 @@ class LongSpec(BaseDecoder):
         for d in range(1, depth + 1):
             window, beam = draft.cached, hi - lo
             # the draft's staged block is the tree's rows 0..hi-1 (this beam staged last)
-            visible = torch.cat([tree.ones[:beam, :window], tree.ancestors[lo:hi, :hi]], dim=1)
-            positions = tree.positions[:beam].fill_(length + d - 1)
-            width = self.widths[d - 1]
-            top_logp, top_ids = draft.top_logprobs(
-                tree.tokens[lo:hi], positions, visible, length, width, self.beam_temperature
-            )
+            draft.expand(tree, lo, hi, length, d, self.widths[d - 1], self.beam_temperature)
             counts.draft_model_step(beam, window)
-            total = (top_logp + tree.score[lo:hi, None]).flatten()
-            best_total, best = total.topk(min(width, total.numel()))
-            tree.grow(top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, d)
             lo, hi = hi, tree.size
             if cost is not None:
                 spent += self._draft_cost(beam)

@@ -62,7 +62,7 @@ from decoders.longspec.draft_config import (
     weights_digest,
 )
 from decoders.longspec.static_draft import StaticDraftForwards, commit_fits
-from decoders.longspec.tree import TreeDraft
+from decoders.longspec.tree import DraftedTree, TreeDraft
 
 __all__ = [  # the checkpoint's identity, re-exported where the draft's users import it
     "CONFIG",
@@ -356,6 +356,19 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         if self.static is None or self.static.capture != graphs.capture:
             self.static = StaticDraftForwards(self, graphs.capture)
         return self.static
+
+    @torch.inference_mode()
+    def expand(
+        self, tree: DraftedTree, lo: int, hi: int, length: int, depth: int, width: int, temperature: float
+    ) -> None:
+        """`TreeDraft.expand`, in one fixed-shape forward while the target has graphs."""
+        static = self._static_forwards()
+        if static is None or length <= 0 or self.staged != lo or tree.size != hi:
+            return super().expand(tree, lo, hi, length, depth, width, temperature)
+        self.reserve_block(hi)
+        self.staged = hi
+        self.fixed_shape_steps += 1
+        static.expand(tree, lo, hi, length, depth, width, temperature)
 
     @torch.inference_mode()
     def step(

@@ -4,7 +4,8 @@
 A LongSpec decode step runs the draft once per tree level and once to commit the accepted tokens. Each
 is a one-block forward of a few dozen operators, so on a GPU its cost is their launches. Here each of
 them reads its inputs from device buffers and has shapes that do not depend on the data:
-- a level's step attends over the whole window buffer and the whole staged-block buffer under a staged
+- a beam-search level (`TreeDraft.expand`: the step, the beam's reading of it, the tree's growth)
+  and a bare level step attend over the whole window buffer and the whole staged-block buffer under a staged
   visibility (window slots past `cached` and block slots past the staged rows hidden), and over the
   target cache's whole allocation with the slots from `target_len` on hidden; its rows' K/V go to the
   block slots after the staged ones, a fixed range per (rows, staged rows);
@@ -77,11 +78,23 @@ class StaticDraftForwards:
     def __init__(self, draft, capture: bool) -> None:
         self.draft, self.capture = draft, capture
         self.steps: dict[tuple[int, int], StaticStep] = {}
+        self.levels: dict[tuple, StaticLevel] = {}
         self.commits: dict[tuple[int, bool], StaticCommit] = {}
 
     @property
     def captures(self) -> int:
-        return sum(f.replay.captures for f in [*self.steps.values(), *self.commits.values()])
+        every = [*self.steps.values(), *self.levels.values(), *self.commits.values()]
+        return sum(f.replay.captures for f in every)
+
+    def expand(self, tree, lo: int, hi: int, length: int, depth: int, width: int, temperature: float) -> None:
+        """`TreeDraft.expand` (the block buffers hold room for rows `0..hi-1`)."""
+        key = (id(tree), tree.tokens.data_ptr(), lo, hi, depth, width, temperature)
+        fwd = self.levels.get(key)
+        if fwd is None:
+            fwd = self.levels[key] = StaticLevel(
+                self.draft, tree, lo, hi, depth, width, temperature, self.capture
+            )
+        fwd(length)
 
     def step(
         self,
@@ -141,20 +154,83 @@ class StaticStep:
         return self.replay(key).clone()
 
     def forward(self) -> torch.Tensor:
-        d, n, at = self.draft, self.rows, self.staged
-        eng = d.engine
-        cos, sin = d._rope(self.position)
-        h0 = eng.w.embed(self.token)
-        k, v = d._self_kv(h0, cos, sin)
-        d.block_k[:, at : at + n] = k
-        d.block_v[:, at : at + n] = v
-        keys = torch.cat([d.win_k, d.block_k], dim=1)
-        values = torch.cat([d.win_v, d.block_v], dim=1)
-        layer = d.target_layer
-        cross = (eng.cache.k[layer], eng.cache.v[layer])
-        cross_mask = (self.slots < self.target_len)[None, :].expand(n, -1)
-        h3 = d._hidden(h0, cos, sin, keys, values, self.visible, cross, cross_mask)
-        return d.logits_of(h3)
+        return block_forward(
+            self.draft, self.staged, self.token, self.position, self.visible, self.target_len, self.slots
+        )
+
+
+def block_forward(
+    d,
+    at: int,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    visible: torch.Tensor,
+    target_len: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Draft `d`'s step of rows `token` at `position`, staged at block slots `at..`: self-attention over
+    the whole window and block buffers under `visible` `[n, window + block slots]`, cross-attention
+    over the target's whole allocation (`slots`) up to the device length `target_len`. Float logits."""
+    n, eng = token.numel(), d.engine
+    cos, sin = d._rope(position)
+    h0 = eng.w.embed(token)
+    k, v = d._self_kv(h0, cos, sin)
+    d.block_k[:, at : at + n] = k
+    d.block_v[:, at : at + n] = v
+    keys = torch.cat([d.win_k, d.block_k], dim=1)
+    values = torch.cat([d.win_v, d.block_v], dim=1)
+    cross = (eng.cache.k[d.target_layer], eng.cache.v[d.target_layer])
+    cross_mask = (slots < target_len)[None, :].expand(n, -1)
+    h3 = d._hidden(h0, cos, sin, keys, values, visible, cross, cross_mask)
+    return d.logits_of(h3)
+
+
+class StaticLevel:
+    """One beam-search level (`TreeDraft.expand`) in one fixed-shape forward: the beam's visibility
+    (the window's cached slots, its ancestors in the block) and positions made on the device, the
+    step, the beam's reading of it and the tree's growth. One per (rows lo..hi-1, depth, width,
+    temperature) of a tree's buffers."""
+
+    def __init__(
+        self, draft, tree, lo: int, hi: int, depth: int, width: int, temperature: float, capture: bool
+    ):
+        self.draft, self.tree, self.lo, self.hi = draft, tree, lo, hi
+        self.depth, self.width, self.temperature = depth, width, temperature
+        dev = draft.engine.device
+        self.length = torch.zeros(1, dtype=torch.long, device=dev)
+        self.cached = torch.zeros(1, dtype=torch.long, device=dev)
+        self.window_slots = torch.arange(draft.win_k.shape[1], device=dev)
+        self.slots = torch.zeros(0, dtype=torch.long, device=dev)
+        vocab = draft.config.vocab_size if draft.vocab_ids is None else draft.vocab_ids.numel()
+        self.children = min(width, (hi - lo) * min(width, vocab))  # the level's rows
+        self.replay = Replay(self.forward, capture, dev)
+
+    def __call__(self, length: int) -> None:
+        d, tree = self.draft, self.tree
+        cache = d.engine.cache
+        if self.slots.numel() != cache.capacity:
+            self.slots = torch.arange(cache.capacity, device=d.engine.device)
+        self.length.fill_(length)
+        self.cached.fill_(d.cached)
+        self.replay((d.win_k.data_ptr(), d.block_k.data_ptr(), cache.k.data_ptr(), cache.capacity))
+        tree.depth += [self.depth] * self.children
+
+    def forward(self) -> None:
+        d, tree, lo, hi = self.draft, self.tree, self.lo, self.hi
+        n, dev = hi - lo, d.engine.device
+        seen = (self.window_slots < self.cached)[None, :].expand(n, -1)
+        rest = torch.zeros(n, d.block_k.shape[1] - hi, dtype=torch.bool, device=dev)
+        visible = torch.cat([seen, tree.ancestors[lo:hi, :hi], rest], dim=1)
+        position = (self.length + (self.depth - 1)).expand(n)
+        logits = block_forward(d, lo, tree.tokens[lo:hi], position, visible, self.length, self.slots)
+        if self.temperature != 1.0:  # `TreeDraft.top_logprobs`, then `TreeDraft.expand`'s choice
+            logits = logits / self.temperature
+        top_logp, top_ids = torch.log_softmax(logits, dim=-1).topk(min(self.width, logits.shape[-1]), dim=-1)
+        if d.vocab_ids is not None:
+            top_ids = d.vocab_ids[top_ids]
+        total = (top_logp + tree.score[lo:hi, None]).flatten()
+        best_total, best = total.topk(self.children)
+        tree.write_level(hi, top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, self.depth)
 
 
 class StaticCommit:

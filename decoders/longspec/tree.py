@@ -94,14 +94,20 @@ class DraftedTree:
 
     def grow(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depth: int) -> None:
         """Append one level: `tokens`, their `parents` (rows) and cumulative `scores`, all on the device."""
-        new = slice(self.size, self.size + tokens.numel())
+        self.write_level(self.size, tokens, parents, scores, depth)
+        self.depth += [depth] * tokens.numel()
+
+    def write_level(
+        self, first: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depth: int
+    ) -> None:
+        """`grow`'s device writes, the level's rows from `first` on (the host's `depth` list apart)."""
+        new = slice(first, first + tokens.numel())
         self.tokens[new] = tokens
         self.parent[new] = parents
         self.score[new] = scores
         self.depths[new] = depth
         self.ancestors[new] = self.ancestors.index_select(0, parents)
         self.ancestors[new, new].diagonal().fill_(True)
-        self.depth += [depth] * tokens.numel()
 
     def host(self, preds: torch.Tensor | None = None, scores: bool = False) -> tuple[Tree, list[int] | None]:
         """The tree as a host `Tree` and, given the target's `preds` per row, those as a list: one read
@@ -126,13 +132,34 @@ class DraftedTree:
 class TreeDraft:
     """What LongSpec asks of a draft model: `start(prompt)` (fill its window), `begin_block()`,
     `step(tokens, positions, visible, target_len)` -> float logits `[n, vocab]` (over `vocab_ids` when
-    that is set), `commit(tokens, first_position)` and a `vocab_ids` attribute. `top_logprobs`, the beam
-    search's reading of a step, comes with it."""
+    that is set), `commit(tokens, first_position)`, and `cached` and `vocab_ids` attributes (committed
+    tokens in its window; the restricted vocabulary or None). `top_logprobs`, the beam search's reading
+    of a step, and `expand`, one level of the beam search, come with it."""
 
-    # what the runner times as the draft's forwards (runners.timing.DraftClock): its block steps (and
-    # the beam's reading of them) and the K/V of committed tokens entering its window
-    FORWARDS = ("step", "top_logprobs", "commit")
+    # what the runner times as the draft's forwards (runners.timing.DraftClock): a beam-search level
+    # (its step, the reading of it and the tree's growth), its block steps and the K/V of committed
+    # tokens entering its window
+    FORWARDS = ("expand", "step", "top_logprobs", "commit")
     vocab_ids: torch.Tensor | None
+    cached: int
+
+    @torch.inference_mode()
+    def expand(
+        self, tree: DraftedTree, lo: int, hi: int, length: int, depth: int, width: int, temperature: float
+    ) -> None:
+        """One level of the beam search, kept on the device: the beam (tree rows `lo..hi-1`, staged after
+        rows `0..lo-1`) steps at position `length + depth - 1`, each row seeing the window and its
+        ancestors; the `width` children with the largest cumulative log-probability join `tree` as
+        level `depth` (a contiguous run of rows, so nothing is read back to choose the next beam)."""
+        beam, window = hi - lo, self.cached
+        visible = torch.cat([tree.ones[:beam, :window], tree.ancestors[lo:hi, :hi]], dim=1)
+        positions = tree.positions[:beam].fill_(length + depth - 1)
+        top_logp, top_ids = self.top_logprobs(
+            tree.tokens[lo:hi], positions, visible, length, width, temperature
+        )
+        total = (top_logp + tree.score[lo:hi, None]).flatten()
+        best_total, best = total.topk(min(width, total.numel()))
+        tree.grow(top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, depth)
 
     @torch.inference_mode()
     def top_logprobs(
