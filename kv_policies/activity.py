@@ -52,6 +52,13 @@ class SelectionActivity:
         self._visible += visible / cache_len if cache_len else 1.0
         self._restricted |= visible < cache_len
 
+    def note_layers(self, n_layers: int, visible: int, cache_len: int) -> None:
+        """`note` for layers `0..n_layers-1` alike: one forward whose every layer sees `visible`."""
+        self._close()
+        self._last_layer, self._layers = n_layers - 1, n_layers
+        self._visible = n_layers * (visible / cache_len if cache_len else 1.0)
+        self._restricted = visible < cache_len
+
     def note_forward(self, visible: torch.Tensor, cache_len: int) -> None:
         """A whole forward at once: `visible [n_layers]` (a device tensor, read only by `summary`, so a
         step does not wait for it) entries of `cache_len` per KV head in each layer, as `note` takes them."""

@@ -195,8 +195,8 @@ class SelectionView(MaskView):
         restricted = restricted.to(engine.device)
         mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
         mask[:, cache_len:] = block_mask
-        for layer in range(engine.cache.n_layers):  # restricted rows exist in every caller's block
-            policy.activity.note(layer, kept, sel_len)
+        # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
+        policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
         return cls(mask, engine.scale, kept + cache_len - sel_len)
 
     def kv_read(self, cache_len: int) -> int:

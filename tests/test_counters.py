@@ -334,3 +334,20 @@ def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
     sel, kept = window.fixed_selection(50)
     assert window.fixed_selection(50)[0] is sel and kept == 16 and int(sel.sum()) == 16
     assert window.fixed_selection(51)[0] is not sel
+
+
+def test_a_forward_noted_for_every_layer_at_once_sums_like_per_layer_notes():
+    """`note_layers` (one forward, every layer alike) is `note` for each layer in turn, also between
+    per-layer forwards."""
+    from kv_policies.activity import SelectionActivity
+
+    per_layer, at_once = SelectionActivity(), SelectionActivity()
+    for visible, cache_len in [(10, 40), (40, 40), (7, 50)]:
+        for layer in range(3):
+            per_layer.note(layer, visible, cache_len)
+        at_once.note_layers(3, visible, cache_len)
+        per_layer.note(0, 5, 10)  # a forward noted layer by layer between them
+        at_once.note(0, 5, 10)
+    want, got = per_layer.summary(8), at_once.summary(8)
+    assert got.restricted_frac == want.restricted_frac == 5 / 8
+    assert got.visible_frac == pytest.approx(want.visible_frac)
