@@ -32,7 +32,7 @@ them against `Engine.step`, and `make test-gpu` checks the captured graphs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +64,44 @@ def fits(cache, n: int, view) -> bool:
     )
 
 
+class Replay:
+    """One fixed-shape forward `run()` -> output, run eagerly or captured once per `key` (the addresses
+    and sizes it was captured on) and replayed. `state`: tensors `run` updates in place from their own
+    values (not idempotent), restored after the warm-up runs that precede a capture."""
+
+    def __init__(self, run: Callable[[], Any], capture: bool, device: torch.device, state=()) -> None:
+        self.run, self.capture, self.device, self.state = run, capture, device, tuple(state)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self.out: Any = None  # the graph's output buffers
+        self.captures = 0
+
+    def __call__(self, key: tuple) -> Any:
+        if not self.capture:
+            return self.run()
+        if self.graph is None or key != self.key:
+            self._capture()
+            self.key = key
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        """Warm up on a side stream (allocator, kernel selection), then record one run."""
+        saved = [t.clone() for t in self.state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for t, before in zip(self.state, saved, strict=True):
+            t.copy_(before)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.run()
+        self.captures += 1
+
+
 class StaticForwards:
     """The fixed-shape forwards of `engine`, one per padded block size (captured as CUDA graphs when
     `capture`). `applies` says whether a step can take them; calling it runs one like `Engine.step`."""
@@ -78,7 +116,7 @@ class StaticForwards:
     @property
     def captures(self) -> int:
         every = (self.by_rows, self.by_rows_selected, self.by_rows_observed, self.by_rows_in_forward)
-        return sum(f.captures for forwards in every for f in forwards.values())
+        return sum(f.replay.captures for forwards in every for f in forwards.values())
 
     def applies(self, n: int, view) -> bool:
         return fits(self.engine.cache, n, view)
@@ -137,11 +175,9 @@ class StaticForward:
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
         self.selector = None
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_key: tuple[int, int] | None = None  # (cache storage address, capacity) it was captured on
-        self.logits: torch.Tensor | None = None  # the graph's output buffers
-        self.ids: torch.Tensor | None = None  # each row's argmax
-        self.captures = 0
+        # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
+        # and the capture write the staged slots only, which the replay that follows writes again.
+        self.replay = Replay(lambda: self.forward(argmax=True), capture, dev)
 
     def __call__(
         self,
@@ -162,12 +198,7 @@ class StaticForward:
         if not self.capture:
             logits, ids = self.forward(argmax)
         else:
-            key = (cache.k.data_ptr(), cache.capacity)
-            if self.graph is None or key != self.graph_key:
-                self._capture()
-                self.graph_key = key
-            self.graph.replay()
-            logits, ids = self.logits, self.ids
+            logits, ids = self.replay((cache.k.data_ptr(), cache.capacity))
         if self.queries is not None:  # the real rows' queries (pad rows are no one's)
             for layer in range(self.queries.shape[0]):
                 view.observe(layer, self.queries[layer, :, :n])
@@ -248,17 +279,3 @@ class StaticForward:
         h = eng.layers_forward(self.token, self.position, attend)
         logits = eng.lm_logits(eng.w.final_norm(h))
         return logits, (logits.argmax(dim=-1) if argmax else None)
-
-    def _capture(self) -> None:
-        """Warm up on a side stream (allocator, kernel selection), then record one forward. Both write
-        the staged slots only, which the replay that follows writes again."""
-        side = torch.cuda.Stream(self.engine.device)
-        side.wait_stream(torch.cuda.current_stream(self.engine.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.forward(argmax=True)
-        torch.cuda.current_stream(self.engine.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # the greedy choice too: one small kernel, no launch of its own
-            self.logits, self.ids = self.forward(argmax=True)
-        self.captures += 1

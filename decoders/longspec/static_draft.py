@@ -21,53 +21,18 @@ regular path, and `make test-gpu` checks the captured graphs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
+
+from core.decode_graph import Replay
+from decoders.longspec.tree import best_children, top_tokens
 
 
 def commit_fits(window: int, m: int, drop: int) -> bool:
     """Whether a commit of `m` tokens that drops `drop` window entries has a fixed-shape forward: at most
     a window of tokens that only fill the window or only shift it."""
     return 0 < m <= window and drop in (0, m)
-
-
-class Replay:
-    """One fixed-shape forward `run()` -> output, run eagerly or captured once per `key` and replayed.
-    `state`: tensors `run` updates in place from their own values (not idempotent), restored after the
-    warm-up runs that precede a capture."""
-
-    def __init__(self, run: Callable[[], Any], capture: bool, device: torch.device, state=()) -> None:
-        self.run, self.capture, self.device, self.state = run, capture, device, tuple(state)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.key: tuple | None = None
-        self.out: Any = None
-        self.captures = 0
-
-    def __call__(self, key: tuple) -> Any:
-        if not self.capture:
-            return self.run()
-        if self.graph is None or key != self.key:
-            self._capture()
-            self.key = key
-        self.graph.replay()
-        return self.out
-
-    def _capture(self) -> None:
-        saved = [t.clone() for t in self.state]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for t, before in zip(self.state, saved, strict=True):
-            t.copy_(before)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.run()
-        self.captures += 1
 
 
 class StaticDraftForwards:
@@ -223,14 +188,8 @@ class StaticLevel:
         visible = torch.cat([seen, tree.ancestors[lo:hi, :hi], rest], dim=1)
         position = (self.length + (self.depth - 1)).expand(n)
         logits = block_forward(d, lo, tree.tokens[lo:hi], position, visible, self.length, self.slots)
-        if self.temperature != 1.0:  # `TreeDraft.top_logprobs`, then `TreeDraft.expand`'s choice
-            logits = logits / self.temperature
-        top_logp, top_ids = torch.log_softmax(logits, dim=-1).topk(min(self.width, logits.shape[-1]), dim=-1)
-        if d.vocab_ids is not None:
-            top_ids = d.vocab_ids[top_ids]
-        total = (top_logp + tree.score[lo:hi, None]).flatten()
-        best_total, best = total.topk(self.children)
-        tree.write_level(hi, top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, self.depth)
+        top = top_tokens(logits, self.width, self.temperature, d.vocab_ids)
+        tree.write_level(hi, *best_children(*top, tree.score[lo:hi], lo, self.width), self.depth)
 
 
 class StaticCommit:

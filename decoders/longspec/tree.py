@@ -129,6 +129,31 @@ class DraftedTree:
         return tree, values[2 * n :] if preds is not None else None
 
 
+def top_tokens(
+    logits: torch.Tensor, width: int, temperature: float, vocab_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `width` most likely next tokens under a draft's `logits` `[n, vocab]` at
+    `temperature`: (log-probabilities, token ids), both `[n, width]`; `vocab_ids` maps a restricted
+    vocabulary's positions to token ids."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    top_logp, top_ids = torch.log_softmax(logits, dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
+    if vocab_ids is not None:
+        top_ids = vocab_ids[top_ids]
+    return top_logp, top_ids
+
+
+def best_children(
+    top_logp: torch.Tensor, top_ids: torch.Tensor, scores: torch.Tensor, lo: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A beam-search level's choice: of the candidates `top_tokens` read for the beam (tree rows
+    `lo..`, cumulative `scores`), the `width` with the largest cumulative log-probability, in rank
+    order: (tokens, parent rows, cumulative scores)."""
+    total = (top_logp + scores[:, None]).flatten()
+    best_total, best = total.topk(min(width, total.numel()))
+    return top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total
+
+
 class TreeDraft:
     """What LongSpec asks of a draft model: `start(prompt)` (fill its window), `begin_block()`,
     `step(tokens, positions, visible, target_len)` -> float logits `[n, vocab]` (over `vocab_ids` when
@@ -157,9 +182,7 @@ class TreeDraft:
         top_logp, top_ids = self.top_logprobs(
             tree.tokens[lo:hi], positions, visible, length, width, temperature
         )
-        total = (top_logp + tree.score[lo:hi, None]).flatten()
-        best_total, best = total.topk(min(width, total.numel()))
-        tree.grow(top_ids.flatten()[best], lo + best // top_logp.shape[1], best_total, depth)
+        tree.grow(*best_children(top_logp, top_ids, tree.score[lo:hi], lo, width), depth)
 
     @torch.inference_mode()
     def top_logprobs(
@@ -174,11 +197,6 @@ class TreeDraft:
         """`step`, then each row's `width` most likely next tokens under the draft at `temperature`:
         (log-probabilities, token ids), both `[n, width]`. The beam search's view of the draft's
         output, computed with its forward on the device, so the search never touches the vocabulary."""
-        logits = self.step(tokens, positions, visible, target_len)
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        top_logp, top_ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
-        if self.vocab_ids is not None:  # positions in the restricted vocabulary -> token ids
-            top_ids = self.vocab_ids[top_ids]
-        return top_logp, top_ids
+        return top_tokens(
+            self.step(tokens, positions, visible, target_len), width, temperature, self.vocab_ids
+        )
