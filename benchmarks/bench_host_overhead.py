@@ -2,7 +2,7 @@
 
     flock results/bench/.lock python -m benchmarks.bench_host_overhead \\
         [--questions 2] [--new 64] [--repeats 3] [--count-new 32] [--threads 1] [--only fafo+streaming ...]
-        [--device cuda --dtype bfloat16 --cuda-graphs --scale paper] [--long [--context 2048]]
+        [--device cuda --dtype bfloat16 --cuda-graphs --scale paper] [--long [--context 2048]] [--fixed-shape]
 
 Per decoder/policy (SmolLM2-135M, by default fp32 on the CPU; `--scale cpu`: each experiment's decoder
 settings, KV budgets at 10% of the context, FAFO at its CPU size; `--scale paper`: the papers' decoder
@@ -212,6 +212,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--cuda-graphs", action="store_true", help="graphs for fixed-shape forwards")
     ap.add_argument(
+        "--fixed-shape",
+        action="store_true",
+        help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
+    )
+    ap.add_argument(
         "--scale", default="cpu", choices=("cpu", "paper"), help="cpu: FAFO at its CPU size, budgets at 10%%"
     )
     ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
@@ -222,6 +227,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, linear=resolve_linear("auto", lm), cuda_graphs=args.cuda_graphs)
+    if args.fixed_shape and not args.cuda_graphs:
+        eng.use_graphs(capture=False)
     stop = stop_ids_for(lm.tokenizer, lm.model)
     task = (
         PG19(limit=args.questions, context_length=args.context)
@@ -242,7 +249,8 @@ def main() -> None:
     prompt_set = f"PG-19 windows ({source}) x" if args.long else "MT-Bench turn 1 x"
     print(
         f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} ({eng.linear}"
-        f"{', CUDA graphs' if args.cuda_graphs else ''}), scale={args.scale}, {prompt_set} "
+        f"{', CUDA graphs' if args.cuda_graphs else ', fixed-shape forwards' if args.fixed_shape else ''}), "
+        f"scale={args.scale}, {prompt_set} "
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
         f"threads={args.threads}, torch {torch.__version__}\n"
     )
@@ -264,6 +272,7 @@ if __name__ == "__main__":
 
     from benchmarks.output import recorded
 
-    name = "bench_host_overhead_long" if "--long" in sys.argv else "bench_host_overhead"
+    name = "bench_host_overhead" + ("_long" if "--long" in sys.argv else "")
+    name += "_fixed_shape" if "--fixed-shape" in sys.argv else ""
     with recorded(name, module="benchmarks.bench_host_overhead"):
         main()

@@ -21,9 +21,12 @@ restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2
 kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's and Top-K's blocks, whose choice
 runs inside the forward (a view that `selects_in_forward`: the `selector` below; Top-K's with a
 self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
-(`Engine.use_graphs`), LongSpec's draft too (`decoders/longspec/static_draft.py`). The prefill, the
-hybrid tree backend, the compressed-region backends (`kv.backend=sliced|flex|flash`: entries move
-between steps), per-head masks and hooks take the regular forward. The queries a policy observes
+(`Engine.use_graphs`), LongSpec's draft too (`decoders/longspec/static_draft.py`). A per-layer
+selection view with a `gather_budget` (a compressed-region backend's all-restricted block, built by
+`KVPolicy.gathered_view` instead of moving entries) reads each layer's selected slots by gather from a
+fixed number per KV head. The prefill, the hybrid tree backend, the steps a compressed region lays out
+(`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks take the
+regular forward. The queries a policy observes
 are kept per layer by the forward and handed to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
@@ -109,7 +112,8 @@ class StaticForwards:
     def __init__(self, engine, capture: bool) -> None:
         self.engine, self.capture = engine, capture
         self.by_rows: dict[int, StaticForward] = {}  # plain visibility (causal, block, one mask)
-        self.by_rows_selected: dict[int, StaticForward] = {}  # the per-layer selection forwards
+        # the per-layer selection forwards, by (rows, gathered slots or None, the layers read whole)
+        self.by_rows_selected: dict[tuple, StaticForward] = {}
         self.by_rows_observed: dict[int, StaticForward] = {}  # causal forwards whose queries a policy sees
         self.by_rows_in_forward: dict[tuple, StaticForward] = {}  # (rows, selector) forwards
 
@@ -138,12 +142,29 @@ class StaticForwards:
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
             return fwd(tokens, position_ids, view, logits_rows, argmax)
-        layered = getattr(view, "layer_selection", False)
-        observed = not layered and getattr(view, "observes_queries", False)
-        forwards = self.by_rows_selected if layered else self.by_rows_observed if observed else self.by_rows
+        if getattr(view, "layer_selection", False):
+            key = (rows, *self.gathered(view, rows))
+            fwd = self.by_rows_selected.get(key)
+            if fwd is None:
+                fwd = self.by_rows_selected[key] = StaticForward(
+                    self.engine, rows, self.capture, layered=True, gather=key[1], whole_layers=key[2]
+                )
+            return fwd(tokens, position_ids, view, logits_rows, argmax)
+        observed = getattr(view, "observes_queries", False)
+        forwards = self.by_rows_observed if observed else self.by_rows
         if rows not in forwards:
-            forwards[rows] = StaticForward(self.engine, rows, self.capture, layered, observed)
+            forwards[rows] = StaticForward(self.engine, rows, self.capture, observed=observed)
         return forwards[rows](tokens, position_ids, view, logits_rows, argmax)
+
+    def gathered(self, view, rows: int) -> tuple[int | None, frozenset[int]]:
+        """A per-layer selection view with a `gather_budget` (every row restricted): the slots each KV
+        head's rows read, a fixed count (the policy's bound on what it selects, plus the draft's tail
+        and the block padded to a power of two), and the layers it reads whole. (None, {}) otherwise."""
+        budget = getattr(view, "gather_budget", None)
+        if budget is None:
+            return None, frozenset()
+        tail = view.cache_len - view.sel_len
+        return min(self.engine.cache.capacity, budget + padded_rows(tail + rows)), view.whole_layers
 
 
 class StaticForward:
@@ -159,9 +180,17 @@ class StaticForward:
     view gets them after the forward (`take_reads`)."""
 
     def __init__(
-        self, engine, rows: int, capture: bool, layered: bool = False, observed: bool = False
+        self,
+        engine,
+        rows: int,
+        capture: bool,
+        layered: bool = False,
+        observed: bool = False,
+        gather: int | None = None,
+        whole_layers: frozenset[int] = frozenset(),
     ) -> None:
         self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
+        self.gather, self.whole_layers = gather, whole_layers
         dev = engine.device
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
@@ -261,6 +290,8 @@ class StaticForward:
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
         visible = self.visible.view(1, 1, self.rows, -1)
+        if self.gather is not None:
+            order, valid = self._gather_order()
 
         def attend(
             li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor
@@ -270,6 +301,8 @@ class StaticForward:
             mask = visible
             if self.queries is not None:
                 self.queries[li].copy_(q)
+            if self.gather is not None and li not in self.whole_layers:
+                return self._gathered_attention(li, q, order[li], valid[li])
             if self.layered:
                 mask = self._narrowed(self.selection[li], q.shape[0])
             elif self.selector is not None:
@@ -279,3 +312,27 @@ class StaticForward:
         h = eng.layers_forward(self.token, self.position, attend)
         logits = eng.lm_logits(eng.w.final_norm(h))
         return logits, (logits.argmax(dim=-1) if argmax else None)
+
+    def _gather_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each layer's and KV head's first `gather` slots among those its rows may read (the selection,
+        the tail and the block: the selection is True from `sel_len` on, the block ends at `length +
+        rows`), in slot order, then unread ones: (slots, whether each is read), both `[n_layers,
+        n_kv_heads, gather]`. The policy bounds its selection (`max_selected`), so none is cut."""
+        capacity = self.slots.numel()
+        wanted = self.selection & (self.slots < self.length + self.rows)
+        rank = torch.where(wanted, self.slots, self.slots + capacity)  # the read slots first, in order
+        first, order = rank.topk(self.gather, dim=-1, largest=False, sorted=True)
+        return order, first < capacity
+
+    def _gathered_attention(
+        self, li: int, q: torch.Tensor, order: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer `li`'s attention over the slots `order [n_kv_heads, gather]` only (those `valid`), read
+        by gather: what a compressed region reads, without moving entries between steps."""
+        cache = self.engine.cache
+        index = order[..., None].expand(-1, -1, cache.k.shape[-1])
+        k, v = cache.k[li].gather(1, index), cache.v[li].gather(1, index)
+        seen = self.visible[:, order].transpose(0, 1) & valid[:, None, :]  # [n_kv_heads, rows, gather]
+        heads = q.shape[0]
+        mask = seen.repeat_interleave(heads // order.shape[0], dim=0, output_size=heads).unsqueeze(0)
+        return sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, self.engine.scale)

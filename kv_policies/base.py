@@ -22,7 +22,9 @@ restricted, backend)`:
 - Lookahead / prompt lookup with a lossy policy: every block row is restricted (lossy variants).
 `backend="dense"` is `kv_policies.view.RestrictedView` (SDPA with a mask, the reference);
 `flex` / `sliced` / `flash` keep the selection in a block-aligned region at the head of the KV
-tensors (`core.compressed_region.CompressedRegion`) and skip the rest for real.
+tensors (`core.compressed_region.CompressedRegion`) and skip the rest for real; on an engine with
+fixed-shape forwards an all-restricted block of a `query_free` policy reads its selection by gather
+instead (`gathered_view`), so that its step keeps one shape.
 
 Hooks, all scoped to one generation (a policy's state lives for one generation, and nothing a
 constructor does touches an engine): `attach(engine)` and `reset(prompt_len, context_len)` at the
@@ -353,6 +355,10 @@ class KVPolicy:
         the policy selects over the entries before it only. `rows`: the restricted rows as a range,
         when the caller knows it (the view then need not read `restricted` to find them)."""
         backend = backend or self.backend
+        if backend != "dense" and getattr(engine, "graphs", None) is not None and rows == slice(None):
+            view = self.gathered_view(engine, block_mask, restricted, tail_from)
+            if view is not None:
+                return view
         if backend == "dense":
             from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
@@ -363,6 +369,24 @@ class KVPolicy:
             view = view or self.forward_view(engine, block_mask, restricted, tail_from, rows)
             return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, rows)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from, rows)
+
+    def gathered_view(
+        self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None
+    ) -> Any:
+        """A compressed-region backend's view for a block whose rows are all restricted, on an engine
+        with fixed-shape forwards (`Engine.use_graphs`): the per-layer selection, which that forward
+        reads by gather (the same entries the region would pack, none moved between steps, so every
+        step keeps one shape). None for a policy that chooses from the forward's queries or keys: the
+        region's view then takes the regular forward."""
+        from kv_policies.view import LayerSelectionView
+
+        view = LayerSelectionView.build(self, engine, block_mask, restricted, tail_from, rows=slice(None))
+        if view is None:
+            return None
+        view.gather_budget = self.max_selected(engine.cache.capacity)
+        n_layers = engine.cache.n_layers
+        view.whole_layers = frozenset(li for li in range(n_layers) if self.keeps_all(li, view.sel_len))
+        return view
 
     def forward_view(
         self,
@@ -405,8 +429,10 @@ class KVPolicy:
             if getattr(engine, "graphs", None) is not None and backend not in _WARNED_UNGRAPHED:
                 _WARNED_UNGRAPHED.add(backend)
                 log.warning(
-                    "kv.backend=%s moves entries between steps: its restricted steps take the regular "
-                    "forward, not the CUDA graphs (kv.backend=dense keeps them on the graphs)",
+                    "kv.backend=%s moves entries between steps: the restricted steps it lays out "
+                    "(blocks with unrestricted rows, or a policy that chooses from the forward's queries) "
+                    "take the regular forward, not the CUDA graphs (kv.backend=dense keeps them on the "
+                    "graphs)",
                     backend,
                 )
             reg = CompressedRegion(self, engine, backend=backend)

@@ -240,8 +240,10 @@ class SFI(KVPolicy):
 
     def fast_view(self, engine: Any) -> Any:
         """The view of a fast step (one query row): with `backend=sliced` the packed long-range set
-        plus the recent window read in place (`kv_policies.sfi_view`), otherwise `decode_view`."""
-        if self.backend == "sliced" and not self.keeps_all(0, engine.length):
+        plus the recent window read in place (`kv_policies.sfi_view`), otherwise `decode_view` (on an
+        engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""
+        graphed = getattr(engine, "graphs", None) is not None  # then decode_view's reads by gather
+        if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):
             from kv_policies.sfi_view import SFIFastView
 
             return SFIFastView(self, self.region_for(engine, "sliced"))

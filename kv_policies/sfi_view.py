@@ -45,6 +45,8 @@ class SFISlowView(ObservedCausalView):
 class SFIFastView:
     """Attention view of one fast step (one query row) of `decoder=sfi` with `kv=sfi backend=sliced`."""
 
+    gathered_with_graphs = True  # with graphs on, the step reads the same set by gather (fixed shape)
+
     def __init__(self, policy: Any, region: Any) -> None:
         self.policy, self.region = policy, region
         self.scale = region.engine.scale

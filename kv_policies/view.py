@@ -211,6 +211,11 @@ class LayerSelectionView:
     the generation is summarised."""
 
     layer_selection = True  # core.decode_graph stages `chosen` and `restricted` for the fixed-shape path
+    # set for a compressed-region backend on an engine with fixed-shape forwards, every row restricted:
+    # the policy's bound on what it selects (`max_selected`), so that the fixed-shape forward reads
+    # only the selected entries, by gather; `whole_layers`: the layers that keep every entry
+    gather_budget: int | None = None
+    whole_layers: frozenset[int] = frozenset()
 
     def __init__(
         self,

@@ -105,7 +105,9 @@ def test_host_tensors_read_for_free_on_a_cpu():
     assert syncs.count == 2
 
 
-def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_on_a_region_backend(tiny_lm):
+def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_where_a_region_moves_entries(
+    tiny_lm,
+):
     from kv_policies.base import build_policy
 
     eng = Engine(tiny_lm.model)
@@ -124,7 +126,9 @@ def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_on_a_re
     assert static_frac(Vanilla(eng, kv=quest)) == 1.0
     topk = build_policy("topk", budget=16)  # exact top-k of this forward's scores: inside it too
     assert static_frac(Vanilla(eng, kv=topk)) == 1.0
-    region = build_policy("streaming", budget=16, sinks=4, backend="sliced")  # entries move: regular
+    region = build_policy("streaming", budget=16, sinks=4, backend="sliced")  # gathered under graphs
+    assert static_frac(Vanilla(eng, kv=region)) == 1.0
+    region = build_policy("quest", budget=16, page_size=8, dense_layers=0, backend="sliced")  # moves
     assert static_frac(Vanilla(eng, kv=region)) < 1.0
     assert eng.graphs is None  # counted without graphs, nothing changed in what ran
 

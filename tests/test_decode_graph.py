@@ -380,7 +380,8 @@ def test_cuda_graph_draft_model_steps_equal_eager(tiny_lm):
 
 def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm, caplog):
     """The compressed-region backends move entries between steps: on an engine with fixed-shape forwards
-    the user is told once that their restricted steps take the regular forward."""
+    the user is told once that the steps a region lays out (here Quest's, chosen from each forward's
+    queries) take the regular forward."""
     import kv_policies.base as base
     from core.types import Counts
     from decoders.vanilla import Vanilla
@@ -388,7 +389,7 @@ def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm
     base._WARNED_UNGRAPHED.discard("sliced")
     prompt = list(range(3, 60))
     for _ in range(2):
-        kv = base.build_policy("streaming", budget=24, sinks=4, backend="sliced")
+        kv = base.build_policy("quest", budget=24, page_size=8, dense_layers=0, backend="sliced")
         Vanilla(_static(tiny_lm), kv).generate(prompt, 6, set(), Counts())
     warned = [r for r in caplog.records if "kv.backend=sliced" in r.getMessage()]
     assert len(warned) == 1 and "regular forward" in warned[0].getMessage()
