@@ -51,3 +51,13 @@ def smollm():
     from core.models import load_model
 
     return load_model("packaged", "smollm2-135m", dtype="float32", device=TEST_DEVICE)
+
+
+def prefill_under(eng, policy, prompt: list[int], new_tokens: int) -> None:
+    """Start a generation of `prompt` with room for `new_tokens` under KV policy `policy`, as
+    `BaseDecoder.generate` does: attach and reset it, prefill with its hooks, hand it the prefill."""
+    policy.attach(eng)
+    policy.reset(len(prompt), len(prompt) + new_tokens)
+    eng.reset(len(prompt) + new_tokens)
+    eng.prefill(prompt, hooks=policy.prefill_hooks())
+    policy.after_prefill(eng)

@@ -11,6 +11,7 @@ import torch
 from core.engine import Engine
 from core.types import Counts
 from kv_policies.base import build_policy
+from tests.conftest import prefill_under
 
 
 def _static(tiny_lm) -> Engine:
@@ -92,11 +93,7 @@ def test_gathered_forward_reads_exactly_the_selection_tail_and_block(tiny_lm):
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(17)).tolist()
     kv = build_policy("retrieval", budget=24, chunk=4, backend="sliced")
     eng = _static(tiny_lm)
-    kv.attach(eng)
-    kv.reset(len(prompt), len(prompt) + 16)
-    eng.reset(len(prompt) + 16)
-    eng.prefill(prompt, hooks=kv.prefill_hooks())
-    kv.after_prefill(eng)
+    prefill_under(eng, kv, prompt, 16)
     tail_from = eng.length
     eng.step(torch.tensor([5, 6]), torch.arange(tail_from, tail_from + 2), kv.decode_view(eng, 2))
     eng.commit([0, 1])  # a draft's tail of two

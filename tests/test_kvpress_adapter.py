@@ -12,6 +12,7 @@ from core.engine import Engine
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
+from tests.conftest import prefill_under
 
 pytest.importorskip("kvpress", reason="kvpress not installed (scripts/install.sh installs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,11 +29,7 @@ PRESSES = [
 
 
 def prefilled(eng: Engine, policy) -> int:
-    policy.attach(eng)
-    policy.reset(len(PROMPT), len(PROMPT) + 8)
-    eng.reset(len(PROMPT) + 8)
-    eng.prefill(PROMPT, hooks=policy.prefill_hooks())
-    policy.after_prefill(eng)
+    prefill_under(eng, policy, PROMPT, 8)
     return eng.length
 
 

@@ -16,7 +16,7 @@ from decoders.vanilla import Vanilla
 from decoders.verify import speculative_verify
 from kv_policies.base import KVPolicy, build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
-from tests.conftest import needs_smollm
+from tests.conftest import needs_smollm, prefill_under
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -221,11 +221,7 @@ def test_dense_layers_see_the_whole_cache(refs, name):
     eng, cases = refs
     prompt, ref = cases[1]  # 90 tokens: over every budget here
     pol = build_policy(name, **POLICIES[name], dense_layers=1)
-    pol.attach(eng)
-    pol.reset(len(prompt), len(prompt) + 4)
-    eng.reset(len(prompt) + 4)
-    eng.prefill(prompt, hooks=pol.prefill_hooks())
-    pol.after_prefill(eng)
+    prefill_under(eng, pol, prompt, 4)
     assert pol.keeps_all(0, eng.length) and not pol.keeps_all(1, eng.length)
     counts = Counts()
     every = build_policy(name, **POLICIES[name], dense_layers=eng.w.n_layers)

@@ -14,6 +14,7 @@ from decoders.sfi import TRIGGERS, SlowFast, trigger_ids
 from decoders.vanilla import Vanilla
 from kv_policies.sfi import SFI
 from kv_policies.sfi_selector import PAPER, sfi_select
+from tests.conftest import prefill_under
 from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,11 +65,7 @@ def test_fast_steps_see_sinks_recent_and_the_selection(setup):
     eng, cases = setup
     prompt = cases[0][0]
     kv = SFI(k=5, sinks=2, recent=6, window=3)
-    kv.attach(eng)
-    kv.reset(len(prompt), len(prompt) + 4)
-    eng.reset(len(prompt) + 4)
-    eng.prefill(prompt, hooks=kv.prefill_hooks())
-    kv.after_prefill(eng)
+    prefill_under(eng, kv, prompt, 4)
     n = eng.length
     for layer in range(eng.cache.n_layers):
         sel = kv.select(layer, torch.zeros(1), eng.cache.k[layer, :, :n], n)
@@ -85,11 +82,7 @@ def test_slow_step_selector_sees_the_exact_logits(setup):
     eng, cases = setup
     prompt = cases[1][0]
     kv = SFI(k=6, sinks=2, recent=5, window=2)
-    kv.attach(eng)
-    kv.reset(len(prompt), len(prompt) + 4)
-    eng.reset(len(prompt) + 4)
-    eng.prefill(prompt, hooks=kv.prefill_hooks())
-    kv.after_prefill(eng)
+    prefill_under(eng, kv, prompt, 4)
     n = eng.length
     torch.manual_seed(0)
     q = torch.randn(eng.w.n_heads, 1, eng.w.head_dim)
@@ -206,11 +199,7 @@ def test_slow_view_reuses_its_attention_logits_and_selects_as_the_generic_path(t
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 250, (2300,), generator=gen).tolist()
     kv = SFI(k=300, sinks=4, recent=64)
-    kv.attach(eng)
-    kv.reset(len(prompt), len(prompt) + 2)
-    eng.reset(len(prompt) + 2)
-    eng.prefill(prompt, hooks=kv.prefill_hooks())
-    kv.after_prefill(eng)
+    prefill_under(eng, kv, prompt, 2)
     tok, pos = torch.tensor([prompt[-1]]), torch.tensor([len(prompt)])
     chosen = []  # nothing is committed: each step overwrites the same uncommitted slot
     for view in (kv.slow_view(eng), ObservedCausalView(eng.scale, kv)):
