@@ -306,9 +306,8 @@ class RegionView:
         self.n_rows = len(range(n)[rows]) if isinstance(self.rows, slice) else self.rows.numel()
         self._read: list[int] = []
         self._mask: RegionBlockMask | None = None
-        # every row restricted by a policy that chooses before the forward: with graphs on, the step
-        # reads the selection by gather (`KVPolicy.gathered_view`) and keeps one shape
-        self.gathered_with_graphs = rows == slice(None) and region.policy.query_free
+        # with graphs on, the step reads the selection by gather instead and keeps one shape
+        self.gathered_with_graphs = region.policy.gathers(rows)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         reg, policy = self.region, self.region.policy

@@ -48,10 +48,15 @@ def padded_rows(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def has_room(cache, n: int) -> bool:
+    """Whether `cache` holds a padded block of `n` rows after its entries."""
+    return cache.length + padded_rows(n) <= cache.capacity
+
+
 def fits(cache, n: int, view) -> bool:
     """Whether a step of `n` rows under `view` can run as a fixed-shape forward over `cache` (hooks
     aside: the engine decides those)."""
-    if cache.length + padded_rows(n) > cache.capacity:
+    if not has_room(cache, n):
         return False
     if isinstance(view, MaskView):  # one visibility for every head, over exactly [cache | block]
         return tuple(view.mask.shape) == (n, cache.length + n)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView
-from core.decode_graph import fits, padded_rows
+from core.decode_graph import fits, has_room
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 
@@ -151,7 +151,7 @@ class Engine:
         elif replay and not hooks and getattr(view, "gathered_with_graphs", False):
             # a compressed region's step that, with graphs on, reads its selection by gather instead
             # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
-            self.fixed_shape_steps += self.cache.length + padded_rows(tokens.numel()) <= self.cache.capacity
+            self.fixed_shape_steps += has_room(self.cache, tokens.numel())
         cache = self.cache
         tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
         cache.stage_positions(position_ids)

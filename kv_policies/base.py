@@ -355,10 +355,8 @@ class KVPolicy:
         the policy selects over the entries before it only. `rows`: the restricted rows as a range,
         when the caller knows it (the view then need not read `restricted` to find them)."""
         backend = backend or self.backend
-        if backend != "dense" and getattr(engine, "graphs", None) is not None and rows == slice(None):
-            view = self.gathered_view(engine, block_mask, restricted, tail_from)
-            if view is not None:
-                return view
+        if backend != "dense" and getattr(engine, "graphs", None) is not None and self.gathers(rows):
+            return self.gathered_view(engine, block_mask, restricted, tail_from)
         if backend == "dense":
             from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
@@ -370,19 +368,21 @@ class KVPolicy:
             return view or RestrictedView(self, engine.scale, block_mask, restricted, tail_from, rows)
         return self.region_for(engine, backend).view(block_mask, restricted, tail_from, rows)
 
+    def gathers(self, rows: slice | None) -> bool:
+        """Whether a compressed-region backend's block with restricted `rows` reads its selection by
+        gather on an engine with fixed-shape forwards (`gathered_view`): every row restricted, by a
+        policy that chooses before the forward. Otherwise the region lays the step out."""
+        return rows == slice(None) and self.query_free
+
     def gathered_view(
         self, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None
     ) -> Any:
-        """A compressed-region backend's view for a block whose rows are all restricted, on an engine
-        with fixed-shape forwards (`Engine.use_graphs`): the per-layer selection, which that forward
-        reads by gather (the same entries the region would pack, none moved between steps, so every
-        step keeps one shape). None for a policy that chooses from the forward's queries or keys: the
-        region's view then takes the regular forward."""
+        """A compressed-region backend's view for a block that `gathers`: the per-layer selection, which
+        the fixed-shape forward reads by gather (the same entries the region would pack, none moved
+        between steps, so every step keeps one shape)."""
         from kv_policies.view import LayerSelectionView
 
         view = LayerSelectionView.build(self, engine, block_mask, restricted, tail_from, rows=slice(None))
-        if view is None:
-            return None
         view.gather_budget = self.max_selected(engine.cache.capacity)
         n_layers = engine.cache.n_layers
         view.whole_layers = frozenset(li for li in range(n_layers) if self.keeps_all(li, view.sel_len))
