@@ -64,6 +64,7 @@ class Engine:
         self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype, cfg.device)
         self.prefill_chunk = prefill_chunk
         self.max_positions = cfg.max_positions
+        self._arange = torch.arange(0, device=cfg.device)  # `positions` slices it; grown on demand
         self.linear = linear
         self._packed: dict[int, torch.Tensor] = {}
         if linear == "onednn":
@@ -261,6 +262,20 @@ class Engine:
 
     def crop(self, length: int) -> None:
         self.cache.crop(length)
+
+    def positions(self, start: int, n: int) -> torch.Tensor:
+        """Positions `start .. start + n - 1` on the device: a slice of one `arange` the engine keeps, so a
+        step's positions cost neither a copy nor a launch. Read-only: callers offset it out of place."""
+        end = start + n
+        if self._arange.numel() < end:
+            self._arange = torch.arange(max(end, 2 * self._arange.numel(), 1024), device=self.device)
+        return self._arange[start:end]
+
+    def chain(self, tokens: Sequence[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain block's token ids (one host-to-device copy) and their positions `start, start + 1, ...`
+        (`positions`)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return ids, self.positions(start, len(tokens))
 
     @property
     def length(self) -> int:

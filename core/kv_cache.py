@@ -70,16 +70,22 @@ class KVCache:
         m = len(rows)
         if m and (min(rows) < 0 or max(rows) >= self.staged):
             raise IndexError(f"commit index out of the staged block (size {self.staged}): {rows}")
-        if all(a < b for a, b in zip(rows, rows[1:])):
-            self._compact_runs(rows)
-        else:  # any order: gather every kept row before writing any
-            src = torch.tensor(rows, device=self.device) + self.length
-            dst = torch.arange(self.length, self.length + m, device=self.device)
-            self.k[:, :, dst] = self.k[:, :, src]
-            self.v[:, :, dst] = self.v[:, :, src]
-            self.slot_pos[dst] = self.slot_pos[src]
+        if rows != list(range(m)):  # the block's first rows (a chain's accepted prefix) are in place
+            self._move_down(rows)
         self.length += m
         self.staged = 0
+
+    def _move_down(self, rows: list[int]) -> None:
+        """Move the kept staged rows to the slots right after the committed ones."""
+        if all(a < b for a, b in zip(rows, rows[1:])):
+            self._compact_runs(rows)
+            return
+        # any order: gather every kept row before writing any
+        src = torch.tensor(rows, device=self.device) + self.length
+        dst = torch.arange(self.length, self.length + len(rows), device=self.device)
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+        self.slot_pos[dst] = self.slot_pos[src]
 
     def _compact_runs(self, rows: list[int]) -> None:
         """Increasing `rows`: each run of consecutive rows moves down as one slice copy (a decoder keeps the

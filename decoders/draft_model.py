@@ -101,7 +101,7 @@ class DraftModel:
             keep = self.recent - n
             eng.evict(self.sinks, eng.length - keep)
         lo = eng.length
-        out = eng.step(ids, torch.arange(lo, lo + n, device=eng.device), CausalView(eng.scale), [n - 1])
+        out = eng.step(ids, eng.positions(lo, n), CausalView(eng.scale), [n - 1])
         eng.commit(range(n))
         counts.draft_model_step(n, lo)
         if pick_into is not None:

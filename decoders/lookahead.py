@@ -282,7 +282,7 @@ class Lookahead(BaseDecoder):
                     stats.update(min(j, RANKS), k, n_ok)
                 gains.update(lengths)
             if lens != [0]:
-                for key, gram in window.advance(root, [picked[i] for i in lay.top_sel]):
-                    pool.add((key,), gram)
+                grams = window.advance(root, [picked[i] for i in lay.top_sel])
+                pool.add_under_suffixes(((key,), gram) for key, gram in grams)
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)

@@ -48,25 +48,33 @@ class NGramPool:
         k = tuple(key)
         if not 0 < len(k) <= self.max_key_len:
             raise ValueError(f"key length {len(k)} outside 1..{self.max_key_len}")
-        self._put(k, tuple(value))
+        self._put_many(((k, tuple(value)),))
 
-    def _put(self, key: Gram, value: Gram) -> None:
-        entries = self._store.get(key)
-        if entries is None:
-            self._store[key] = {value: None}
-            return
-        if value in entries:
-            del entries[value]  # re-inserted below as the most recent
-        entries[value] = None
-        if len(entries) > self.capacity:
-            del entries[next(iter(entries))]
+    def _put_many(self, items: Iterable[tuple[Gram, Gram]]) -> None:
+        """`(key, value)` insertions in order, each as its key's most recent entry (a loop the host runs
+        n * k times a step for FAFO, so the store and capacity are read once)."""
+        store, capacity = self._store, self.capacity
+        for key, value in items:
+            entries = store.get(key)
+            if entries is None:
+                store[key] = {value: None}
+                continue
+            entries.pop(value, None)  # re-inserted below as the most recent
+            entries[value] = None
+            if len(entries) > capacity:
+                del entries[next(iter(entries))]
 
     def add_suffix_keys(self, context: Sequence[int], value: Iterable[int]) -> None:
-        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2; the
-        suffixes are valid keys by construction, so `add`'s check is skipped: n * k insertions a step)."""
-        v, ctx = tuple(value), tuple(context)
-        for m in range(1, min(self.max_key_len, len(ctx)) + 1):
-            self._put(ctx[len(ctx) - m :], v)
+        """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2)."""
+        self.add_under_suffixes([(tuple(context), tuple(value))])
+
+    def add_under_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+        """`add_suffix_keys` for many `(context, value)` tuples, in order (every fumble stream of a step in
+        one call; the suffixes are valid keys by construction, so `add`'s check is skipped)."""
+        most = self.max_key_len
+        self._put_many(
+            (ctx[len(ctx) - m :], v) for ctx, v in pairs for m in range(1, min(most, len(ctx)) + 1)
+        )
 
     def add_sequence(self, tokens: Sequence[int], gram_len: int, start: int = 0) -> None:
         """Insert every n-gram of `tokens` keyed by the token(s) just before it.

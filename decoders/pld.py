@@ -128,9 +128,8 @@ class PromptLookup(BaseDecoder):
             if cost is not None and draft:
                 draft = draft[: self._auto_length(n_match, len(draft), cost, cache_len)]
             k = len(draft)
-            tokens = torch.tensor([seq[-1], *draft], dtype=torch.long, device=eng.device)
+            tokens, positions = eng.chain([seq[-1], *draft], p)
             view = self.kv.decode_view(eng, k + 1)
-            positions = torch.arange(p, p + k + 1, device=eng.device)
             logits, preds = step_for(self.sampler, eng, tokens, positions, view)
             verdict = verify_logits(self.sampler, logits, [draft] if k else [], 1, preds)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)

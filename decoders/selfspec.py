@@ -95,14 +95,13 @@ class SelfSpeculative(BaseDecoder):
         if self.sampler.greedy:
             return self._draft_greedy(root, length, n, counts), []
         tok = torch.empty(1, dtype=torch.long, device=eng.device)
-        pos = torch.empty(1, dtype=torch.long, device=eng.device)
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         prev = root
         for i in range(n):
-            tok[0], pos[0] = prev, length + i
+            tok[0] = prev
             view = kv.draft_view(eng, length)
-            logits = eng.step(tok, pos, view)
+            logits = eng.step(tok, eng.positions(length + i, 1), view)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
             p = self.sampler.probs(logits[0])
@@ -120,7 +119,7 @@ class SelfSpeculative(BaseDecoder):
         eng, kv = self.engine, self.kv
         chain = torch.empty(n + 1, dtype=torch.long, device=eng.device)
         chain[0] = root
-        positions = torch.arange(length, length + n, device=eng.device)
+        positions = eng.positions(length, n)
         for i in range(n):
             view = kv.draft_view(eng, length)
             _, ids = eng.step(chain[i : i + 1], positions[i : i + 1], view, argmax=True)
@@ -165,7 +164,7 @@ class SelfSpeculative(BaseDecoder):
         else:
             k = len(drafts)
             tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
-        positions = torch.arange(length, length + k + 1, device=eng.device)
+        positions = eng.positions(length, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, CausalView(eng.scale))
         if preds is not None:  # greedy: one read for the drafts and the predictions
             both = torch.cat([tokens[1:], preds]).cpu()

@@ -93,17 +93,16 @@ class SlowFast(BaseDecoder):
     ) -> None:
         eng, kv = self.engine, self.kv
         tok = torch.empty(1, dtype=torch.long, device=eng.device)
-        pos = torch.empty(1, dtype=torch.long, device=eng.device)
         position, since_slow, slow, done = len(prompt), 0, True, False
         while not done:
-            tok[0], pos[0] = out[-1], position
+            tok[0] = out[-1]
             if slow:
                 kv.begin_slow()
                 view: Any = kv.slow_view(eng)
             else:
                 view = kv.fast_view(eng)
             try:
-                token = self.step_and_pick(tok, pos, view)
+                token = self.step_and_pick(tok, eng.positions(position, 1), view)
             finally:
                 kv.end_slow()
             eng.commit([0])

@@ -100,7 +100,7 @@ class TriForce(SelfSpeculative):
             tokens = torch.cat([root, torch.tensor(xt, dtype=torch.long, device=eng.device)])
         cache_len = eng.length
         view = kv.draft_view(eng, length, k + 1)
-        positions = torch.arange(cache_len, cache_len + k + 1, device=eng.device)
+        positions = eng.positions(cache_len, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, view)
         if preds is not None:  # greedy
             both = torch.cat([tokens[1:], preds]).cpu()  # one read: drafts and predictions

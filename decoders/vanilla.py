@@ -24,14 +24,12 @@ class Vanilla(BaseDecoder):
     ) -> None:
         eng = self.engine
         tok = torch.empty(1, dtype=torch.long, device=eng.device)
-        pos = torch.empty(1, dtype=torch.long, device=eng.device)
         position = len(prompt)
         done = False
         while not done:
             tok[0] = out[-1]
-            pos[0] = position
             view = self.kv.decode_view(eng, 1)
-            token = self.step_and_pick(tok, pos, view)
+            token = self.step_and_pick(tok, eng.positions(position, 1), view)
             eng.commit([0])
             self.kv.after_commit(eng, 1)
             position += 1

@@ -360,7 +360,7 @@ class KVPolicy:
         if backend == "dense":
             from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
-            view = SelectionView.build(self, engine, block_mask, restricted, tail_from)
+            view = SelectionView.build(self, engine, block_mask, restricted, tail_from, rows)
             view = view or LayerSelectionView.build(
                 self, engine, block_mask, restricted, tail_from, rows=rows
             )

@@ -180,8 +180,11 @@ class SelectionView(MaskView):
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
+        rows: slice | None = None,
     ) -> SelectionView | None:
-        """The view, or None when the policy's selection is not fixed (or it watches the queries)."""
+        """The view, or None when the policy's selection is not fixed (or it watches the queries).
+        `rows`: the restricted rows as a range, when the caller knows it (one write instead of a
+        blend over every row)."""
         if policy.watches_queries:
             return None
         cache_len = engine.length
@@ -192,8 +195,11 @@ class SelectionView(MaskView):
         selection, kept = fixed
         n = block_mask.shape[0]
         mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
-        restricted = restricted.to(engine.device)
-        mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
+        if rows is not None:
+            mask[rows, :sel_len] = selection
+        else:
+            restricted = restricted.to(engine.device)
+            mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
         mask[:, cache_len:] = block_mask
         # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
         policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)

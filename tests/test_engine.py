@@ -136,3 +136,23 @@ def test_split_decode_attention_applies_only_where_it_gains():
     assert not split_applies(q, k[:, :, :-1])  # a short cache: SDPA
     assert not split_applies(torch.randn(1, 4, 2, 8), k)  # a block of rows
     assert not split_applies(q.bfloat16(), k.bfloat16())  # bf16 keeps SDPA's float32 accumulation
+
+
+def test_positions_are_views_of_one_arange_and_a_chain_steps_like_fresh_tensors(tiny_lm):
+    """`Engine.positions` slices one kept `arange` (no copy, no launch a step), growing it on demand;
+    `Engine.chain` stages a chain's ids with them, and a step over them equals one over fresh tensors."""
+    eng = Engine(tiny_lm.model)
+    first = eng.positions(5, 3)
+    assert first.tolist() == [5, 6, 7] and first.dtype == torch.long
+    assert eng.positions(7, 2).untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+    far = eng.positions(3000, 4)
+    assert far.tolist() == [3000, 3001, 3002, 3003]
+    assert first.tolist() == [5, 6, 7]  # an earlier slice keeps its values when the arange grows
+    prompt = list(range(1, 30))
+    eng.reset(64)
+    eng.prefill(prompt)
+    ids, pos = eng.chain([40, 41, 42], eng.length)
+    assert ids.tolist() == [40, 41, 42] and pos.tolist() == [29, 30, 31]
+    ours = eng.step(ids, pos, CausalView(eng.scale))
+    fresh = eng.step(torch.tensor([40, 41, 42]), torch.arange(29, 32), CausalView(eng.scale))
+    torch.testing.assert_close(ours, fresh, atol=0, rtol=0)

@@ -50,13 +50,13 @@ def test_streams_slide_and_buffer_discards():
     s = FumbleStreams(init)
     assert s.flat_columns() == [1, 4, 2, 5, 3, 6]  # column-wise (App. E)
     disc, grams = s.advance(torch.tensor([7, 8]))
-    assert disc == [[1], [4]] and grams == [[2, 3, 7], [5, 6, 8]]
+    assert disc == [(1,), (4,)] and grams == [(2, 3, 7), (5, 6, 8)]
     disc, grams = s.advance(torch.tensor([9, 10]))
-    assert disc == [[1, 2], [4, 5]] and grams == [[3, 7, 9], [6, 8, 10]]
+    assert disc == [(1, 2), (4, 5)] and grams == [(3, 7, 9), (6, 8, 10)]
     for t in range(5):
         disc, grams = s.advance(torch.tensor([20 + t, 30 + t]))
-    assert disc == [[9, 20, 21], [10, 30, 31]]  # the last k discarded tokens, oldest first
-    assert grams == [[22, 23, 24], [32, 33, 34]]
+    assert disc == [(9, 20, 21), (10, 30, 31)]  # the last k discarded tokens, oldest first
+    assert grams == [(22, 23, 24), (32, 33, 34)]
 
 
 def test_streams_feed_pool_like_the_paper():
@@ -138,8 +138,9 @@ def test_layout_cache_reuses_a_tree_structure_with_this_steps_candidates(monkeyp
         g = int(torch.randint(1, 5, (1,), generator=gen))
         cands = torch.randint(0, 3, (g, 3), generator=gen)  # 3 symbols: prefixes often shared
         got, fresh = cache.get(cands, 2), build_tree_layout(cands, 2)
-        for field in ("block_mask", "offsets", "is_stream", "logits_rows", "cand_rows", "cand_tokens"):
+        for field in ("block_mask", "offsets", "is_stream", "logits_rows", "cand_rows"):
             assert torch.equal(getattr(got, field), getattr(fresh, field)), field
+        assert got.cand_tokens == fresh.cand_tokens
     assert 1 < len(cache._trees) < 60  # structures repeat
     monkeypatch.setattr(fafo_layout, "MAX_TREE_LAYOUTS", 2)
     small = LayoutCache(3, True, "cpu", tree=True)
@@ -167,7 +168,7 @@ def test_tree_and_flat_layouts_give_the_same_logits():
         toks = torch.cat(
             [
                 torch.tensor([99]),
-                cands.reshape(-1) if name == "flat" else lay.cand_tokens,
+                cands.reshape(-1) if name == "flat" else torch.tensor(lay.cand_tokens),
                 streams.t().reshape(-1),
             ]
         )

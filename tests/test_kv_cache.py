@@ -45,3 +45,19 @@ def test_commit_refuses_rows_outside_the_staged_block():
     cache.staged = 3
     with pytest.raises(IndexError):
         cache.commit([0, 3])
+
+
+def test_commit_of_the_first_rows_keeps_them_in_place():
+    """A chain's root and accepted prefix are the block's first rows: they become the next entries as
+    staged, and the rows after them are dropped."""
+    cache = KVCache(2, 2, 4, torch.float32, torch.device("cpu"))
+    cache.reset(16)
+    cache.k.normal_()
+    cache.v.normal_()
+    cache.slot_pos.copy_(torch.arange(16))
+    before = (cache.k.clone(), cache.v.clone())
+    cache.length, cache.staged = 5, 4
+    cache.commit([0, 1, 2])
+    assert cache.length == 8 and cache.staged == 0
+    assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
+    assert cache.slot_pos[:8].tolist() == list(range(8))

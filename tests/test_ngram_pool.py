@@ -59,3 +59,22 @@ def test_add_sequence_keys_each_gram_by_its_predecessors() -> None:
     pool2 = NGramPool(capacity=8)
     pool2.add_sequence([1, 2, 3, 4, 5], gram_len=2, start=3)  # only grams starting at index >= 3
     assert pool2.get((3,)) == [(4, 5)] and pool2.n_entries() == 1
+
+
+def test_add_under_suffixes_equals_add_suffix_keys_in_order() -> None:
+    """The batched insertion (every fumble stream of a step in one call) leaves the pool exactly as one
+    `add_suffix_keys` per pair would, LRU order and evictions included."""
+    import random
+
+    rng = random.Random(0)
+    pairs = [
+        (tuple(rng.randrange(4) for _ in range(rng.randint(1, 4))), tuple(rng.randrange(3) for _ in range(2)))
+        for _ in range(200)
+    ]
+    one, many = NGramPool(capacity=3, max_key_len=3), NGramPool(capacity=3, max_key_len=3)
+    for ctx, value in pairs:
+        one.add_suffix_keys(ctx, value)
+    many.add_under_suffixes(iter(pairs))
+    assert many._store == one._store
+    assert all(list(many._store[key]) == list(one._store[key]) for key in one._store)  # LRU order
+    assert max(len(v) for v in one._store.values()) == 3  # evictions happened

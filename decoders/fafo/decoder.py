@@ -55,7 +55,7 @@ from decoders.block_size import (
 )
 from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.views import ViewFactory
-from decoders.ngram_pool import NGramPool
+from decoders.ngram_pool import Gram, NGramPool
 from decoders.verify import Verdict, greedy_verify, prefix_match, sample_verify
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -76,14 +76,15 @@ class FumbleStreams:
         """Column-wise token order: token r of every stream, then token r + 1, ... (App. E)."""
         return [w[r] for r in range(self.k) for w in self.win]
 
-    def advance(self, new_tokens: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+    def advance(self, new_tokens: Sequence[int]) -> tuple[list[Gram], list[Gram]]:
         """Append each stream's new token, drop its oldest; return (discard buffers, new k-grams)."""
+        k = self.k
         for w, d, t in zip(self.win, self.disc, new_tokens, strict=True):
             d.append(w.pop(0))
-            if len(d) > self.k:
+            if len(d) > k:
                 del d[0]
             w.append(int(t))
-        return [list(d) for d in self.disc], [list(w) for w in self.win]
+        return [tuple(d) for d in self.disc], [tuple(w) for w in self.win]
 
 
 class FAFO(BaseDecoder):
@@ -180,15 +181,14 @@ class FAFO(BaseDecoder):
             pool.add_sequence(seq, self.k)
         return FumbleStreams(init), pool, seq
 
-    def _candidates(self, pool: NGramPool, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(candidates to verify [g, k], block candidates [g or m, k]: padded with dummy k-grams of the
-        root token when `pad_candidates`, so every step has the same shape (ours); their rows are ignored)."""
-        guesses = pool.lookup(seq, self.m) if self.m else []
-        cands = torch.tensor(guesses, dtype=torch.long).reshape(len(guesses), self.k)
-        if not self.pad_candidates or len(guesses) == self.m:
+    def _candidates(self, pool: NGramPool, seq: list[int]) -> tuple[list[Gram], list[Gram]]:
+        """(candidates to verify, g k-grams; block candidates, g or m: padded with dummy k-grams of the
+        root token when `pad_candidates`, so every step has the same shape (ours); their rows are ignored).
+        Host tuples: the layout, the verification and the counts read them as such."""
+        cands = pool.lookup(seq, self.m) if self.m else []
+        if not self.pad_candidates or len(cands) == self.m:
             return cands, cands
-        pad = torch.full((self.m - len(guesses), self.k), seq[-1], dtype=torch.long)
-        return cands, torch.cat([cands, pad])
+        return cands, cands + [(seq[-1],) * self.k] * (self.m - len(cands))
 
     def _block(
         self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
@@ -201,18 +201,19 @@ class FAFO(BaseDecoder):
         return tokens, pos
 
     def _verify(
-        self, lay: FafoLayout, logits: torch.Tensor, picked: list[int] | None, cands: torch.Tensor
+        self, lay: FafoLayout, logits: torch.Tensor, picked: list[int] | None, cands: list[Gram]
     ) -> Verdict:
         """Greedy (`picked`: every returned row's argmax, read back) or sampling verification of the real
         candidates (padding rows are never read); logits row == block row over the verification part."""
-        g = cands.shape[0]
+        g = len(cands)
         if self.sampler.greedy:
             assert picked is not None
             return greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
         rows = lay.cand_rows[:g]
         probs = self.sampler.probs
+        table = torch.tensor(cands, dtype=torch.long).reshape(g, self.k)
         return sample_verify(
-            cands, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
+            table, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
         )
 
     def _finish_step(
@@ -238,8 +239,7 @@ class FAFO(BaseDecoder):
         return n_new, done
 
     def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: Sequence[int]) -> None:
-        for disc, gram in zip(*streams.advance(new_tokens)):
-            pool.add_suffix_keys(disc, gram)
+        pool.add_under_suffixes(zip(*streams.advance(new_tokens)))
 
     def _next_base(self, base: int, p_new: int) -> int:
         return p_new if self.stream_positions == "rebase" else base + 1
@@ -272,9 +272,9 @@ class FAFO(BaseDecoder):
             verdict = self._verify(lay, logits, picked, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
-            counts.step(lay.size, cands.numel(), verdict.accepted, n_new, cache_len)
+            counts.step(lay.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)
             if cost is not None and len(cands):
-                pairs = zip(cands.tolist(), lay.candidate_rows(picked, len(cands)), strict=True)
+                pairs = zip(cands, lay.candidate_rows(picked, len(cands)), strict=True)
                 lengths = [prefix_match(cand, picked[0], pred) for cand, pred in pairs]
                 for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), self.k, n_ok)
@@ -290,7 +290,7 @@ class FAFO(BaseDecoder):
 
     def _auto_candidates(
         self,
-        cands: torch.Tensor,
+        cands: list[Gram],
         stats: AcceptanceStats,
         gains: PrefixGain,
         n: int,
@@ -300,7 +300,7 @@ class FAFO(BaseDecoder):
         """How many of the ranked candidates to verify (most expected tokens per second of forward);
         with `tree`, a candidate costs only the rows of its prefix not shared with earlier ones."""
         rows, seen = [1 + n * self.k], set()
-        for cand in cands.tolist():
+        for cand in cands:
             new = 0
             for t in range(self.k) if self.tree else ():
                 new += tuple(cand[: t + 1]) not in seen
@@ -334,12 +334,11 @@ class FAFO2Forward(FAFO):
         eng = self.engine
         streams, pool, seq = self._start(prompt, out)
         base = len(seq) - 1
-        empty = torch.zeros(0, self.k, dtype=torch.long)
         done = False
         while not done:
             root, p, cache_len = seq[-1], len(seq) - 1, eng.length
             # forward A: fumble on the compressed view only (x_last included), nothing kept
-            lay_a = self.layouts.get(empty, self.n)
+            lay_a = self.layouts.get([], self.n)
             tokens, pos = self._block(lay_a, root, streams, p, base)
             view_a = self.views.compressed(lay_a, cache_len)
             _, fumbled = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:], argmax=True)
@@ -357,5 +356,5 @@ class FAFO2Forward(FAFO):
             )
             verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
-            counts.step(lay_b.size, cands.numel(), verdict.accepted, n_new, cache_len)
+            counts.step(lay_b.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)
             base = self._next_base(base, len(seq) - 1)

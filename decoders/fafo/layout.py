@@ -26,13 +26,15 @@ row of each stream (its next token, Eq. 1). `cand_rows[j, t]` maps candidate j t
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from decoders.verify import candidate_slices
+
+Candidates = torch.Tensor | Sequence[Sequence[int]]  # [g, k]: a host tensor or the pool's tuples
 
 
 @dataclass
@@ -42,7 +44,7 @@ class FafoLayout:
     is_stream: torch.Tensor  # bool [N] fumble rows (restricted to the compressed region)
     logits_rows: torch.Tensor  # long: rows 0..s0-1 (root + candidates), then each stream's last row
     cand_rows: torch.Tensor  # long [g, k] (cpu): block row of candidate j's token t
-    cand_tokens: torch.Tensor  # long [c] (cpu): token of each candidate row (rows 1..c)
+    cand_tokens: list[int]  # token of each candidate row (rows 1..c)
     k: int
     n: int  # streams in the block (0 for a verification-only forward)
     stream_row: int  # first block row of the fumble streams (after any padding rows)
@@ -68,10 +70,10 @@ class FafoLayout:
 
     def tokens(self, root: int, streams: list[int] | None) -> list[int]:
         """Block tokens: root, candidates, padding (root), streams column-wise, padding."""
-        c = self.cand_tokens.numel()
+        c = len(self.cand_tokens)
         mid = self.stream_row - 1 - c
         tail = self.size - self.stream_row - self.n * self.k
-        out = [root, *self.cand_tokens.tolist(), *[root] * mid]
+        out = [root, *self.cand_tokens, *[root] * mid]
         if self.n:
             assert streams is not None
             out += streams
@@ -88,7 +90,7 @@ def _assemble(
     cand_mask: torch.Tensor,
     cand_depth: torch.Tensor,
     cand_rows: torch.Tensor,
-    cand_tokens: torch.Tensor,
+    cand_tokens: list[int],
     sees_last: bool,
     device: torch.device | str,
     align: int = 0,
@@ -127,8 +129,7 @@ def build_layout(
     cand_mask = torch.kron(torch.eye(g, dtype=torch.long), tril).bool()
     depth = torch.arange(1, k + 1).repeat(g)
     cand_rows = 1 + torch.arange(g * k).view(g, k)
-    empty = torch.zeros(0, dtype=torch.long)
-    return _assemble(k, n, cand_mask, depth, cand_rows, empty, fumble_sees_last, device, align)
+    return _assemble(k, n, cand_mask, depth, cand_rows, [], fumble_sees_last, device, align)
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,14 @@ class Trie:
     rows: list[list[int]]
 
     @classmethod
-    def of(cls, cands: torch.Tensor) -> Trie:
-        g, k = cands.shape
+    def of(cls, cands: Candidates) -> Trie:
+        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+        k = len(table[0]) if len(table) else 0
         index: dict[tuple[int, ...], int] = {}
         parent: list[int] = []
         tokens: list[int] = []
-        rows = [[0] * k for _ in range(g)]
-        for j, cand in enumerate(cands.tolist()):
+        rows = [[0] * k for _ in range(len(table))]
+        for j, cand in enumerate(table):
             up = -1
             for t in range(k):
                 key = tuple(cand[: t + 1])
@@ -164,9 +166,7 @@ class Trie:
     def fill(self, lay: FafoLayout) -> FafoLayout:
         """`lay` (this trie's structure) with this trie's candidate tokens and rows."""
         cand_rows = torch.tensor(self.rows, dtype=torch.long).view(len(self.rows), lay.k)
-        return dataclasses.replace(
-            lay, cand_rows=cand_rows, cand_tokens=torch.tensor(self.tokens), cand_row_ids=self.rows
-        )
+        return dataclasses.replace(lay, cand_rows=cand_rows, cand_tokens=self.tokens, cand_row_ids=self.rows)
 
 
 def _tree_structure(
@@ -182,17 +182,18 @@ def _tree_structure(
             depth[node] = depth[up]
         cand_mask[node, node] = True
         depth[node] += 1
-    empty = torch.zeros(0, dtype=torch.long)
     depths = torch.tensor(depth, dtype=torch.long)
-    return _assemble(k, n, cand_mask, depths, empty.view(0, k), empty, fumble_sees_last, device)
+    empty = torch.zeros(0, k, dtype=torch.long)
+    return _assemble(k, n, cand_mask, depths, empty, [], fumble_sees_last, device)
 
 
 def build_tree_layout(
-    cands: torch.Tensor, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu"
+    cands: Candidates, n: int, fumble_sees_last: bool = True, device: torch.device | str = "cpu"
 ) -> FafoLayout:
     """Prefix-trie layout of `cands [g, k]`: one row per distinct candidate prefix."""
     trie = Trie.of(cands)
-    return trie.fill(_tree_structure(trie.parent, cands.shape[1], n, fumble_sees_last, device))
+    k = len(trie.rows[0]) if trie.rows else 0
+    return trie.fill(_tree_structure(trie.parent, k, n, fumble_sees_last, device))
 
 
 MAX_TREE_LAYOUTS = 64  # trie structures kept: small presets repeat a few dozen; k 6 m 40 ones (~0.25 MB
@@ -211,9 +212,9 @@ class LayoutCache:
         self._cache: dict[tuple[int, int], FafoLayout] = {}
         self._trees: dict[tuple[tuple[int, ...], int], FafoLayout] = {}
 
-    def get(self, cands: torch.Tensor, n: int) -> FafoLayout:
+    def get(self, cands: Candidates, n: int) -> FafoLayout:
         """Layout for the block candidates `cands [g, k]` and `n` streams, with `cand_tokens` set."""
-        if self.tree and cands.shape[0]:
+        if self.tree and len(cands):
             trie = Trie.of(cands)
             lay = self._trees.get((trie.parent, n))
             if lay is None:
@@ -222,11 +223,14 @@ class LayoutCache:
                     del self._trees[next(iter(self._trees))]
                 self._trees[(trie.parent, n)] = lay
             return trie.fill(lay)
-        g = cands.shape[0]
+        g = len(cands)
         lay = self._cache.get((g, n))
         if lay is None:
             lay = build_layout(self.k, g, n, self.fumble_sees_last, self.device, self.align)
             self._cache[(g, n)] = lay
-        filled = copy.copy(lay)  # a shallow copy: dataclasses.replace would rerun __init__ every step
-        filled.cand_tokens = cands.reshape(-1)
+        # a shallow copy (dataclasses.replace and copy.copy cost tens of microseconds a step)
+        filled = object.__new__(FafoLayout)
+        filled.__dict__.update(lay.__dict__)
+        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+        filled.cand_tokens = [t for cand in table for t in cand]
         return filled
