@@ -194,19 +194,51 @@ class SelectionView(MaskView):
             return None
         selection, kept = fixed
         n = block_mask.shape[0]
-        mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
-        if rows is not None:
-            mask[rows, :sel_len] = selection
+        if n == 1 and tail_from is not None and block_mask is causal_block(1, engine.device)[0]:
+            mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
         else:
-            restricted = restricted.to(engine.device)
-            mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
-        mask[:, cache_len:] = block_mask
+            mask = _selection_mask(engine, block_mask, restricted, rows, selection, sel_len, cache_len)
         # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
         policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
         return cls(mask, engine.scale, kept + cache_len - sel_len)
 
     def kv_read(self, cache_len: int) -> int:
         return self.read
+
+
+def _selection_mask(
+    engine: Any,
+    block_mask: torch.Tensor,
+    restricted: torch.Tensor,
+    rows: slice | None,
+    selection: torch.Tensor,
+    sel_len: int,
+    cache_len: int,
+) -> torch.Tensor:
+    n = block_mask.shape[0]
+    mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
+    if rows is not None:
+        mask[rows, :sel_len] = selection
+    else:
+        restricted = restricted.to(engine.device)
+        mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
+    mask[:, cache_len:] = block_mask
+    return mask
+
+
+def _one_row_draft_mask(
+    policy: Any, engine: Any, selection: torch.Tensor, sel_len: int, cache_len: int
+) -> torch.Tensor:
+    """A one-row draft step's visibility `[1, cache_len + 1]`: the selection of `[0, sel_len)`, then the
+    draft's fresh tail and the row itself. The rows of one draft share the selection and differ only in
+    how much tail they see, so each is a prefix of one buffer written once per draft (no operator a row)."""
+    last = policy.__dict__.get("_draft_mask")
+    if last is None or last[0] is not selection or last[1] != sel_len or last[2].shape[1] <= cache_len:
+        width = max(cache_len + 1, engine.cache.capacity)
+        buffer = torch.ones(1, width, dtype=torch.bool, device=engine.device)
+        buffer[0, :sel_len] = selection
+        last = policy.__dict__["_draft_mask"] = (selection, sel_len, buffer)
+    return last[2][:, : cache_len + 1]
 
 
 class LayerSelectionView:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.attention import CausalView
 from core.compressed_region import CompressedRegion
 from core.engine import Engine
 from core.sparse_attention import (
@@ -266,3 +267,33 @@ def test_sliced_decode_row_over_a_full_region_takes_the_unmasked_path(region):
     kr, vr, kb, vb = k[:, :, :region], v[:, :, :region], k[:, :, region:], v[:, :, region:]
     out = sliced_attend(q, kr, vr, rl, kb, vb, vis, 0.25)
     torch.testing.assert_close(out, sdpa(q, k, v, None, 0.25), atol=1e-6, rtol=1e-5)
+
+
+def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks(tiny_lm):
+    """A self-speculative draft's rows (one row each, the same selection, a growing fresh tail) take
+    their visibility as prefixes of one buffer written once per draft: each equals the mask built from
+    scratch, and a new selection (the next draft, after a commit) writes a new buffer."""
+    from kv_policies.view import _selection_mask, causal_block
+    from tests.conftest import prefill_under
+
+    eng = Engine(tiny_lm.model)
+    pol = build_policy("streaming", budget=24, sinks=4)
+    prefill_under(eng, pol, list(range(1, 61)), 20)
+    tril, every = causal_block(1, eng.device)
+    buffers = set()
+    for _draft in range(2):
+        length = eng.length
+        for i in range(4):  # draft rows: each commits its entry, the next sees it in the tail
+            view = pol.draft_view(eng, length)
+            assert isinstance(view, SelectionView)
+            selection, _ = pol.fixed_selection(length)
+            built = _selection_mask(eng, tril, every, slice(None), selection, length, eng.length)
+            assert torch.equal(view.mask, built)
+            buffers.add(view.mask.untyped_storage().data_ptr())
+            eng.step(torch.tensor([5 + i]), torch.tensor([eng.length]), view)
+            eng.commit([0])
+        eng.crop(length)
+        eng.step(torch.tensor([9]), torch.tensor([length]), CausalView(eng.scale))
+        eng.commit([0])  # the verification keeps one token: the next draft selects over one more entry
+        pol.after_commit(eng, 1)
+    assert len(buffers) == 2  # one buffer per draft, none per row
