@@ -137,6 +137,7 @@ class StaticForwards:
         view,
         logits_rows: Sequence[int] | torch.Tensor | None,
         argmax: bool = False,
+        with_logits: bool = True,
     ) -> Any:
         rows = padded_rows(tokens.numel())
         if getattr(view, "selects_in_forward", False):
@@ -146,7 +147,7 @@ class StaticForwards:
                 fwd = self.by_rows_in_forward[key] = StaticForward(self.engine, rows, self.capture)
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
-            return fwd(tokens, position_ids, view, logits_rows, argmax)
+            return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
         if getattr(view, "layer_selection", False):
             key = (rows, *self.gathered(view, rows))
             fwd = self.by_rows_selected.get(key)
@@ -154,12 +155,12 @@ class StaticForwards:
                 fwd = self.by_rows_selected[key] = StaticForward(
                     self.engine, rows, self.capture, layered=True, gather=key[1], whole_layers=key[2]
                 )
-            return fwd(tokens, position_ids, view, logits_rows, argmax)
+            return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
         observed = getattr(view, "observes_queries", False)
         forwards = self.by_rows_observed if observed else self.by_rows
         if rows not in forwards:
             forwards[rows] = StaticForward(self.engine, rows, self.capture, observed=observed)
-        return forwards[rows](tokens, position_ids, view, logits_rows, argmax)
+        return forwards[rows](tokens, position_ids, view, logits_rows, argmax, with_logits)
 
     def gathered(self, view, rows: int) -> tuple[int | None, frozenset[int]]:
         """A per-layer selection view with a `gather_budget` (every row restricted): the slots each KV
@@ -220,6 +221,7 @@ class StaticForward:
         view,
         logits_rows: Sequence[int] | torch.Tensor | None,
         argmax: bool = False,
+        with_logits: bool = True,
     ) -> Any:
         eng, cache, n = self.engine, self.engine.cache, tokens.numel()
         tokens, position_ids = tokens.to(eng.device).reshape(n), position_ids.to(eng.device).reshape(n)
@@ -238,6 +240,12 @@ class StaticForward:
                 view.observe(layer, self.queries[layer, :, :n])
         if self.selector is not None:
             view.take_reads(self.selector.reads.clone(), cache.length)
+        if argmax and not with_logits:  # the argmax alone: no `[rows, vocab]` copy out of the buffers
+            if logits_rows is None:
+                return None, ids[:n].clone()
+            return None, ids.index_select(
+                0, torch.as_tensor(logits_rows, dtype=torch.long, device=ids.device)
+            )
         if logits_rows is None:
             logits = logits[:n].clone()
             return (logits, ids[:n].clone()) if argmax else logits

@@ -138,17 +138,22 @@ class Engine:
         hooks: Sequence = (),
         replay: bool = True,
         argmax: bool = False,
+        with_logits: bool = True,
     ) -> Any:
         """One forward over a block. Returns float logits for `logits_rows` (all rows if None), and with
         `argmax=True` the pair (logits, long argmax of each of those rows): the greedy choice is made on
         the device as part of the step (inside the graph when it is replayed), as gpt-fast and vLLM
         pick inside the model step, so a greedy decoder does no work over the vocabulary itself.
+        `with_logits=False` (with `argmax`): the pair is (None, argmax) and the `[rows, vocab]` logits end
+        with the step, so a caller that reads only the argmax holds none between steps (a replayed graph
+        then copies none out; an eager step frees them as part of the forward, not at the caller's next
+        assignment).
         With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
         `replay=False` (the prefill: its chunks have every size)."""
         if replay and not hooks and fits(self.cache, tokens.numel(), view):
             self.fixed_shape_steps += 1
             if self.graphs is not None:
-                return self.graphs(tokens, position_ids, view, logits_rows, argmax)
+                return self.graphs(tokens, position_ids, view, logits_rows, argmax, with_logits)
         elif replay and not hooks and getattr(view, "gathered_with_graphs", False):
             # a compressed region's step that, with graphs on, reads its selection by gather instead
             # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
@@ -174,7 +179,10 @@ class Engine:
             rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
             h = h.index_select(0, rows)
         logits = self.lm_logits(self.w.final_norm(h))
-        return (logits, logits.argmax(dim=-1)) if argmax else logits
+        if not argmax:
+            return logits
+        ids = logits.argmax(dim=-1)
+        return (logits if with_logits else None, ids)
 
     def layers_forward(
         self, tokens: torch.Tensor, position_ids: torch.Tensor, attend: Callable

@@ -260,7 +260,14 @@ class Lookahead(BaseDecoder):
                 [root, *(window.flat() if lens != [0] else []), *drafted], dtype=torch.long, device=eng.device
             )
             view = self._view(lay.block_mask)
-            logits, preds = eng.step(tokens, lay.offsets + p, view, logits_rows=lay.logits_rows, argmax=True)
+            logits, preds = eng.step(
+                tokens,
+                lay.offsets + p,
+                view,
+                logits_rows=lay.logits_rows,
+                argmax=True,
+                with_logits=not self.sampler.greedy,  # greedy reads only the argmax
+            )
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel
             guess_preds = candidate_slices(picked, at, len(guesses), k)

@@ -122,7 +122,7 @@ class SelfSpeculative(BaseDecoder):
         positions = eng.positions(length, n)
         for i in range(n):
             view = kv.draft_view(eng, length)
-            _, ids = eng.step(chain[i : i + 1], positions[i : i + 1], view, argmax=True)
+            _, ids = eng.step(chain[i : i + 1], positions[i : i + 1], view, argmax=True, with_logits=False)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
             chain[i + 1 : i + 2].copy_(ids)

@@ -148,20 +148,21 @@ def sample_verify(
 def step_for(
     sampler: Sampler, eng, tokens: torch.Tensor, positions: torch.Tensor, view, logits_rows=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`eng.step` as a verification needs it: (logits, the argmax of each row on the device) when the
-    sampler is greedy, (logits, None) when it samples (no work over the vocabulary it would not use)."""
+    """`eng.step` as a verification needs it: (None, the argmax of each row on the device) when the
+    sampler is greedy (the logits end with the step), (logits, None) when it samples (no work over
+    the vocabulary it would not use)."""
     if sampler.greedy:
-        return eng.step(tokens, positions, view, logits_rows=logits_rows, argmax=True)
+        return eng.step(tokens, positions, view, logits_rows=logits_rows, argmax=True, with_logits=False)
     return eng.step(tokens, positions, view, logits_rows=logits_rows), None
 
 
 def verify_logits(
-    sampler: Sampler, logits: torch.Tensor, cands: Table, first: int, preds: torch.Tensor | None = None
+    sampler: Sampler, logits: torch.Tensor | None, cands: Table, first: int, preds: torch.Tensor | None = None
 ) -> Verdict:
     """Verify `cands` [g, k] (a host tensor or nested lists) from one forward's logits rows: the root's at
     row 0, candidate j token t's at row `first + j*k + t`. Greedy (argmax; `preds` = the argmax of every
-    row, as the step returns it, read here in one transfer) or sampling verification, following the
-    sampler."""
+    row, as the step returns it, read here in one transfer; `logits` may then be None) or sampling
+    verification, following the sampler."""
     if isinstance(cands, torch.Tensor):
         g, k = cands.shape
     else:

@@ -114,7 +114,10 @@ def test_step_argmax_is_the_argmax_of_its_logits_on_both_paths(tiny_lm, rows):
         torch.testing.assert_close(logits, plain, atol=0, rtol=0)
         assert ids.dtype == torch.long and torch.equal(ids, logits.argmax(dim=-1))
         assert ids.shape == (5 if rows is None else 3,)
-    assert eng.fixed_shape_steps == 2  # the second engine took the fixed-shape path both times
+        none, alone = eng.step(*args, logits_rows=rows, argmax=True, with_logits=False)
+        eng.commit([])
+        assert none is None and torch.equal(alone, ids)  # the argmax alone, the logits left in the step
+    assert eng.fixed_shape_steps == 3  # the second engine took the fixed-shape path every time
 
 
 def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):

@@ -267,7 +267,14 @@ class FAFO(BaseDecoder):
             lay = self.layouts.get(block_cands, n)
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
-            logits, preds = eng.step(tokens, pos, view, logits_rows=lay.logits_rows, argmax=True)
+            logits, preds = eng.step(
+                tokens,
+                pos,
+                view,
+                logits_rows=lay.logits_rows,
+                argmax=True,
+                with_logits=not self.sampler.greedy,
+            )
             picked = preds.tolist()  # the step's one read: verification and the streams' next tokens
             verdict = self._verify(lay, logits, picked, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
@@ -341,7 +348,9 @@ class FAFO2Forward(FAFO):
             lay_a = self.layouts.get([], self.n)
             tokens, pos = self._block(lay_a, root, streams, p, base)
             view_a = self.views.compressed(lay_a, cache_len)
-            _, fumbled = eng.step(tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:], argmax=True)
+            _, fumbled = eng.step(
+                tokens, pos, view_a, logits_rows=lay_a.logits_rows[1:], argmax=True, with_logits=False
+            )
             eng.commit([])
             # a forward of the target over the policy's selection that commits nothing: a draft forward
             # (counted apart, as self-speculation's are; tau counts the verification forwards)
@@ -351,8 +360,14 @@ class FAFO2Forward(FAFO):
             cands, block_cands = self._candidates(pool, seq)
             lay_b = self.layouts.get(block_cands, 0)
             tokens, pos = self._block(lay_b, root, None, p, base)
+            view_b = self.views.fused(lay_b, cache_len)
             logits, preds = eng.step(
-                tokens, pos, self.views.fused(lay_b, cache_len), logits_rows=lay_b.logits_rows, argmax=True
+                tokens,
+                pos,
+                view_b,
+                logits_rows=lay_b.logits_rows,
+                argmax=True,
+                with_logits=not self.sampler.greedy,
             )
             verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
