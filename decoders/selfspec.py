@@ -23,7 +23,7 @@ from core.attention import CausalView
 from core.checks import integer, number
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from decoders.verify import greedy_verify, speculative_verify, step_for
+from decoders.verify import greedy_chain, speculative_verify, step_for
 
 
 class SelfSpeculative(BaseDecoder):
@@ -167,9 +167,7 @@ class SelfSpeculative(BaseDecoder):
         positions = eng.positions(length, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, CausalView(eng.scale))
         if preds is not None:  # greedy: one read for the drafts and the predictions
-            both = torch.cat([tokens[1:], preds]).cpu()
-            cands, preds = both[:k].reshape(1 if k else 0, k), both[k:]
-            verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
+            verdict = greedy_chain(tokens, preds)[1]
         else:
             target = [self.sampler.probs(row) for row in logits]
             verdict = speculative_verify(drafts, probs, target.__getitem__, self.sampler)

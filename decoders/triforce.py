@@ -33,7 +33,7 @@ from core.checks import integer
 from core.types import Counts
 from decoders.draft_model import DraftModel
 from decoders.selfspec import SelfSpeculative
-from decoders.verify import greedy_verify, speculative_verify, step_for
+from decoders.verify import greedy_chain, speculative_verify, step_for
 
 
 class TriForce(SelfSpeculative):
@@ -103,12 +103,9 @@ class TriForce(SelfSpeculative):
         positions = eng.positions(cache_len, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, view)
         if preds is not None:  # greedy
-            both = torch.cat([tokens[1:], preds]).cpu()  # one read: drafts and predictions
-            xt, preds = both[:k].tolist(), both[k:]
+            xt, verdict = greedy_chain(tokens, preds)  # one read: drafts and predictions
             if k:
                 draft.drafted(xt)
-            cands = torch.tensor([xt], dtype=torch.long).reshape(1 if k else 0, k)
-            verdict = greedy_verify(cands, int(preds[0]), preds[1:].reshape(1 if k else 0, k))
             probs: list[torch.Tensor] = []
         else:
             phat = [self.sampler.probs(row) for row in logits]

@@ -145,6 +145,16 @@ def sample_verify(
     return Verdict(alive[0], len(accepted), [*accepted, bonus])
 
 
+def greedy_chain(chain: torch.Tensor, preds: torch.Tensor) -> tuple[list[int], Verdict]:
+    """Greedy verification of one drafted chain still on the device: `chain` `[root, d1..dk]` as the step
+    took it, `preds` the step's argmax per row. One read for both; the walk runs on Python ints.
+    Returns (the drafts, the verdict)."""
+    k = chain.numel() - 1
+    both = torch.cat([chain[1:], preds]).tolist()
+    drafts, picked = both[:k], both[k:]
+    return drafts, greedy_verify([drafts] if k else [], picked[0], [picked[1:]] if k else [])
+
+
 def step_for(
     sampler: Sampler, eng, tokens: torch.Tensor, positions: torch.Tensor, view, logits_rows=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -9,7 +9,7 @@ import torch
 from lossless_check import chi_square_pvalue
 
 from core.sampling import Sampler
-from decoders.verify import Verdict, greedy_verify, sample_verify, verify_logits
+from decoders.verify import Verdict, greedy_chain, greedy_verify, sample_verify, verify_logits
 
 
 def _t(rows: list[list[int]]) -> torch.Tensor:
@@ -145,3 +145,21 @@ def test_sampling_certain_and_impossible_tokens(mass: float) -> None:
         assert v.tokens == [0, 2, 2] and v.accepted == 2
     else:  # token 0 impossible: rejected, bonus from the residual = token 1
         assert v.tokens == [1] and v.accepted == 0
+
+
+@pytest.mark.parametrize(
+    ("chain", "preds", "accepted", "tokens"),
+    [
+        ([5, 6, 7, 8], [6, 7, 9, 1], 2, [6, 7, 9]),  # d1, d2 match; d3 = 8 is not the argmax 9
+        ([5, 6, 7], [6, 7, 3], 2, [6, 7, 3]),  # all accepted, then the bonus
+        ([5, 6], [4, 2], 0, [4]),  # the first draft rejected: the correction alone
+        ([5], [4], 0, [4]),  # no drafts: one token
+    ],
+)
+def test_greedy_chain_reads_once_and_verifies_like_greedy_verify(chain, preds, accepted, tokens):
+    drafts, verdict = greedy_chain(torch.tensor(chain), torch.tensor(preds))
+    assert drafts == chain[1:]
+    assert (verdict.accepted, verdict.tokens) == (accepted, tokens)
+    k = len(chain) - 1
+    ref = greedy_verify([chain[1:]] if k else [], preds[0], [preds[1:]] if k else [])
+    assert (verdict.candidate, verdict.accepted, verdict.tokens) == (ref.candidate, ref.accepted, ref.tokens)
