@@ -228,7 +228,7 @@ class LayoutCache:
         if lay is None:
             lay = build_layout(self.k, g, n, self.fumble_sees_last, self.device, self.align)
             self._cache[(g, n)] = lay
-        # a shallow copy (dataclasses.replace and copy.copy cost tens of microseconds a step)
+        # a shallow copy by hand: dataclasses.replace reruns __post_init__, copy.copy goes through pickling
         filled = object.__new__(FafoLayout)
         filled.__dict__.update(lay.__dict__)
         table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
