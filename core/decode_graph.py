@@ -240,18 +240,19 @@ class StaticForward:
                 view.observe(layer, self.queries[layer, :, :n])
         if self.selector is not None:
             view.take_reads(self.selector.reads.clone(), cache.length)
-        if argmax and not with_logits:  # the argmax alone: no `[rows, vocab]` copy out of the buffers
-            if logits_rows is None:
-                return None, ids[:n].clone()
-            return None, ids.index_select(
-                0, torch.as_tensor(logits_rows, dtype=torch.long, device=ids.device)
-            )
-        if logits_rows is None:
-            logits = logits[:n].clone()
-            return (logits, ids[:n].clone()) if argmax else logits
-        picked = torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device)
-        logits = logits.index_select(0, picked)
-        return (logits, ids.index_select(0, picked)) if argmax else logits
+        picked = (
+            None
+            if logits_rows is None
+            else torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device)
+        )
+
+        def returned(t: torch.Tensor) -> torch.Tensor:  # the asked rows, out of the forward's buffers
+            return t[:n].clone() if picked is None else t.index_select(0, picked)
+
+        if not argmax:
+            return returned(logits)
+        # the argmax alone when asked: no `[rows, vocab]` copy out of the buffers
+        return (returned(logits) if with_logits else None, returned(ids))
 
     def _stage_visibility(self, view, n: int, length: int, capacity: int) -> None:
         """Which slots each row sees: the view's visibility over [cache | block] (block row j is slot

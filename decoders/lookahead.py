@@ -61,7 +61,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import candidate_slices, greedy_verify, prefix_match, verify_logits
+from decoders.verify import candidate_slices, greedy_verify, prefix_match, step_with_argmax, verify_logits
 from kv_policies.full import FullKV
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -260,13 +260,8 @@ class Lookahead(BaseDecoder):
                 [root, *(window.flat() if lens != [0] else []), *drafted], dtype=torch.long, device=eng.device
             )
             view = self._view(lay.block_mask)
-            logits, preds = eng.step(
-                tokens,
-                lay.offsets + p,
-                view,
-                logits_rows=lay.logits_rows,
-                argmax=True,
-                with_logits=not self.sampler.greedy,  # greedy reads only the argmax
+            logits, preds = step_with_argmax(
+                self.sampler, eng, tokens, lay.offsets + p, view, lay.logits_rows
             )
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel

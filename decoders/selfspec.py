@@ -161,10 +161,10 @@ class SelfSpeculative(BaseDecoder):
         eng = self.engine
         if isinstance(drafts, torch.Tensor):  # greedy: the chain [root, drafts] is on the device
             tokens, k = drafts, drafts.numel() - 1
+            positions = eng.positions(length, k + 1)
         else:
             k = len(drafts)
-            tokens = torch.tensor([out[-1], *drafts], dtype=torch.long, device=eng.device)
-        positions = eng.positions(length, k + 1)
+            tokens, positions = eng.chain([out[-1], *drafts], length)
         logits, preds = step_for(self.sampler, eng, tokens, positions, CausalView(eng.scale))
         if preds is not None:  # greedy: one read for the drafts and the predictions
             verdict = greedy_chain(tokens, preds)[1]

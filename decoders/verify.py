@@ -166,6 +166,16 @@ def step_for(
     return eng.step(tokens, positions, view, logits_rows=logits_rows), None
 
 
+def step_with_argmax(
+    sampler: Sampler, eng, tokens: torch.Tensor, positions: torch.Tensor, view, logits_rows=None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`eng.step` for a decoder whose host structures read every row's argmax, sampled or not (Lookahead's
+    window, FAFO's streams): (logits when the sampler samples, else None; the argmax on the device)."""
+    return eng.step(
+        tokens, positions, view, logits_rows=logits_rows, argmax=True, with_logits=not sampler.greedy
+    )
+
+
 def verify_logits(
     sampler: Sampler, logits: torch.Tensor | None, cands: Table, first: int, preds: torch.Tensor | None = None
 ) -> Verdict:

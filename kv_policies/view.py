@@ -232,13 +232,13 @@ def _one_row_draft_mask(
     """A one-row draft step's visibility `[1, cache_len + 1]`: the selection of `[0, sel_len)`, then the
     draft's fresh tail and the row itself. The rows of one draft share the selection and differ only in
     how much tail they see, so each is a prefix of one buffer written once per draft (no operator a row)."""
-    last = policy.__dict__.get("_draft_mask")
-    if last is None or last[0] is not selection or last[1] != sel_len or last[2].shape[1] <= cache_len:
+    last = policy.__dict__.get("_draft_mask")  # (selection, buffer): `selection` covers `[0, sel_len)`
+    if last is None or last[0] is not selection or last[1].shape[1] <= cache_len:
         width = max(cache_len + 1, engine.cache.capacity)
         buffer = torch.ones(1, width, dtype=torch.bool, device=engine.device)
         buffer[0, :sel_len] = selection
-        last = policy.__dict__["_draft_mask"] = (selection, sel_len, buffer)
-    return last[2][:, : cache_len + 1]
+        last = policy.__dict__["_draft_mask"] = (selection, buffer)
+    return last[1][:, : cache_len + 1]
 
 
 class LayerSelectionView:

@@ -56,7 +56,7 @@ from decoders.block_size import (
 from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import Gram, NGramPool
-from decoders.verify import Verdict, greedy_verify, prefix_match, sample_verify
+from decoders.verify import Verdict, greedy_verify, prefix_match, sample_verify, step_with_argmax
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
@@ -267,14 +267,7 @@ class FAFO(BaseDecoder):
             lay = self.layouts.get(block_cands, n)
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
-            logits, preds = eng.step(
-                tokens,
-                pos,
-                view,
-                logits_rows=lay.logits_rows,
-                argmax=True,
-                with_logits=not self.sampler.greedy,
-            )
+            logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view, lay.logits_rows)
             picked = preds.tolist()  # the step's one read: verification and the streams' next tokens
             verdict = self._verify(lay, logits, picked, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
@@ -361,14 +354,7 @@ class FAFO2Forward(FAFO):
             lay_b = self.layouts.get(block_cands, 0)
             tokens, pos = self._block(lay_b, root, None, p, base)
             view_b = self.views.fused(lay_b, cache_len)
-            logits, preds = eng.step(
-                tokens,
-                pos,
-                view_b,
-                logits_rows=lay_b.logits_rows,
-                argmax=True,
-                with_logits=not self.sampler.greedy,
-            )
+            logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view_b, lay_b.logits_rows)
             verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(lay_b.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)

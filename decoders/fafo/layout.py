@@ -37,6 +37,10 @@ from decoders.verify import candidate_slices
 Candidates = torch.Tensor | Sequence[Sequence[int]]  # [g, k]: a host tensor or the pool's tuples
 
 
+def _table(cands: Candidates) -> Sequence[Sequence[int]]:
+    return cands.tolist() if isinstance(cands, torch.Tensor) else cands
+
+
 @dataclass
 class FafoLayout:
     block_mask: torch.Tensor  # bool [N, N] visibility inside the block
@@ -144,7 +148,7 @@ class Trie:
 
     @classmethod
     def of(cls, cands: Candidates) -> Trie:
-        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+        table = _table(cands)
         k = len(table[0]) if len(table) else 0
         index: dict[tuple[int, ...], int] = {}
         parent: list[int] = []
@@ -231,6 +235,5 @@ class LayoutCache:
         # a shallow copy by hand: dataclasses.replace reruns __post_init__, copy.copy goes through pickling
         filled = object.__new__(FafoLayout)
         filled.__dict__.update(lay.__dict__)
-        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
-        filled.cand_tokens = [t for cand in table for t in cand]
+        filled.cand_tokens = [t for cand in _table(cands) for t in cand]
         return filled
