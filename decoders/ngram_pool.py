@@ -10,6 +10,13 @@ evicts the least recently used.
 - FAFO (App. F / Alg. 2-3): keys are the 1..k most recent discarded tokens of a fumble stream,
   continuations are k-grams, `capacity` = n entries per key; retrieval backs off from the longest
   matching suffix of the decoded sequence to shorter ones until enough candidates are found.
+
+Deferred insertion (`defer`, then `flush`): a decoder that learns its new n-grams from a step's forward
+can hand them over at once and have them stored later, while the device runs the next forward, so that
+the host's dictionary work does not keep the device waiting. Deferred n-grams are already visible to
+`lookup` and `get`, exactly as if they had been stored: a key's entries are its `capacity` most recently
+inserted distinct continuations, so the deferred ones that match a key go first and the stored ones
+follow.
 """
 
 from __future__ import annotations
@@ -31,16 +38,20 @@ class NGramPool:
         self.max_key_len = max_key_len
         # a plain dict per key keeps insertion order, least recently used first (cheaper than OrderedDict)
         self._store: dict[Gram, dict[Gram, None]] = {}
+        self._pending: list[tuple[Gram, Gram]] = []  # deferred (context, value), stored under every suffix
 
     def __len__(self) -> int:
         """Number of keys holding at least one continuation."""
+        self.flush()
         return len(self._store)
 
     def n_entries(self) -> int:
+        self.flush()
         return sum(len(v) for v in self._store.values())
 
     def clear(self) -> None:
         self._store.clear()
+        self._pending.clear()
 
     # --- insertion -------------------------------------------------------------------------------
     def add(self, key: Iterable[int], value: Iterable[int]) -> None:
@@ -48,6 +59,7 @@ class NGramPool:
         k = tuple(key)
         if not 0 < len(k) <= self.max_key_len:
             raise ValueError(f"key length {len(k)} outside 1..{self.max_key_len}")
+        self.flush()
         self._put_many(((k, tuple(value)),))
 
     def _put_many(self, items: Iterable[tuple[Gram, Gram]]) -> None:
@@ -71,6 +83,10 @@ class NGramPool:
     def add_under_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
         """`add_suffix_keys` for many `(context, value)` tuples, in order (every fumble stream of a step in
         one call; the suffixes are valid keys by construction, so `add`'s check is skipped)."""
+        self.flush()  # deferred pairs were inserted first
+        self._put_suffixes(pairs)
+
+    def _put_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
         most = self.max_key_len
         self._put_many(
             (ctx[len(ctx) - m :], v) for ctx, v in pairs for m in range(1, min(most, len(ctx)) + 1)
@@ -88,11 +104,50 @@ class NGramPool:
             for m in range(1, min(self.max_key_len, i) + 1):
                 self.add(tokens[i - m : i], value)
 
+    def defer(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+        """`add_under_suffixes(pairs)` later: at the next `flush` or insertion. Lookups see them now."""
+        self._pending.extend(pairs)
+
+    def flush(self) -> None:
+        """Store the deferred pairs (a decoder calls this while the device runs its next forward)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._put_suffixes(pending)
+
     # --- retrieval -------------------------------------------------------------------------------
     def get(self, key: Iterable[int]) -> list[Gram]:
         """Continuations stored under `key`, most recently used first."""
+        self.flush()
         entries = self._store.get(tuple(key))
         return list(reversed(entries)) if entries else []
+
+    def _entries(self, key: Gram, deferred: list[tuple[int, Gram]]) -> list[Gram]:
+        """`key`'s continuations, most recently used first, as if the deferred pairs were stored:
+        `deferred` holds (length of the suffix the pair's context shares with the lookup's, value)."""
+        stored = self._store.get(key)
+        newer = [v for shared, v in reversed(deferred) if shared >= len(key)]
+        if not newer:
+            return list(reversed(stored)) if stored else []
+        first = list(dict.fromkeys(newer))  # the latest insertion of each value first
+        taken = set(first)
+        rest = [v for v in reversed(stored) if v not in taken] if stored else []
+        return (first + rest)[: self.capacity]
+
+    def _shared_suffixes(self, context: Sequence[int]) -> list[tuple[int, Gram]]:
+        """Each deferred pair whose context ends like `context`: (common suffix length, capped at the
+        longest key, value), in insertion order."""
+        if not self._pending or not context:
+            return []
+        last, most = context[-1], min(self.max_key_len, len(context))
+        out = []
+        for ctx, v in self._pending:
+            if not ctx or ctx[-1] != last:
+                continue
+            cap, m = min(most, len(ctx)), 1
+            while m < cap and ctx[-1 - m] == context[-1 - m]:
+                m += 1
+            out.append((m, v))
+        return out
 
     def lookup(self, context: Sequence[int], limit: int) -> list[Gram]:
         """Up to `limit` distinct continuations, longest matching suffix of `context` first.
@@ -102,8 +157,9 @@ class NGramPool:
         """
         out: list[Gram] = []
         seen: set[Gram] = set()
+        deferred = self._shared_suffixes(context)
         for m in range(min(self.max_key_len, len(context)), 0, -1):
-            for v in self.get(context[len(context) - m :]):
+            for v in self._entries(tuple(context[len(context) - m :]), deferred):
                 if v not in seen:
                     seen.add(v)
                     out.append(v)

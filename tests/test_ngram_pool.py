@@ -78,3 +78,44 @@ def test_add_under_suffixes_equals_add_suffix_keys_in_order() -> None:
     assert many._store == one._store
     assert all(list(many._store[key]) == list(one._store[key]) for key in one._store)  # LRU order
     assert max(len(v) for v in one._store.values()) == 3  # evictions happened
+
+
+def test_deferred_pairs_are_looked_up_as_if_stored() -> None:
+    """`defer` then `flush` (FAFO stores a step's k-grams while the device runs the next forward): every
+    lookup in between returns what it would after storing them at once, LRU order and evictions
+    included, and the flushed pool equals the one that stored them at once."""
+    import random
+
+    rng = random.Random(1)
+    now, later = NGramPool(capacity=3, max_key_len=3), NGramPool(capacity=3, max_key_len=3)
+    for _ in range(300):
+        pairs = [
+            (
+                tuple(rng.randrange(4) for _ in range(rng.randint(0, 4))),
+                tuple(rng.randrange(3) for _ in range(2)),
+            )
+            for _ in range(rng.randint(0, 6))
+        ]
+        now.add_under_suffixes(pairs)
+        later.defer(pairs)
+        for _ in range(3):
+            context = [rng.randrange(4) for _ in range(rng.randint(0, 5))]
+            limit = rng.randint(1, 8)
+            assert later.lookup(context, limit) == now.lookup(context, limit)
+        assert later._pending or not pairs
+        if rng.random() < 0.5:
+            later.flush()
+            assert not later._pending
+    later.flush()
+    assert later._store == now._store
+    assert all(list(later._store[key]) == list(now._store[key]) for key in now._store)  # LRU order
+    assert max(len(v) for v in now._store.values()) == 3  # evictions happened
+
+
+def test_insertions_and_reads_store_the_deferred_pairs_first() -> None:
+    pool = NGramPool(capacity=2, max_key_len=2)
+    pool.defer([((1, 2), (5,))])
+    pool.add((2,), (6,))  # stored after the deferred pair: the most recent under (2,)
+    assert pool.get((2,)) == [(6,), (5,)] and pool.get((1, 2)) == [(5,)]
+    pool.defer([((2,), (7,))])
+    assert len(pool) == 2 and pool.n_entries() == 3 and pool.get((2,)) == [(7,), (6,)]

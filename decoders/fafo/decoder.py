@@ -239,7 +239,10 @@ class FAFO(BaseDecoder):
         return n_new, done
 
     def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: Sequence[int]) -> None:
-        pool.add_under_suffixes(zip(*streams.advance(new_tokens)))
+        """The streams' new k-grams, under their discard buffers' suffixes: visible to the next lookup at
+        once, stored by the `flush` after the next forward's launch (the host's n x k dictionary updates
+        then run while the device computes, not while it waits for the next block)."""
+        pool.defer(zip(*streams.advance(new_tokens), strict=True))
 
     def _next_base(self, base: int, p_new: int) -> int:
         return p_new if self.stream_positions == "rebase" else base + 1
@@ -268,6 +271,7 @@ class FAFO(BaseDecoder):
             tokens, pos = self._block(lay, root, streams, p, base)
             view = self.views.fused(lay, cache_len)
             logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view, lay.logits_rows)
+            pool.flush()  # the last step's stream k-grams, while the device runs this forward
             picked = preds.tolist()  # the step's one read: verification and the streams' next tokens
             verdict = self._verify(lay, logits, picked, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
@@ -355,6 +359,7 @@ class FAFO2Forward(FAFO):
             tokens, pos = self._block(lay_b, root, None, p, base)
             view_b = self.views.fused(lay_b, cache_len)
             logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view_b, lay_b.logits_rows)
+            pool.flush()  # forward A's stream k-grams, while the device runs forward B
             verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(lay_b.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)
