@@ -17,7 +17,12 @@ run record carries (`runners.records.host_counters`):
   launches on a GPU. On a CPU they run on the host and are part of host ms; on a GPU they are queued
   without waiting (a few microseconds of launch each), so this tells device work from bookkeeping;
 - host ms/forward: decode seconds outside the target's and the draft model's forwards, per decode target
-  forward, summed over the prompts; `x vanilla` is its ratio to vanilla's in the same repeat.
+  forward, summed over the prompts (on CUDA, where forwards are timed by events, the device's idle
+  time); `x vanilla` is its ratio to vanilla's in the same repeat;
+- critical ms/forward: the part of host ms a GPU would wait for (`runners.critical_path`): host work after
+  a step's read of the device until the next forward; work queued between a forward and its read runs
+  while a GPU computes. On a CPU both are serial, so host ms is their sum with the overlapped part;
+  `x vanilla` again within each repeat.
 Timed like the runner (`runners.timing`): every method runs on every prompt in turn within a repeat (so
 background load hits all alike); the medians over repeats are printed. `exact` counts outputs identical
 to vanilla's (expected for lossless methods only). `sites` lists where the syncs come from.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +47,9 @@ from core.types import Counts
 from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
+from runners.critical_path import ReadStamps, critical_host_s
 from runners.host_syncs import HostSyncs, forwards_apart
-from runners.timing import DraftClock, StepClock, timed_generate
+from runners.timing import DraftClock, StepClock, Timed, timed_generate
 from tasks.mtbench import MTBench
 from tasks.pg19 import PG19
 
@@ -89,6 +96,7 @@ class Method:
     kv: str
     dec: BaseDecoder
     host_ms: list[float] = field(default_factory=list)  # per repeat
+    critical_ms: list[float] = field(default_factory=list)  # per repeat: host ms a GPU would wait for
     forward_ms: list[float] = field(default_factory=list)
     static: list[float] = field(default_factory=list)  # per timed generation
     forwards: int = 0
@@ -147,18 +155,35 @@ def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -
     m.sites = [(site, n / steps) for site, n in decode_sites.most_common()]
 
 
+def generate_timed(
+    dec: BaseDecoder, prompt: list[int], new: int, stop: set[int]
+) -> tuple[Timed, StepClock, DraftClock, float]:
+    """One timed generation with its forward clocks (marked at the prefill's end) and the seconds of its
+    decode host work a GPU would wait for (`runners.critical_path`)."""
+    eng = dec.engine
+    decode_from = [0.0]
+
+    def prefill_done() -> None:
+        clock.mark(), drafts.mark()
+        decode_from[0] = time.perf_counter()
+
+    with StepClock(eng) as clock, DraftClock(dec, eng.device) as drafts, ReadStamps() as reads:
+        timed = timed_generate(dec, prompt, new, stop, on_prefill_done=prefill_done)
+        decode_to = time.perf_counter()
+    spans = clock.spans[clock.marked_at :] + drafts.spans[drafts.marked_at :]
+    return timed, clock, drafts, critical_host_s(spans, reads.spans, decode_from[0], decode_to)
+
+
 def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop: set[int]) -> None:
     host = {m.name: 0.0 for m in methods}
+    critical = {m.name: 0.0 for m in methods}
     fwd_s = {m.name: 0.0 for m in methods}
     n_fwd = {m.name: 0 for m in methods}
     for prompt in prompts:
         for m in methods:
-            eng = m.dec.engine
-            with StepClock(eng) as clock, DraftClock(m.dec, eng.device) as drafts:
-                timed = timed_generate(
-                    m.dec, prompt, new, stop, on_prefill_done=lambda c=clock, d=drafts: (c.mark(), d.mark())
-                )
+            timed, clock, drafts, critical_s = generate_timed(m.dec, prompt, new, stop)
             host[m.name] += timed.decode_s - clock.seconds_since_mark - drafts.seconds_since_mark
+            critical[m.name] += critical_s
             fwd_s[m.name] += clock.seconds_since_mark
             n_fwd[m.name] += clock.forwards_since_mark
             m.static.append(clock.static_frac_since_mark)
@@ -169,6 +194,7 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
             m.exact += timed.output == methods[0].outputs[-1]  # vanilla runs first
     for m in methods:
         m.host_ms.append(1e3 * host[m.name] / n_fwd[m.name])
+        m.critical_ms.append(1e3 * critical[m.name] / n_fwd[m.name])
         m.forward_ms.append(1e3 * fwd_s[m.name] / n_fwd[m.name])
 
 
@@ -176,18 +202,20 @@ def print_table(methods: list[Method], repeats: int) -> None:
     base = methods[0]
     print(
         "| decoder | kv | tau | static_frac | draft static | syncs/step | launches/step | host ms/forward "
-        "| x vanilla | forward ms | exact |"
+        "| x vanilla | critical ms/forward | x vanilla | forward ms | exact |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in methods:
         ratio = statistics.median(h / b for h, b in zip(m.host_ms, base.host_ms, strict=True))
+        crit = statistics.median(c / b for c, b in zip(m.critical_ms, base.critical_ms, strict=True))
         drafts = [x for x in m.draft_static if x == x]  # NaN: no draft model forward
         draft = f"{statistics.mean(drafts):.3f}" if drafts else "-"
         kv = m.kv + (f" ({m.backend})" if m.backend else "")
         print(
             f"| {m.decoder} | {kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
             f"{draft} | {m.syncs:.2f} | {m.launches:.0f} | {statistics.median(m.host_ms):.2f} | "
-            f"{ratio:.2f} | {statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
+            f"{ratio:.2f} | {statistics.median(m.critical_ms):.2f} | {crit:.2f} | "
+            f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
         )
     print(f"\nmedians over {repeats} repeats; x vanilla: median of the per-repeat ratios")
 

@@ -87,10 +87,10 @@ def run_order(order: str, decoders, prompts, new: int, stop: set[int], clock: St
     tally = {name: Tally() for name, _ in decoders}
     for (name, dec), p in pairs:
         # the forwards logged after the prefill's end are the decode forwards
-        timed = timed_generate(dec, p, new, stop, keep_steps=False, on_prefill_done=clock.calls.clear)
+        timed = timed_generate(dec, p, new, stop, keep_steps=False, on_prefill_done=clock.mark)
         t = tally[name]
         t.decode += timed.decode_s
-        t.steps += clock.calls
+        t.steps += clock.calls[clock.marked_at :]
     return tally
 
 

@@ -38,7 +38,7 @@ SAMPLE_COLUMNS = {
     "new_tokens": "Int64",
     "prefill_s": "float64",
     "decode_s": "float64",
-    "forward_s": "float64",  # decode-phase seconds inside the target's Engine.step (device-synchronised)
+    "forward_s": "float64",  # decode-phase seconds inside the target's Engine.step (CUDA: by events)
     "wall_s": "float64",
     "forwards": "Int64",
     "draft_forwards": "Int64",

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,43 +58,94 @@ class SampleClock:
         return self.t_end - self.t0
 
 
+class ForwardTimes:
+    """Each timed forward's seconds and host stamps. On CUDA the seconds come from events recorded around
+    the forward on the current stream: nothing waits for the device, so the host queues ahead as it would
+    untimed (a synchronisation around every forward would serialise the host's work with the device's and
+    charge the decoder for waits it does not make), and they are resolved with one wait when read.
+    Elsewhere a forward returns when it is done: its host stamps give its seconds. `spans`: the host's
+    (start, end) of each call, `time.perf_counter` (`runners.critical_path`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = torch.cuda.Event if device.type == "cuda" else None  # a test may set its own
+        self.spans: list[tuple[float, float]] = []
+        self._seconds: list[float] = []
+        self._events: list[tuple[Any, Any]] = []  # (start, end) not read yet
+
+    def begin(self) -> tuple[float, Any]:
+        start = None
+        if self.event is not None:
+            start = self.event(enable_timing=True)
+            start.record()
+        return time.perf_counter(), start
+
+    def end(self, begun: tuple[float, Any]) -> None:
+        t0, start = begun
+        t1 = time.perf_counter()
+        if start is not None:
+            end = self.event(enable_timing=True)
+            end.record()
+            self._events.append((start, end))
+        else:
+            self._seconds.append(t1 - t0)
+        self.spans.append((t0, t1))
+
+    @property
+    def seconds(self) -> list[float]:
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += [a.elapsed_time(b) / 1e3 for a, b in self._events]  # milliseconds
+            self._events.clear()
+        return self._seconds
+
+
 class StepClock:
-    """Wraps `engine.step` until `close()` (or the end of a `with` block): records (rows, cache length,
-    seconds) of every forward, the device synchronised at both ends of each, and whether it took (with
-    graphs off: would take) the fixed-shape forward (`fixed`, from the engine's count). `mark()` notes
-    where the decode phase starts (at the prefill mark); `seconds_since_mark` sums the forwards after it."""
+    """Wraps `engine.step` until `close()` (or the end of a `with` block): records the rows, cache length
+    and seconds (`ForwardTimes`) of every forward, and whether it took (with graphs off: would take) the
+    fixed-shape forward (`fixed`, from the engine's count). `mark()` notes where the decode phase starts
+    (at the prefill mark); `seconds_since_mark` sums the forwards after it."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.inner, self.calls = engine, engine.step, []
+        self.engine, self.inner = engine, engine.step
+        self.times = ForwardTimes(engine.device)
+        self.shapes: list[tuple[int, int]] = []  # (rows, cache length) of each forward
         self.fixed: list[bool] = []
         self.marked_at = 0
         engine.step = self
 
     def __call__(self, tokens, position_ids, view, *args, **kwargs):
         eng = self.engine
-        length, device, fixed = eng.length, eng.device, getattr(eng, "fixed_shape_steps", 0)
-        synchronize(device)
-        t0 = time.perf_counter()
+        length, fixed = eng.length, getattr(eng, "fixed_shape_steps", 0)
+        begun = self.times.begin()
         out = self.inner(tokens, position_ids, view, *args, **kwargs)
-        synchronize(device)
-        self.calls.append((tokens.numel(), length, time.perf_counter() - t0))
+        self.times.end(begun)
+        self.shapes.append((tokens.numel(), length))
         self.fixed.append(getattr(eng, "fixed_shape_steps", 0) != fixed)
         return out
 
+    @property
+    def calls(self) -> list[tuple[int, int, float]]:
+        """(rows, cache length, seconds) of every forward."""
+        return [(r, n, s) for (r, n), s in zip(self.shapes, self.times.seconds, strict=True)]
+
+    @property
+    def spans(self) -> list[tuple[float, float]]:
+        return self.times.spans
+
     def mark(self) -> None:
-        self.marked_at = len(self.calls)
+        self.marked_at = len(self.shapes)
 
     @property
     def seconds(self) -> float:
-        return sum(s for _, _, s in self.calls)
+        return sum(self.times.seconds)
 
     @property
     def seconds_since_mark(self) -> float:
-        return sum(s for _, _, s in self.calls[self.marked_at :])
+        return sum(self.times.seconds[self.marked_at :])
 
     @property
     def forwards_since_mark(self) -> int:
-        return len(self.calls) - self.marked_at
+        return len(self.shapes) - self.marked_at
 
     @property
     def static_frac_since_mark(self) -> float:
@@ -116,10 +168,10 @@ class StepClock:
 class DraftClock:
     """Times a decoder's draft model (`decoder.draft`, when it has one) like `StepClock` times the
     target: each method its class names in `FORWARDS` is wrapped until `close()`, its calls' seconds
-    summed, the device synchronised at both ends of each; `mark()` notes where decode starts."""
+    summed (`ForwardTimes`); `mark()` notes where decode starts."""
 
     def __init__(self, decoder, device: torch.device) -> None:
-        self.device, self.seconds_each = device, []
+        self.times = ForwardTimes(device)
         self.fixed: list[bool] = []  # per forward: did its engine take the fixed-shape path
         self.marked_at = self.depth = 0
         draft = getattr(decoder, "draft", None)
@@ -135,27 +187,33 @@ class DraftClock:
         def forward(*args, **kwargs):
             if self.depth:  # a forward inside another one is timed by the outer one
                 return inner(*args, **kwargs)
-            synchronize(self.device)
             fixed = self._fixed_steps()
-            t0 = time.perf_counter()
+            begun = self.times.begin()
             self.depth += 1
             try:
                 out = inner(*args, **kwargs)
             finally:
                 self.depth -= 1
-            synchronize(self.device)
-            self.seconds_each.append(time.perf_counter() - t0)
+            self.times.end(begun)
             self.fixed.append(self._fixed_steps() != fixed)
             return out
 
         return forward
 
+    @property
+    def seconds_each(self) -> list[float]:
+        return self.times.seconds
+
+    @property
+    def spans(self) -> list[tuple[float, float]]:
+        return self.times.spans
+
     def mark(self) -> None:
-        self.marked_at = len(self.seconds_each)
+        self.marked_at = len(self.times.spans)
 
     @property
     def seconds_since_mark(self) -> float:
-        return sum(self.seconds_each[self.marked_at :])
+        return sum(self.times.seconds[self.marked_at :])
 
     @property
     def static_frac_since_mark(self) -> float:
