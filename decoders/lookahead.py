@@ -263,6 +263,7 @@ class Lookahead(BaseDecoder):
             logits, preds = step_with_argmax(
                 self.sampler, eng, tokens, lay.offsets + p, view, lay.logits_rows
             )
+            pool.flush()  # the last window's n-grams, while the device runs this forward
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel
             guess_preds = candidate_slices(picked, at, len(guesses), k)
@@ -285,6 +286,6 @@ class Lookahead(BaseDecoder):
                 gains.update(lengths)
             if lens != [0]:
                 grams = window.advance(root, [picked[i] for i in lay.top_sel])
-                pool.add_under_suffixes(((key,), gram) for key, gram in grams)
+                pool.defer(((key,), gram) for key, gram in grams)  # seen by the next `get`, stored later
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)

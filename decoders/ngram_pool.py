@@ -116,22 +116,24 @@ class NGramPool:
 
     # --- retrieval -------------------------------------------------------------------------------
     def get(self, key: Iterable[int]) -> list[Gram]:
-        """Continuations stored under `key`, most recently used first."""
-        self.flush()
-        entries = self._store.get(tuple(key))
+        """Continuations stored under `key`, most recently used first (deferred ones included, as if
+        stored)."""
+        key = tuple(key)
+        return self._entries(key, self._shared_suffixes(key)) if self._pending else self._stored(key)
+
+    def _stored(self, key: Gram) -> list[Gram]:
+        entries = self._store.get(key)
         return list(reversed(entries)) if entries else []
 
     def _entries(self, key: Gram, deferred: list[tuple[int, Gram]]) -> list[Gram]:
         """`key`'s continuations, most recently used first, as if the deferred pairs were stored:
         `deferred` holds (length of the suffix the pair's context shares with the lookup's, value)."""
-        stored = self._store.get(key)
         newer = [v for shared, v in reversed(deferred) if shared >= len(key)]
         if not newer:
-            return list(reversed(stored)) if stored else []
+            return self._stored(key)
         first = list(dict.fromkeys(newer))  # the latest insertion of each value first
         taken = set(first)
-        rest = [v for v in reversed(stored) if v not in taken] if stored else []
-        return (first + rest)[: self.capacity]
+        return (first + [v for v in self._stored(key) if v not in taken])[: self.capacity]
 
     def _shared_suffixes(self, context: Sequence[int]) -> list[tuple[int, Gram]]:
         """Each deferred pair whose context ends like `context`: (common suffix length, capped at the

@@ -242,3 +242,38 @@ def sample_generations(dec, prompt: list[int], n: int, runs: int) -> tuple[list[
         samples.append(tuple(dec.generate(prompt, n, set(), counts)))
         totals.update(accepted=counts.accepted, accepted_l1=counts.accepted_l1)
     return samples, totals
+
+
+def check_pool_deferral(
+    monkeypatch, engine, make_decoder, prompt: list[int], ref: list[int], new: int
+) -> None:
+    """A decoder that defers its n-gram insertions (`NGramPool.defer`) stores them only after launching
+    its next forward (`flush` right after a forward), and takes the same steps (blocks, acceptances,
+    output) as when they are stored at once."""
+    from core.types import Counts
+    from decoders.ngram_pool import NGramPool
+
+    def steps() -> list[tuple[int, int, bool]]:
+        counts = Counts()
+        check_lossless(engine, prompt, ref, make_decoder().generate(prompt, new, set(), counts))
+        return [(s.block_tokens, s.accepted, s.draft) for s in counts.steps]
+
+    events: list[str] = []
+    inner_step, inner_flush = engine.step, NGramPool.flush
+
+    def step(*args, **kwargs):
+        events.append("forward")
+        return inner_step(*args, **kwargs)
+
+    def flush(pool: NGramPool) -> None:
+        if pool._pending:
+            events.append("flush")
+        inner_flush(pool)
+
+    monkeypatch.setattr(engine, "step", step)
+    monkeypatch.setattr(NGramPool, "flush", flush)
+    deferred = steps()
+    assert events.count("flush") > 3
+    assert all(events[i - 1] == "forward" for i, e in enumerate(events) if e == "flush")
+    monkeypatch.setattr(NGramPool, "defer", NGramPool.add_under_suffixes)  # stored at once
+    assert steps() == deferred

@@ -19,13 +19,13 @@ from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts
 from decoders.fafo.decoder import FAFO, FAFO2Forward
-from decoders.ngram_pool import NGramPool
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
 from tests.lossless_check import (
     check_lossless,
+    check_pool_deferral,
     chi_square_pvalue,
     exact_distribution,
     mtbench_lossless,
@@ -218,32 +218,11 @@ def test_single_cache_ends_exact(references):
 
 @pytest.mark.parametrize("cls", [FAFO, FAFO2Forward])
 def test_stream_grams_are_stored_while_the_next_forward_runs(references, monkeypatch, cls):
-    """The streams' k-grams of a forward are stored after the next forward's launch (`NGramPool.defer`,
-    `flush`), and every step finds the same candidates as when they are stored at once: the same
-    blocks, acceptances and output."""
+    """The streams' k-grams of a forward are stored after the next forward's launch, and every step finds
+    the same candidates as when they are stored at once."""
     eng, refs = references
     prompt, ref = refs[2]
-
-    def steps() -> list[tuple[int, int, bool]]:
-        counts = Counts()
-        check_lossless(
-            eng, prompt, ref, cls(eng, kv=SinkRecent(), k=3, n=6).generate(prompt, N_NEW, set(), counts)
-        )
-        return [(s.block_tokens, s.accepted, s.draft) for s in counts.steps]
-
-    events: list[str] = []
-    inner_step, inner_flush = eng.step, NGramPool.flush
-    monkeypatch.setattr(eng, "step", lambda *a, **kw: (events.append("forward"), inner_step(*a, **kw))[1])
-    monkeypatch.setattr(
-        NGramPool,
-        "flush",
-        lambda pool: (events.append("flush") if pool._pending else None, inner_flush(pool)),
-    )
-    deferred = steps()
-    assert events.count("flush") > 3
-    assert all(events[i - 1] == "forward" for i, e in enumerate(events) if e == "flush")
-    monkeypatch.setattr(NGramPool, "defer", NGramPool.add_under_suffixes)  # stored at once
-    assert steps() == deferred
+    check_pool_deferral(monkeypatch, eng, lambda: cls(eng, kv=SinkRecent(), k=3, n=6), prompt, ref, N_NEW)
 
 
 @pytest.mark.parametrize("tree", [False, True])

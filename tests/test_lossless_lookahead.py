@@ -22,7 +22,13 @@ from decoders.lookahead import JacobiWindow, Lookahead, build_layout
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from tests.conftest import needs_smollm
-from tests.lossless_check import check_lossless, chi_square_pvalue, exact_distribution, mtbench_lossless
+from tests.lossless_check import (
+    check_lossless,
+    check_pool_deferral,
+    chi_square_pvalue,
+    exact_distribution,
+    mtbench_lossless,
+)
 
 CONFIGS = [(3, 1, 1), (3, 3, 2), (4, 4, 4), (5, 7, 7), (6, 3, 10)]
 
@@ -176,6 +182,14 @@ def test_pool_holds_the_true_generated_ngrams(refs):
         for i in range(1, len(seq) - (N - 1) + 1):
             assert tuple(seq[i : i + N - 1]) in dec.pool.get((seq[i - 1],))
     assert any(s.accepted > 1 for s in counts.steps)
+
+
+def test_window_grams_are_stored_while_the_next_forward_runs(refs, monkeypatch):
+    """The window's n-grams of a forward are stored after the next forward's launch, and every step finds
+    the same guesses as when they are stored at once."""
+    eng, cases = refs
+    prompt, ref = cases[1]
+    check_pool_deferral(monkeypatch, eng, lambda: Lookahead(eng, N=4, W=4, G=4), prompt, ref, 40)
 
 
 class RecentOnly(KVPolicy):

@@ -81,9 +81,9 @@ def test_add_under_suffixes_equals_add_suffix_keys_in_order() -> None:
 
 
 def test_deferred_pairs_are_looked_up_as_if_stored() -> None:
-    """`defer` then `flush` (FAFO stores a step's k-grams while the device runs the next forward): every
-    lookup in between returns what it would after storing them at once, LRU order and evictions
-    included, and the flushed pool equals the one that stored them at once."""
+    """`defer` then `flush` (FAFO and Lookahead store a step's n-grams while the device runs the next
+    forward): every lookup and get in between returns what it would after storing them at once, LRU
+    order and evictions included, and the flushed pool equals the one that stored them at once."""
     import random
 
     rng = random.Random(1)
@@ -102,6 +102,7 @@ def test_deferred_pairs_are_looked_up_as_if_stored() -> None:
             context = [rng.randrange(4) for _ in range(rng.randint(0, 5))]
             limit = rng.randint(1, 8)
             assert later.lookup(context, limit) == now.lookup(context, limit)
+            assert later.get(context[-3:]) == now.get(context[-3:])
         assert later._pending or not pairs
         if rng.random() < 0.5:
             later.flush()
