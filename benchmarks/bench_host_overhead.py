@@ -302,5 +302,9 @@ if __name__ == "__main__":
 
     name = "bench_host_overhead" + ("_long" if "--long" in sys.argv else "")
     name += "_fixed_shape" if "--fixed-shape" in sys.argv else ""
+    args = sys.argv[1:]
+    scale = args[args.index("--scale") + 1] if "--scale" in args[:-1] else "cpu"
+    scale = next((a.split("=", 1)[1] for a in args if a.startswith("--scale=")), scale)
+    name += "_paper" if scale == "paper" else ""
     with recorded(name, module="benchmarks.bench_host_overhead"):
         main()
