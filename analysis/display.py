@@ -41,6 +41,7 @@ COUNTERS = (
     ("draft_static_frac", "draft static", "{:.0%}"),
     ("syncs_per_step", "syncs/step", "{:.2f}"),
     ("host_ms_per_forward", "host ms/fwd", "{:.2f}"),
+    ("critical_ms_per_forward", "critical ms/fwd", "{:.2f}"),
 )
 
 

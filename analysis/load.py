@@ -31,6 +31,7 @@ HOST_COLUMNS = (
     "draft_static_frac",
     "syncs_per_step",
     "host_ms_per_forward",
+    "critical_ms_per_forward",
 )
 
 

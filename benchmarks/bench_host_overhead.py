@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +46,8 @@ from core.types import Counts
 from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
-from runners.critical_path import ReadStamps, critical_host_s
 from runners.host_syncs import HostSyncs, forwards_apart
-from runners.timing import DraftClock, StepClock, Timed, timed_generate
+from runners.timing import DecodeClocks, timed_generate
 from tasks.mtbench import MTBench
 from tasks.pg19 import PG19
 
@@ -155,25 +153,6 @@ def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -
     m.sites = [(site, n / steps) for site, n in decode_sites.most_common()]
 
 
-def generate_timed(
-    dec: BaseDecoder, prompt: list[int], new: int, stop: set[int]
-) -> tuple[Timed, StepClock, DraftClock, float]:
-    """One timed generation with its forward clocks (marked at the prefill's end) and the seconds of its
-    decode host work a GPU would wait for (`runners.critical_path`)."""
-    eng = dec.engine
-    decode_from = [0.0]
-
-    def prefill_done() -> None:
-        clock.mark(), drafts.mark()
-        decode_from[0] = time.perf_counter()
-
-    with StepClock(eng) as clock, DraftClock(dec, eng.device) as drafts, ReadStamps() as reads:
-        timed = timed_generate(dec, prompt, new, stop, on_prefill_done=prefill_done)
-        decode_to = time.perf_counter()
-    spans = clock.spans[clock.marked_at :] + drafts.spans[drafts.marked_at :]
-    return timed, clock, drafts, critical_host_s(spans, reads.spans, decode_from[0], decode_to)
-
-
 def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop: set[int]) -> None:
     host = {m.name: 0.0 for m in methods}
     critical = {m.name: 0.0 for m in methods}
@@ -181,9 +160,11 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
     n_fwd = {m.name: 0 for m in methods}
     for prompt in prompts:
         for m in methods:
-            timed, clock, drafts, critical_s = generate_timed(m.dec, prompt, new, stop)
+            with DecodeClocks(m.dec) as clocks:
+                timed = timed_generate(m.dec, prompt, new, stop, on_prefill_done=clocks.mark)
+            clock, drafts = clocks.forwards, clocks.drafts
             host[m.name] += timed.decode_s - clock.seconds_since_mark - drafts.seconds_since_mark
-            critical[m.name] += critical_s
+            critical[m.name] += clocks.critical_s
             fwd_s[m.name] += clock.seconds_since_mark
             n_fwd[m.name] += clock.forwards_since_mark
             m.static.append(clock.static_frac_since_mark)

@@ -61,13 +61,15 @@ SAMPLE_COLUMNS = {
     "visible_frac": "float64",
     # what a GPU pays besides the forwards (columns absent from older runs): the share of decode target
     # forwards that took (or with graphs off would take) the fixed-shape forward, host synchronisations
-    # per decode step (from an untimed counting generation, `run.count_syncs`), and milliseconds per
-    # decode target forward spent outside the target's and the draft model's forwards
+    # per decode step (from an untimed counting generation, `run.count_syncs`), milliseconds per
+    # decode target forward spent outside the target's and the draft model's forwards, and the part of
+    # them after each step's read of the device, which a GPU waits for (`runners.critical_path`)
     "draft_forward_s": "float64",
     "static_frac": "float64",
     "draft_static_frac": "float64",
     "syncs_per_step": "float64",
     "host_ms_per_forward": "float64",
+    "critical_ms_per_forward": "float64",
     "output_digest": "string",
     "output_text": "string",
     "matches_vanilla": "boolean",
@@ -127,10 +129,11 @@ def measurements(
     }
 
 
-def host_counters(decode_s: float, forwards: Any, drafts: Any, syncs: float) -> dict[str, float]:
-    """The host-side columns of one (sample, turn) row of `decode_s` decode seconds, from the clocks of
-    its forwards after the prefill mark (`runners.timing`): the target's (`forwards`, a `StepClock`) and
-    the draft model's (`drafts`, a `DraftClock`), with the share of each that took the fixed-shape path."""
+def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float]:
+    """The host-side columns of one (sample, turn) row of `decode_s` decode seconds, from the clocks of its
+    generation (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
+    prefill mark, with the share of each that took the fixed-shape path, and the reads of the device)."""
+    forwards, drafts = clocks.forwards, clocks.drafts
     n, draft_s = forwards.forwards_since_mark, drafts.seconds_since_mark
     host = (decode_s - forwards.seconds_since_mark - draft_s) / n * 1e3 if n else float("nan")
     return {
@@ -139,6 +142,7 @@ def host_counters(decode_s: float, forwards: Any, drafts: Any, syncs: float) -> 
         "draft_static_frac": drafts.static_frac_since_mark,
         "syncs_per_step": syncs,
         "host_ms_per_forward": host,
+        "critical_ms_per_forward": clocks.critical_s / n * 1e3 if n else float("nan"),
     }
 
 

@@ -50,7 +50,7 @@ from runners.host_syncs import syncs_per_step
 from runners.lock import RunLock
 from runners.records import RunDir, host_counters, measurements, run_id_for
 from runners.report import print_summary
-from runners.timing import DraftClock, StepClock, peak_memory_mb, timed_generate
+from runners.timing import DecodeClocks, peak_memory_mb, timed_generate
 from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
@@ -414,15 +414,15 @@ class Runner:
         self.sampler.reseed(self._seed_for(digest(prompt), 0))
         max_new = self.task.max_new_tokens
         keep_steps = bool(self.cfg.run.keep_steps)
-        # the target's and the draft model's forwards, to tell their time from the decoder's
-        with StepClock(eng) as forwards, DraftClock(self.decoder, eng.device) as drafts:
+        # the target's and the draft model's forwards and the device reads, to tell the decoder's time
+        with DecodeClocks(self.decoder) as clocks:
             timed = timed_generate(
                 self.decoder,
                 prompt,
                 max_new,
                 self.stop_ids,
                 keep_steps=keep_steps,
-                on_prefill_done=lambda: (forwards.mark(), drafts.mark()),
+                on_prefill_done=clocks.mark,
             )
         peak = peak_memory_mb(eng.device)
         syncs = float("nan")
@@ -437,12 +437,10 @@ class Runner:
                 matches = True
             else:
                 matches, first_div, gap = self.audit.compare(prompt, out, max_new, self.stop_ids)
-        cache = eng.cache
+        cache, forward_s = eng.cache, clocks.forwards.seconds_since_mark
         row = {
-            **measurements(
-                len(prompt), timed, forwards.seconds_since_mark, cache.bytes_per_entry(), cache.capacity, peak
-            ),
-            **host_counters(timed.decode_s, forwards, drafts, syncs),
+            **measurements(len(prompt), timed, forward_s, cache.bytes_per_entry(), cache.capacity, peak),
+            **host_counters(timed.decode_s, clocks, syncs),
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
             "output_ids": out,

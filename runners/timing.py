@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from core.types import Counts
+from runners.critical_path import ReadStamps, critical_host_s
 from runners.forwards import MethodPatch, draft_forwards
 
 
@@ -230,6 +231,41 @@ class DraftClock:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class DecodeClocks:
+    """The clocks of one timed generation, as a `with` block: the target's forwards (`forwards`, a
+    `StepClock`), the draft model's (`drafts`, a `DraftClock`) and the reads of the device
+    (`runners.critical_path.ReadStamps`). `mark()` at the prefill's end (`timed_generate`'s
+    `on_prefill_done`); after the block, `critical_s` is the decode host time a GPU would wait for."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder = decoder
+        self.decode_from = self.decode_to = 0.0
+
+    def __enter__(self) -> DecodeClocks:
+        eng = self.decoder.engine
+        self.forwards = StepClock(eng)
+        self.drafts = DraftClock(self.decoder, eng.device)
+        self.reads = ReadStamps().__enter__()
+        return self
+
+    def mark(self) -> None:
+        self.forwards.mark()
+        self.drafts.mark()
+        self.decode_from = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.decode_to = time.perf_counter()
+        self.reads.__exit__(*exc)
+        self.drafts.close()
+        self.forwards.close()
+
+    @property
+    def critical_s(self) -> float:
+        f, d = self.forwards, self.drafts
+        spans = f.spans[f.marked_at :] + d.spans[d.marked_at :]
+        return critical_host_s(spans, self.reads.spans, self.decode_from, self.decode_to)
 
 
 @dataclass

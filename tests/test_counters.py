@@ -246,6 +246,8 @@ def test_run_records_the_host_counters(tmp_path):
     assert host.map(math.isfinite).all() and (host >= 0).all()
     expected = (samples["decode_s"] - samples["forward_s"]) / samples["forwards"] * 1e3
     assert host.to_numpy() == pytest.approx(expected.to_numpy())
+    critical = samples["critical_ms_per_forward"]  # the part after each step's read
+    assert critical.map(math.isfinite).all() and (critical > 0).all() and (critical <= host).all()
 
 
 def test_triforce_run_times_its_draft_model_and_can_skip_the_sync_count(tmp_path):
