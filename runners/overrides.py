@@ -46,6 +46,8 @@ def _groups(conf: Path) -> list[str]:
 def _unknown(key: str, node: DictConfig) -> str:
     parent = key.rpartition(".")[0]
     keys = sorted(str(k) for k in node if not str(k).startswith("_"))
+    if not keys:  # e.g. kv=full: nothing to set
+        return f"unknown key {key}; {parent} has no settings"
     return f"unknown key {key}; {parent} has: {', '.join(keys)}"
 
 

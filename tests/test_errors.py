@@ -32,6 +32,7 @@ CASES = [
     (["run.limitt=2"], "unknown key run.limitt; run has: audit,"),
     (["+run.limitt=2"], "unknown key run.limitt; run has:"),
     (["+sampling.temp=1"], "unknown key sampling.temp; sampling has: temperature, top_k, top_p"),
+    (["kv.backend=sliced"], "unknown key kv.backend; kv has no settings"),  # kv=full
     (
         ["decoder=fafo", "decoder.kk=3"],
         "unknown key decoder.kk; decoder has: backend, block, fumble_sees_last, generator_share, k,",
