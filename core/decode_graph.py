@@ -243,7 +243,9 @@ class StaticForward:
         picked = (
             None
             if logits_rows is None
-            else torch.as_tensor(logits_rows, dtype=torch.long, device=logits.device)
+            else logits_rows
+            if isinstance(logits_rows, torch.Tensor)
+            else eng.stage(logits_rows)
         )
 
         def returned(t: torch.Tensor) -> torch.Tensor:  # the asked rows, out of the forward's buffers

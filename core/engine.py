@@ -117,7 +117,7 @@ class Engine:
         """Fill the empty cache with `token_ids` (chunked); return the last row's logits [vocab].
         `hooks`: fn(layer, q, k_all, cache_len) called in every layer of every chunk (a KV policy's
         `prefill_hooks()` for this generation: SnapKV's observation window, H2O's prefill scores)."""
-        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device)
+        ids = self.stage(list(token_ids))
         view = CausalView(self.scale)
         logits = None
         for lo in range(0, ids.numel(), self.prefill_chunk):
@@ -176,7 +176,7 @@ class Engine:
 
         h = self.layers_forward(tokens, position_ids, attend)
         if logits_rows is not None:
-            rows = torch.as_tensor(logits_rows, dtype=torch.long, device=h.device)
+            rows = logits_rows if isinstance(logits_rows, torch.Tensor) else self.stage(logits_rows)
             h = h.index_select(0, rows)
         logits = self.lm_logits(self.w.final_norm(h))
         if not argmax:
@@ -261,7 +261,7 @@ class Engine:
         moved, shift = cache.length - lo, hi - lo
         if not moved or not shift:
             return
-        cos, sin = rope_cos_sin(self.model, torch.tensor([shift], device=self.device), torch.float32)
+        cos, sin = rope_cos_sin(self.model, self.stage([shift]), torch.float32)
         norm = (cos * cos + sin * sin).sqrt()  # a RoPE type's attention scaling (YaRN) is not a rotation
         cos, sin = (cos / norm).to(self.dtype), (sin / norm).to(self.dtype)
         k = cache.k[:, :, lo : cache.length]
@@ -280,10 +280,18 @@ class Engine:
         return self._arange[start:end]
 
     def chain(self, tokens: Sequence[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A chain block's token ids (one host-to-device copy) and their positions `start, start + 1, ...`
-        (`positions`)."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return ids, self.positions(start, len(tokens))
+        """A chain block's token ids (one host-to-device copy, `stage`) and their positions `start,
+        start + 1, ...` (`positions`)."""
+        return self.stage(tokens), self.positions(start, len(tokens))
+
+    def stage(self, values: Sequence[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """Host values as a tensor on the device, without the host waiting for it: on CUDA through pinned
+        memory and an asynchronous copy (a copy from pageable memory synchronises the stream; PyTorch's
+        caching host allocator keeps the pinned block until its copy is done), elsewhere the tensor."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     @property
     def length(self) -> int:

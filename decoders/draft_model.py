@@ -84,7 +84,7 @@ class DraftModel:
     def _feed(
         self, tokens: list[int], counts: Counts, logits: bool = True, pick_into: torch.Tensor | None = None
     ) -> torch.Tensor | None:
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.engine.device)
+        ids = self.engine.stage(tokens)
         out = self._feed_ids(ids, counts, pick_into)
         self.fed += tokens
         return out if logits else None

@@ -115,9 +115,10 @@ def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.devi
     guess_sel = len(sel)
     sel += list(range(guess_row, n))
     return Layout(
-        mask.to(device),
-        offsets.to(device),
-        torch.tensor(sel, device=device),
+        # made once per shape; a non-blocking copy does not synchronise the stream
+        mask.to(device, non_blocking=True),
+        offsets.to(device, non_blocking=True),
+        torch.tensor(sel).to(device, non_blocking=True),
         top_sel,
         guess_row,
         guess_sel,
@@ -256,9 +257,7 @@ class Lookahead(BaseDecoder):
                 guesses = guesses[: best_prefix(survivals, rows, cost, cache_len, gains)]
             lay = self._layout(lens, len(guesses))
             drafted = [t for guess in guesses for t in guess]
-            tokens = torch.tensor(
-                [root, *(window.flat() if lens != [0] else []), *drafted], dtype=torch.long, device=eng.device
-            )
+            tokens = eng.stage([root, *(window.flat() if lens != [0] else []), *drafted])
             view = self._view(lay.block_mask)
             logits, preds = step_with_argmax(
                 self.sampler, eng, tokens, lay.offsets + p, view, lay.logits_rows

@@ -89,7 +89,7 @@ class TriForce(SelfSpeculative):
         eng, kv, draft = self.engine, self.kv, self.draft
         assert draft is not None
         n1 = min(self.gamma1, room - 1)  # the middle's own correction/bonus token comes on top
-        root = torch.tensor([seq[-1]], dtype=torch.long, device=eng.device)
+        root = eng.stage([seq[-1]])
         if self.sampler.greedy:  # the drafts stay on the device until read with this level's predictions
             k, q = max(n1, 0), []
             chain = draft.propose_chain(seq, committed, k, counts) if k else root[:0]
@@ -97,7 +97,7 @@ class TriForce(SelfSpeculative):
         else:
             xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
             k = len(xt)
-            tokens = torch.cat([root, torch.tensor(xt, dtype=torch.long, device=eng.device)])
+            tokens = torch.cat([root, eng.stage(xt)])
         cache_len = eng.length
         view = kv.draft_view(eng, length, k + 1)
         positions = eng.positions(cache_len, k + 1)

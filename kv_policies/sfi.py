@@ -131,9 +131,9 @@ class SFI(KVPolicy):
         self.slow = False
         self._select_pending()
 
-    def candidates(self, length: int) -> torch.Tensor:
+    def candidates(self, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Logical positions J the Selector chooses from in a cache of `length` committed entries."""
-        return torch.arange(self.sinks, max(length - self.recent, self.sinks))
+        return torch.arange(self.sinks, max(length - self.recent, self.sinks), device=device)
 
     @torch.inference_mode()
     def gather_evidence(
@@ -145,7 +145,7 @@ class SFI(KVPolicy):
         `[hkv, R, >= length]` of those rows over the cache slots. The selection is made for all layers at
         once by `_select_pending`."""
         eng = self.engine
-        j = self.candidates(length).to(eng.device)
+        j = self.candidates(length, eng.device)  # made there: no copy to wait for
         self._pending_j = j
         if j.numel() == 0:
             self._pending[layer] = None

@@ -4,9 +4,12 @@ A synchronisation here is an operation that makes the host wait for a device ten
 read (`.item()`, `int(t)`, `float(t)`, `bool(t)`, `if t:`, `torch.equal`), a read of a whole tensor
 (`.tolist()`, `.numpy()`, `torch.tensor([t0, t1])`), an operator whose output shape depends on the data
 (`nonzero`, boolean-mask indexing, `masked_select`, `unique`, `repeat_interleave` without an output
-size, ...), and a copy from the device to the host (`.cpu()`). They are seen at the dispatcher
-(`TorchDispatchMode`) and, for what never reaches it on a CPU (`tolist`, `numpy`, `.cpu()`), at the
-Python API (`TorchFunctionMode`), so the count does not need a GPU.
+size, ...), a copy from the device to the host (`.cpu()`), and a blocking copy of host data to the
+device (`torch.tensor(values, device=...)`, `.to(device)` or `copy_` of a host tensor without
+`non_blocking`: PyTorch synchronises the stream after such a copy; `Engine.stage` copies without one).
+They are seen at the dispatcher (`TorchDispatchMode`) and, for what never reaches it on a CPU
+(`tolist`, `numpy`, `.cpu()`, `torch.tensor(..., device=...)`, `.to(device)`), at the Python API
+(`TorchFunctionMode`), so the count does not need a GPU.
 
 On a GPU a tensor's device says whether reading it waits. On a CPU every tensor is on the one device,
 so the counter tells them apart the way the code would place them on a GPU: a tensor made without a
@@ -169,10 +172,17 @@ class HostSyncs:
         if func in MASK_INDEXING:
             return self.on_device(first) and any(_is_mask(i) for i in args[1])
         if func is aten.copy_.default:
-            return _on_host(args[0], self) and self.on_device(args[1])
+            blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+            return (_on_host(args[0], self) and self.on_device(args[1])) or (
+                blocking and self.on_device(args[0]) and _host_data(args[1], self)
+            )
         if func in COPIES and self.device_type != "cpu":  # a CPU's moves are `Tensor.cpu` / `.to`
             dest = _destination(args[1:], kwargs) if func is not aten.to.other else args[1].device
-            return dest is not None and torch.device(dest).type == "cpu" and self.on_device(first)
+            if dest is None:
+                return False
+            if torch.device(dest).type == "cpu":
+                return self.on_device(first)
+            return not kwargs.get("non_blocking", False) and _host_data(first, self)
         return False
 
     def propagate(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -226,6 +236,12 @@ def forwards_apart(probe: HostSyncs, dec: Any):
 
 def _on_host(t: Any, probe: HostSyncs) -> bool:
     return isinstance(t, torch.Tensor) and not probe.on_device(t)
+
+
+def _host_data(t: Any, probe: HostSyncs) -> bool:
+    """A host tensor whose copy to the device is a memcpy (a 0-dim one, a Python value being written,
+    is not counted)."""
+    return isinstance(t, torch.Tensor) and t.dim() > 0 and not probe.on_device(t)
 
 
 def _is_mask(index: Any) -> bool:
@@ -288,6 +304,14 @@ class _FunctionCounter(TorchFunctionMode):
         read = (func in WHOLE_READS and probe.on_device(args[0])) or (
             func in FROM_DATA and bool(args) and _holds_device_tensor(args[0], probe)
         )
+        uploads = bool(args) and (not isinstance(args[0], torch.Tensor) or args[0] in probe.host)
+        if (
+            func in FROM_DATA
+            and probe.device_type == "cpu"
+            and uploads
+            and not _names_host(kwargs.get("device"))
+        ):
+            read = True  # host values made a device tensor: a blocking copy (a GPU's dispatcher sees it)
         if func in FACTORIES:  # one launch (a fill or a copy) when made on the device
             probe.in_factory += 1
             try:
@@ -322,7 +346,10 @@ class _FunctionCounter(TorchFunctionMode):
         to_host = isinstance(dest, str) and torch.device(dest).type == "cpu" or func is torch.Tensor.cpu
         if isinstance(dest, torch.Tensor):
             to_host = dest in probe.host
-        out = self._call(func, args, kwargs, read=to_host and probe.on_device(src))
+        blocking_upload = (
+            not to_host and src in probe.host and src.dim() > 0 and not kwargs.get("non_blocking")
+        )
+        out = self._call(func, args, kwargs, read=to_host and probe.on_device(src) or blocking_upload)
         if out is src and (src in probe.host) != to_host:
             out = out.view_as(out)
         probe.place(out, host=to_host)

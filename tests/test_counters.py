@@ -100,9 +100,29 @@ def test_host_tensors_read_for_free_on_a_cpu():
         mask[1] = mask[0]
         mask[1, 1] = True  # the Python value becomes a host tensor: no copy from the device
         assert syncs.count == 0
-        torch.tensor([3, 4]).to(dev)[0].item()  # moved to the device, then read: waits
-        torch.arange(4, device=dev).sum().item()
-    assert syncs.count == 2
+        torch.tensor([3, 4]).to(dev)[0].item()  # a blocking copy to the device (1), then read: waits (2)
+        torch.arange(4, device=dev).sum().item()  # 3
+    assert syncs.count == 3
+
+
+def test_blocking_copies_to_the_device_count_and_staged_ones_do_not():
+    """On CUDA a copy of host data to the device without `non_blocking` synchronises the stream; a
+    Python value written into a device tensor, and `Engine.stage`'s copy, do not."""
+    dev = torch.device("cpu")
+    buffer = torch.zeros(4, dtype=torch.long, device=dev)
+    engine = Engine.__new__(Engine)
+    engine.device = dev
+    with HostSyncs(dev, trace=True) as syncs:
+        torch.tensor([1, 2], device=dev)  # 1
+        torch.as_tensor([1, 2], dtype=torch.long, device=dev)  # 2
+        buffer[:2].copy_(torch.tensor([5, 6]))  # 3
+        buffer[0] = 7  # a Python value: a fill, no copy
+        torch.tensor([1, 2]).to(dev, non_blocking=True)
+        staged = engine.stage([3, 4])
+        buffer[2:].copy_(staged)
+        assert syncs.count == 3
+        staged.sum().item()  # staged is a device tensor: reading it waits
+    assert syncs.count == 4 and torch.equal(buffer, torch.tensor([7, 6, 3, 4]))
 
 
 def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_where_a_region_moves_entries(
@@ -137,6 +157,33 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
     """Vanilla's one read per step is the token it picks."""
     dec = Vanilla(Engine(tiny_lm.model))
     assert syncs_per_step(dec, list(range(3, 20)), 12, set()) == 1.0
+
+
+@pytest.mark.parametrize("name", ["pld", "lookahead", "fafo", "selfspec", "longspec", "sfi"])
+def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, name):
+    """One sync per step: the step's read. A block's ids reach the device through `Engine.stage`; a
+    plain copy of host data to the device (a stream synchronisation on CUDA) would count here."""
+    from decoders.fafo.decoder import FAFO
+    from decoders.longspec.decoder import LongSpec
+    from decoders.lookahead import Lookahead
+    from decoders.pld import PromptLookup
+    from decoders.selfspec import SelfSpeculative
+    from decoders.sfi import SlowFast
+    from kv_policies.base import build_policy
+
+    eng = Engine(tiny_lm.model)
+    make = {
+        "pld": lambda: PromptLookup(eng, max_matching_ngram_size=2, num_tokens=4),
+        "lookahead": lambda: Lookahead(eng, N=3, W=3, G=3),
+        "fafo": lambda: FAFO(eng, kv=StreamingLLM(budget=8, sinks=2), k=3, n=4),
+        "selfspec": lambda: SelfSpeculative(eng, kv=StreamingLLM(budget=8, sinks=2), gamma=3),
+        "longspec": lambda: LongSpec(eng, depth=2, widths=[1, 1], checkpoint="random", window=8),
+        "sfi": lambda: SlowFast(
+            eng, kv=build_policy("sfi", k=6, sinks=2, recent=4, window=2), t_max=4, trigger_token_ids={7}
+        ),
+    }
+    prompt = [5, 6, 7, 8] * 5
+    assert syncs_per_step(make[name](), prompt, 12, set()) == 1.0
 
 
 def test_reads_once_per_generation_after_the_decode_loop_are_not_per_step(tiny_lm):

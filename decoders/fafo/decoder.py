@@ -194,7 +194,7 @@ class FAFO(BaseDecoder):
         self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         flat = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
-        tokens = torch.tensor(flat, dtype=torch.long, device=self.engine.device)
+        tokens = self.engine.stage(flat)
         pos = lay.offsets + p
         if base != p and lay.stream_row < pos.numel():  # the stream rows (`is_stream`) count from `base`
             pos[lay.stream_row :] += base - p

@@ -120,7 +120,8 @@ def _assemble(
     is_stream = torch.zeros(size, dtype=torch.bool)
     is_stream[s0:] = True
     rows = torch.cat([torch.arange(v), s0 + (k - 1) * n + torch.arange(n)])
-    dev = [t.to(device) for t in (mask, offsets, is_stream, rows)]
+    # made once per shape; a non-blocking copy does not synchronise the stream
+    dev = [t.to(device, non_blocking=True) for t in (mask, offsets, is_stream, rows)]
     return FafoLayout(*dev, cand_rows, cand_tokens, k, n, s0)
 
 

@@ -388,8 +388,7 @@ class LongSpec(BaseDecoder):
                     tree = self._cut(tree, length, spent, cost)
                 n = len(tree.tokens)
                 view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
-                tokens = torch.tensor(tree.tokens, dtype=torch.long, device=eng.device)
-                positions = length + torch.tensor(tree.depth, dtype=torch.long, device=eng.device)
+                tokens, positions = eng.stage(tree.tokens), length + eng.stage(tree.depth)
                 logits, on_device = step_for(self.sampler, eng, tokens, positions, view)
                 preds = on_device.tolist() if on_device is not None else None
             else:  # the drafted tree as it stands on the device; one read-back after the forward

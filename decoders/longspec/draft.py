@@ -324,7 +324,7 @@ class LongSpecDraft(TreeDraft, torch.nn.Module):
         dev = self.engine.device
         pos = torch.arange(first_position, first_position + m, device=dev)
         cos, sin = self._rope(pos)
-        k, v = self._self_kv(self.engine.w.embed(torch.tensor(tokens, device=dev)), cos, sin)
+        k, v = self._self_kv(self.engine.w.embed(self.engine.stage(tokens)), cos, sin)
         if drop and keep:
             self.win_k[:, :keep] = self.win_k[:, drop : self.cached].clone()
             self.win_v[:, :keep] = self.win_v[:, drop : self.cached].clone()

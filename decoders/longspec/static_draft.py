@@ -207,7 +207,7 @@ class StaticCommit:
 
     def __call__(self, tokens: Sequence[int], first_position: int) -> None:
         d = self.draft
-        self.token.copy_(torch.tensor(tokens, dtype=torch.long))
+        self.token.copy_(d.engine.stage(tokens))
         torch.add(self.count, first_position, out=self.position)
         torch.add(self.count, d.cached, out=self.slot)
         self.replay((d.win_k.data_ptr(),))
