@@ -277,15 +277,19 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     from benchmarks.output import recorded
 
-    name = "bench_host_overhead" + ("_long" if "--long" in sys.argv else "")
-    name += "_fixed_shape" if "--fixed-shape" in sys.argv else ""
-    args = sys.argv[1:]
-    scale = args[args.index("--scale") + 1] if "--scale" in args[:-1] else "cpu"
-    scale = next((a.split("=", 1)[1] for a in args if a.startswith("--scale=")), scale)
-    name += "_paper" if scale == "paper" else ""
+    # the record's name from the options that choose the experiments (main parses them all)
+    naming = argparse.ArgumentParser(add_help=False)
+    naming.add_argument("--long", action="store_true")
+    naming.add_argument("--fixed-shape", action="store_true")
+    naming.add_argument("--scale", default="cpu")
+    known = naming.parse_known_args()[0]
+    name = (
+        "bench_host_overhead"
+        + ("_long" if known.long else "")
+        + ("_fixed_shape" if known.fixed_shape else "")
+    )
+    name += "_paper" if known.scale == "paper" else ""
     with recorded(name, module="benchmarks.bench_host_overhead"):
         main()

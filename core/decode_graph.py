@@ -240,13 +240,7 @@ class StaticForward:
                 view.observe(layer, self.queries[layer, :, :n])
         if self.selector is not None:
             view.take_reads(self.selector.reads.clone(), cache.length)
-        picked = (
-            None
-            if logits_rows is None
-            else logits_rows
-            if isinstance(logits_rows, torch.Tensor)
-            else eng.stage(logits_rows)
-        )
+        picked = None if logits_rows is None else eng.stage(logits_rows)
 
         def returned(t: torch.Tensor) -> torch.Tensor:  # the asked rows, out of the forward's buffers
             return t[:n].clone() if picked is None else t.index_select(0, picked)

@@ -176,8 +176,7 @@ class Engine:
 
         h = self.layers_forward(tokens, position_ids, attend)
         if logits_rows is not None:
-            rows = logits_rows if isinstance(logits_rows, torch.Tensor) else self.stage(logits_rows)
-            h = h.index_select(0, rows)
+            h = h.index_select(0, self.stage(logits_rows))
         logits = self.lm_logits(self.w.final_norm(h))
         if not argmax:
             return logits
@@ -284,11 +283,14 @@ class Engine:
         start + 1, ...` (`positions`)."""
         return self.stage(tokens), self.positions(start, len(tokens))
 
-    def stage(self, values: Sequence[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    def stage(self, values: Sequence[int] | torch.Tensor, dtype: torch.dtype = torch.long) -> torch.Tensor:
         """Host values as a tensor on the device, without the host waiting for it: on CUDA through pinned
         memory and an asynchronous copy (a copy from pageable memory synchronises the stream; PyTorch's
-        caching host allocator keeps the pinned block until its copy is done), elsewhere the tensor."""
-        host = torch.tensor(values, dtype=dtype)
+        caching host allocator keeps the pinned block until its copy is done), elsewhere the tensor. A
+        tensor already on the device is returned as it is (in `dtype`)."""
+        if isinstance(values, torch.Tensor) and values.device == self.device:
+            return values.to(dtype)
+        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
         if self.device.type == "cuda":
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)
