@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 @dataclass
@@ -16,6 +16,15 @@ class Sample:
     reference: Any = None  # gold answer / tests / anything the task's scorer needs
     meta: dict[str, Any] = field(default_factory=dict)
     raw_prompt: bool = False  # True: feed turns[0] as raw text (completion tasks), no chat template
+
+
+class DeviceReads(NamedTuple):
+    """A forward's KV reads still on the device: `per_layer` (a tensor of the entries each layer reads per
+    KV head) plus `plus` entries every layer reads too (a draft's fresh tail), added by `Counts` when it
+    reads them, so that a view makes no operator of its own to report them."""
+
+    per_layer: Any
+    plus: int = 0
 
 
 @dataclass
@@ -56,7 +65,7 @@ class Counts:
         self._on_decode_done = on_decode_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
         self.kv_activity: Any = None  # kv_policies.activity.Activity: how much the policy restricted
-        self._deferred: list[tuple[Any, StepRecord | None]] = []  # KV reads still on the device
+        self._deferred: list[tuple[DeviceReads, StepRecord | None]] = []  # KV reads still on the device
 
     def prefill_done(self, n_tokens: int) -> None:
         self.prefill_tokens += n_tokens
@@ -70,8 +79,9 @@ class Counts:
 
     def step(self, block_tokens: int, drafted: int, accepted: int, committed: int, kv_attended: Any) -> None:
         """One target forward. `kv_attended`: an int, or a device tensor the host need not wait for (a
-        view's `kv_read`: the entries read per layer, whose rounded mean is the forward's read); such
-        reads are taken by `resolve` when the generation ends."""
+        view's `kv_read`: the entries read per layer, whose rounded mean is the forward's read), or such a
+        tensor with entries every layer reads on top (`DeviceReads`); device reads are taken by `resolve`
+        when the generation ends."""
         self.forwards += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -87,7 +97,8 @@ class Counts:
             if rec is not None:
                 rec.kv_attended = kv_attended
         else:
-            self._deferred.append((kv_attended, rec))
+            reads = kv_attended if isinstance(kv_attended, DeviceReads) else DeviceReads(kv_attended)
+            self._deferred.append((reads, rec))
 
     def resolve(self) -> None:
         """Read the deferred KV reads: each the rounded mean of its elements (per-layer reads), worked
@@ -97,19 +108,19 @@ class Counts:
         import torch
 
         by_size: dict[int, list[int]] = {}
-        for i, (t, _) in enumerate(self._deferred):
-            by_size.setdefault(t.numel(), []).append(i)
+        for i, (reads, _) in enumerate(self._deferred):
+            by_size.setdefault(reads.per_layer.numel(), []).append(i)
         order = [i for idx in by_size.values() for i in idx]
         means = [
-            torch.stack([self._deferred[i][0].reshape(size) for i in idx]).double().mean(1).round()
+            torch.stack([self._deferred[i][0].per_layer.reshape(size) for i in idx]).double().mean(1)
             for size, idx in by_size.items()
         ]
         values = dict(zip(order, torch.cat(means).tolist(), strict=True))
-        reads = [values[i] for i in range(len(self._deferred))]
-        for value, (_, rec) in zip(reads, self._deferred, strict=True):
-            self.kv_attended += int(value)
+        for i, (reads, rec) in enumerate(self._deferred):
+            value = round(values[i] + reads.plus)  # half to even, as torch rounds
+            self.kv_attended += value
             if rec is not None:
-                rec.kv_attended = int(value)
+                rec.kv_attended = value
         self._deferred = []
 
     def draft_step(

@@ -115,19 +115,18 @@ class SelfSpeculative(BaseDecoder):
 
     def _draft_greedy(self, root: int, length: int, n: int, counts: Counts) -> torch.Tensor:
         """`[root, n greedy draft tokens]` on the device; each draft step feeds the last one's argmax
-        without the host reading it."""
+        (the step's own output tensor, so no copy a row) without the host reading it."""
         eng, kv = self.engine, self.kv
-        chain = torch.empty(n + 1, dtype=torch.long, device=eng.device)
-        chain[0] = root
+        chain = [eng.stage([root])]
         positions = eng.positions(length, n)
         for i in range(n):
             view = kv.draft_view(eng, length)
-            _, ids = eng.step(chain[i : i + 1], positions[i : i + 1], view, argmax=True, with_logits=False)
+            _, ids = eng.step(chain[-1], positions[i : i + 1], view, argmax=True, with_logits=False)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
-            chain[i + 1 : i + 2].copy_(ids)
+            chain.append(ids)
         eng.crop(length)
-        return chain
+        return torch.cat(chain)
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

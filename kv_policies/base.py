@@ -53,8 +53,16 @@ from typing import Any
 
 import torch
 
+from core.attention import CausalView
 from core.types import HarnessError
 from kv_policies.activity import Activity, SelectionActivity
+from kv_policies.view import (
+    LayerSelectionView,
+    ObservedCausalView,
+    RestrictedView,
+    SelectionView,
+    causal_block,
+)
 
 log = logging.getLogger(__name__)
 
@@ -358,8 +366,6 @@ class KVPolicy:
         if backend != "dense" and getattr(engine, "graphs", None) is not None and self.gathers(rows):
             return self.gathered_view(engine, block_mask, restricted, tail_from)
         if backend == "dense":
-            from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
-
             view = SelectionView.build(self, engine, block_mask, restricted, tail_from, rows)
             view = view or LayerSelectionView.build(
                 self, engine, block_mask, restricted, tail_from, rows=rows
@@ -380,8 +386,6 @@ class KVPolicy:
         """A compressed-region backend's view for a block that `gathers`: the per-layer selection, which
         the fixed-shape forward reads by gather (the same entries the region would pack, none moved
         between steps, so every step keeps one shape)."""
-        from kv_policies.view import LayerSelectionView
-
         view = LayerSelectionView.build(self, engine, block_mask, restricted, tail_from, rows=slice(None))
         view.gather_budget = self.max_selected(engine.cache.capacity)
         n_layers = engine.cache.n_layers
@@ -409,11 +413,7 @@ class KVPolicy:
         if not self.watches_queries and all(
             self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)
         ):
-            from core.attention import CausalView
-
             return CausalView(engine.scale)
-        from kv_policies.view import causal_block
-
         tril, rows = causal_block(n_block, engine.device)
         return self.restricted_view(engine, tril, rows, tail_from=tail_from, rows=slice(None))
 
@@ -443,14 +443,9 @@ class KVPolicy:
         cache_len = engine.length
         n_layers = engine.cache.n_layers
         if all(self.keeps_all(li, cache_len) for li in range(n_layers)):
-            from core.attention import CausalView
-            from kv_policies.view import ObservedCausalView
-
             if not self.watches_queries:
                 return CausalView(engine.scale)
             return ObservedCausalView(engine.scale, self)
-        from kv_policies.view import causal_block
-
         tril, every = causal_block(n_block, engine.device)
         return self.restricted_view(engine, tril, every, rows=slice(None))
 

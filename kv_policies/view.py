@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView, MaskView, sdpa
+from core.types import DeviceReads
 
 
 def selectable_length(cache_len: int, tail_from: int | None) -> int:
@@ -263,7 +264,7 @@ class LayerSelectionView:
         restricted: torch.Tensor,
         chosen: torch.Tensor,
         cache_len: int,
-        read: torch.Tensor,
+        read: DeviceReads,
         rows: torch.Tensor | slice | None,
     ) -> None:
         self.policy, self.scale = policy, scale
@@ -310,12 +311,13 @@ class LayerSelectionView:
             kept = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads  # per layer, as `RestrictedView`
             policy.__dict__["_kept_of"] = (chosen, kept)
         policy.activity.note_forward(kept, sel_len)
-        restricted = restricted.to(engine.device)
+        if restricted.device != engine.device:
+            restricted = restricted.to(engine.device)
         if not policy.watches_queries:
             rows = None
         elif rows is None:
             rows = restricted.nonzero().squeeze(1)
-        read = kept + (cache_len - sel_len) if cache_len > sel_len else kept  # the tail: read by every row
+        read = DeviceReads(kept, cache_len - sel_len)  # the tail: read by every row
         return cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
@@ -329,9 +331,9 @@ class LayerSelectionView:
             q, k, v, self.selection[layer], self.restricted, self.block_mask, self.scale
         )
 
-    def kv_read(self, cache_len: int) -> torch.Tensor:
-        """Cached entries read per KV head by the restricted rows, per layer on the device (`Counts` takes
-        their rounded mean when the generation ends)."""
+    def kv_read(self, cache_len: int) -> DeviceReads:
+        """Cached entries read per KV head by the restricted rows, per layer on the device, plus the tail
+        (`Counts` takes their rounded mean when the generation ends)."""
         return self.read
 
 

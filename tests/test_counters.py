@@ -14,7 +14,7 @@ import torch
 from analysis.load import HOST_COLUMNS, load_samples
 from core.engine import Engine
 from core.sampling import Sampler
-from core.types import Counts
+from core.types import Counts, DeviceReads
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
 from runners.forwards import MethodPatch
@@ -365,6 +365,20 @@ def test_deferred_reads_are_each_the_rounded_mean_of_their_layers():
     counts.resolve()
     assert [s.kv_attended for s in counts.steps] == [5, 4, 7, 2, 12]  # round half to even: 3.5 -> 4
     assert counts.kv_attended == 30 and not counts._deferred
+
+
+def test_device_reads_add_the_tail_before_rounding():
+    """A draft row's read is its layers' mean plus the tail every layer reads (`DeviceReads`): added
+    before the rounding, so the read is the one a tensor with the tail added in would give."""
+    counts = Counts()
+    per_layer = torch.tensor([2, 3])  # mean 2.5
+    for plus in (0, 1, 2):
+        counts.draft_step(DeviceReads(per_layer, plus))
+        counts.draft_step(per_layer + plus)  # the same read as one tensor
+    counts.resolve()
+    reads = [s.kv_attended for s in counts.steps]
+    assert reads == [2, 2, 4, 4, 4, 4]  # half to even: 2.5 -> 2, 3.5 -> 4, 4.5 -> 4
+    assert counts.kv_attended == sum(reads)
 
 
 def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
