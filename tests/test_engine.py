@@ -156,3 +156,19 @@ def test_positions_are_views_of_one_arange_and_a_chain_steps_like_fresh_tensors(
     ours = eng.step(ids, pos, CausalView(eng.scale))
     fresh = eng.step(torch.tensor([40, 41, 42]), torch.arange(29, 32), CausalView(eng.scale))
     torch.testing.assert_close(ours, fresh, atol=0, rtol=0)
+
+
+def test_staged_values_keep_their_values_dtype_and_memory(tiny_lm):
+    """`Engine.stage` of Python values: integers through an array and `frombuffer`, other dtypes and
+    empty blocks through `torch.tensor`; each tensor owns what it reads after its source list is gone."""
+    import gc
+
+    eng = Engine(tiny_lm.model)
+    staged = [eng.stage(list(range(3, 9))), eng.stage(range(4), torch.int32), eng.stage([], torch.long)]
+    staged.append(eng.stage([True, False, True], torch.bool))
+    gc.collect()
+    assert staged[0].tolist() == [3, 4, 5, 6, 7, 8] and staged[0].dtype == torch.long
+    assert staged[1].tolist() == [0, 1, 2, 3] and staged[1].dtype == torch.int32
+    assert staged[2].numel() == 0 and staged[2].dtype == torch.long
+    assert staged[3].tolist() == [True, False, True]
+    assert eng.stage([2**40, -5]).tolist() == [2**40, -5]
