@@ -158,13 +158,19 @@ class DraftModel:
         return tokens, probs
 
     @torch.inference_mode()
-    def propose_chain(self, seq: Sequence[int], committed: int, n: int, counts: Counts) -> torch.Tensor:
+    def propose_chain(
+        self, seq: Sequence[int], committed: int, n: int, counts: Counts, lead: int | None = None
+    ) -> torch.Tensor:
         """`n` greedy draft tokens after `seq` as a device tensor, each fed to the draft from the device
         without the host reading it. The caller reads them (with whatever else it reads) and hands them
-        to `drafted`."""
-        chain = torch.empty(n, dtype=torch.long, device=self.engine.device)
-        self._feed(self._sync(seq, committed), counts, logits=False, pick_into=chain[0] if n else None)
-        for i in range(1, n):
+        to `drafted`. With `lead`, the tensor starts with that token (`[lead, d1..dn]`: a verifier's
+        root in front of the drafts, written in place instead of concatenated)."""
+        first = int(lead is not None)
+        chain = torch.empty(first + n, dtype=torch.long, device=self.engine.device)
+        if lead is not None:
+            chain[0] = lead
+        self._feed(self._sync(seq, committed), counts, logits=False, pick_into=chain[first] if n else None)
+        for i in range(first + 1, first + n):
             self._feed_ids(chain[i - 1 : i], counts, pick_into=chain[i])
         return chain
 

@@ -89,15 +89,15 @@ class TriForce(SelfSpeculative):
         eng, kv, draft = self.engine, self.kv, self.draft
         assert draft is not None
         n1 = min(self.gamma1, room - 1)  # the middle's own correction/bonus token comes on top
-        root = eng.stage([seq[-1]])
         if self.sampler.greedy:  # the drafts stay on the device until read with this level's predictions
             k, q = max(n1, 0), []
-            chain = draft.propose_chain(seq, committed, k, counts) if k else root[:0]
-            tokens = torch.cat([root, chain])
+            # [root, drafts]: the root written in front of the draft's chain
+            lead = seq[-1]
+            tokens = draft.propose_chain(seq, committed, k, counts, lead=lead) if k else eng.stage([lead])
         else:
             xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
             k = len(xt)
-            tokens = torch.cat([root, eng.stage(xt)])
+            tokens = eng.stage([seq[-1], *xt])
         cache_len = eng.length
         view = kv.draft_view(eng, length, k + 1)
         positions = eng.positions(cache_len, k + 1)

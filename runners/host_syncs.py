@@ -321,8 +321,8 @@ class _FunctionCounter(TorchFunctionMode):
             on_host = _names_host(kwargs.get("device"))
             if probe.device_type == "cpu":
                 probe.place(out, host=on_host)
-            if not (on_host or probe.in_forward or probe.reading or probe.stopped):
-                probe.launches += 1
+            if not (on_host or probe.in_forward or probe.reading or probe.stopped or func is torch.empty):
+                probe.launches += 1  # (an empty tensor is an allocation: no kernel fills it)
             return out
         return self._call(func, args, kwargs, read)
 

@@ -74,7 +74,9 @@ def test_launches_count_device_operators_outside_the_forwards(tiny_lm):
         y.view(2, 4)[0].unsqueeze(0)  # views: no kernel
         x.argmax()  # 2
         torch.arange(4) * 2  # host tensors
-    assert syncs.launches == 2
+        torch.empty(3, device=dev)  # an allocation: no kernel fills it
+        torch.zeros(3, device=dev)  # 3: a fill
+    assert syncs.launches == 3
     dec = Vanilla(Engine(tiny_lm.model))
     prompt = list(range(3, 20))
     per_step = {}
