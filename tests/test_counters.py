@@ -420,3 +420,37 @@ def test_a_forward_noted_for_every_layer_at_once_sums_like_per_layer_notes():
     want, got = per_layer.summary(8), at_once.summary(8)
     assert got.restricted_frac == want.restricted_frac == 5 / 8
     assert got.visible_frac == pytest.approx(want.visible_frac)
+
+
+@pytest.mark.parametrize("policy", ["streaming", "retrieval"])
+def test_a_drafts_rows_after_its_first_launch_nothing_of_their_own(tiny_lm, policy):
+    """Self-speculation's draft rows share one selection, report their reads without an operator
+    (`DeviceReads`) and feed each other's argmax tensor itself: between two one-row draft forwards the
+    decoder launches nothing, so its launches per step do not grow with gamma."""
+    from decoders.selfspec import SelfSpeculative
+    from kv_policies.base import build_policy
+
+    eng = Engine(tiny_lm.model)
+    extra = {"chunk": 4} if policy == "retrieval" else {"sinks": 4}
+    dec = SelfSpeculative(eng, kv=build_policy(policy, budget=24, **extra), gamma=5)
+    syncs = HostSyncs(eng.device)
+    between: list[int] = []  # launches from the end of one draft row's forward to the next one's start
+    with syncs, forwards_apart(syncs, dec):
+        inner, last = eng.step, None
+
+        def step(tokens, *args, **kwargs):
+            nonlocal last
+            if tokens.numel() == 1 and last is not None:
+                between.append(syncs.launches - last)
+            out = inner(tokens, *args, **kwargs)
+            last = syncs.launches if tokens.numel() == 1 else None
+            return out
+
+        eng.step = step
+        try:
+            counts = Counts(keep_steps=False)
+            dec.generate(list(range(3, 63)), 16, set(), counts)
+        finally:
+            eng.step = inner
+    assert counts.kv_activity.restricted_frac > 0  # the policy restricted the drafts
+    assert len(between) >= 8 and set(between) == {0}
