@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from core.attention import BlockView
 from core.checks import choice
 from decoders.fafo.layout import FafoLayout
 from kv_policies.base import BACKENDS
 from kv_policies.full import FullKV
+from kv_policies.view import causal_block
 
 
 class ViewFactory:
@@ -56,5 +55,5 @@ class ViewFactory:
         """Every row restricted (FAFO-2forward's compressed forward)."""
         if self._unrestricted(cache_len):
             return self._full(lay)
-        every = torch.ones(lay.size, dtype=torch.bool, device=self.engine.device)
+        every = causal_block(lay.size, self.engine.device)[1]  # shared, made once per size
         return self.kv.restricted_view(self.engine, lay.block_mask, every, self.backend, rows=slice(None))
