@@ -304,12 +304,12 @@ class _FunctionCounter(TorchFunctionMode):
         read = (func in WHOLE_READS and probe.on_device(args[0])) or (
             func in FROM_DATA and bool(args) and _holds_device_tensor(args[0], probe)
         )
-        uploads = bool(args) and (not isinstance(args[0], torch.Tensor) or args[0] in probe.host)
         if (
             func in FROM_DATA
             and probe.device_type == "cpu"
-            and uploads
             and not _names_host(kwargs.get("device"))
+            and bool(args)
+            and (not isinstance(args[0], torch.Tensor) or args[0] in probe.host)
         ):
             read = True  # host values made a device tensor: a blocking copy (a GPU's dispatcher sees it)
         if func in FACTORIES:  # one launch (a fill or a copy) when made on the device

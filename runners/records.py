@@ -134,10 +134,10 @@ def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float
     generation (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
     prefill mark, with the share of each that took the fixed-shape path, and the reads of the device)."""
     forwards, drafts = clocks.forwards, clocks.drafts
-    n, draft_s = forwards.forwards_since_mark, drafts.seconds_since_mark
-    host = (decode_s - forwards.seconds_since_mark - draft_s) / n * 1e3 if n else float("nan")
+    n = forwards.forwards_since_mark
+    host = clocks.host_s(decode_s) / n * 1e3 if n else float("nan")
     return {
-        "draft_forward_s": draft_s,
+        "draft_forward_s": drafts.seconds_since_mark,
         "static_frac": forwards.static_frac_since_mark,
         "draft_static_frac": drafts.static_frac_since_mark,
         "syncs_per_step": syncs,

@@ -261,6 +261,11 @@ class DecodeClocks:
         self.drafts.close()
         self.forwards.close()
 
+    def host_s(self, decode_s: float) -> float:
+        """Of `decode_s` decode seconds, those outside the target's and the draft model's forwards after
+        the mark: the decoder's own host time."""
+        return decode_s - self.forwards.seconds_since_mark - self.drafts.seconds_since_mark
+
     @property
     def critical_s(self) -> float:
         f, d = self.forwards, self.drafts
