@@ -223,10 +223,9 @@ class Lookahead(BaseDecoder):
 
     def _view(self, block_mask: torch.Tensor):
         eng = self.engine
-        n = block_mask.shape[0]
         if isinstance(self.kv, FullKV):
             return BlockView(block_mask, eng.scale)
-        restricted = torch.ones(n, dtype=torch.bool, device=eng.device)
+        restricted = torch.ones(block_mask.shape[0], dtype=torch.bool, device=eng.device)
         return self.kv.restricted_view(eng, block_mask, restricted, "dense", rows=slice(None))
 
     def _decode(
@@ -257,7 +256,8 @@ class Lookahead(BaseDecoder):
                 guesses = guesses[: best_prefix(survivals, rows, cost, cache_len, gains)]
             lay = self._layout(lens, len(guesses))
             drafted = [t for guess in guesses for t in guess]
-            tokens = eng.stage([root, *(window.flat() if lens != [0] else []), *drafted])
+            block = [root, *(window.flat() if lens != [0] else []), *drafted]
+            tokens = eng.stage(block)
             view = self._view(lay.block_mask)
             logits, preds = step_with_argmax(
                 self.sampler, eng, tokens, lay.offsets + p, view, lay.logits_rows
@@ -276,7 +276,7 @@ class Lookahead(BaseDecoder):
             eng.commit(rows)
             self.kv.after_commit(eng, len(rows))
             seq.extend(verdict.tokens[:n_new])
-            counts.step(len(tokens), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
+            counts.step(len(block), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
             if cost is not None and guesses:
                 pairs = zip(guesses, guess_preds, strict=True)
                 lengths = [prefix_match(guess, picked[0], pred) for guess, pred in pairs]

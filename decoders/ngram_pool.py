@@ -87,9 +87,13 @@ class NGramPool:
         self._put_suffixes(pairs)
 
     def _put_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+        """Each pair under its context's suffixes, in order. A pair repeated later in `pairs` is stored at
+        its last occurrence only: a key holds the `capacity` values inserted most recently, in that order,
+        so an insertion repeated later changes nothing (FAFO's streams often yield the same pair)."""
         most = self.max_key_len
+        last = dict.fromkeys(reversed(pairs if isinstance(pairs, list) else list(pairs)))
         self._put_many(
-            (ctx[len(ctx) - m :], v) for ctx, v in pairs for m in range(1, min(most, len(ctx)) + 1)
+            (ctx[len(ctx) - m :], v) for ctx, v in reversed(last) for m in range(1, min(most, len(ctx)) + 1)
         )
 
     def add_sequence(self, tokens: Sequence[int], gram_len: int, start: int = 0) -> None:
