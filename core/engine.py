@@ -292,8 +292,6 @@ class Engine:
         if isinstance(values, torch.Tensor) and values.device == self.device:
             return values.to(dtype)
         host = values if isinstance(values, torch.Tensor) else host_tensor(values, dtype)
-        if self.device.type == "cpu":  # already on the device: `to` would return it, one call later
-            return host
         if self.device.type == "cuda":
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)
