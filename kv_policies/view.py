@@ -311,8 +311,7 @@ class LayerSelectionView:
             kept = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads  # per layer, as `RestrictedView`
             policy.__dict__["_kept_of"] = (chosen, kept)
         policy.activity.note_forward(kept, sel_len)
-        if restricted.device != engine.device:
-            restricted = restricted.to(engine.device)
+        restricted = restricted.to(engine.device)
         if not policy.watches_queries:
             rows = None
         elif rows is None:
