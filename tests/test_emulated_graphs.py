@@ -1,0 +1,256 @@
+"""Every decoder x KV policy of the paper experiments on captured fixed-shape forwards, with the capture
+emulated on the CPU (`tests/emulated_graphs.py`): each forward is recorded once per shape and cache
+allocation and then replayed with the Python values of that first run, as a CUDA graph replays it. The
+replayed steps give the regular path's tokens, counts, policy activity and cache contents, and none of
+the recorded runs waits for the device. A host value taken into a captured run where a device buffer
+belongs passes the eager twin (`capture=False`) and fails here."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from core import decode_graph
+from core.engine import Engine
+from core.types import Counts
+from kv_policies.base import build_policy
+from tests.emulated_graphs import emulated_capture
+
+PROMPT_LEN, NEW = 60, 24
+
+
+def _fafo(**kw: Any) -> Callable:
+    from decoders.fafo.decoder import FAFO
+
+    return lambda eng, kv: FAFO(eng, kv, k=2, n=4, **kw)
+
+
+def _fafo_2forward(eng, kv):
+    from decoders.fafo import FAFO2Forward
+
+    return FAFO2Forward(eng, kv, k=2, n=4)
+
+
+def _vanilla(eng, kv):
+    from decoders.vanilla import Vanilla
+
+    return Vanilla(eng, kv)
+
+
+def _pld(eng, kv):
+    from decoders.pld import PromptLookup
+
+    return PromptLookup(eng, kv, num_tokens=5)
+
+
+def _lookahead(eng, kv):
+    from decoders.lookahead import Lookahead
+
+    return Lookahead(eng, kv, N=3, W=4, G=2)
+
+
+def _longspec(eng, kv):
+    from decoders.longspec import LongSpec
+
+    return LongSpec(eng, kv, depth=3, widths=[2, 3, 3], checkpoint="random", window=16)
+
+
+def _selfspec(eng, kv):
+    from decoders.selfspec import SelfSpeculative
+
+    return SelfSpeculative(eng, kv=kv, gamma=4)
+
+
+def _triforce(eng, kv):
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
+    return TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)
+
+
+def _sfi(eng, kv):
+    from decoders.sfi import SlowFast
+
+    return SlowFast(eng, kv=kv, t_max=4, trigger_token_ids=set(range(0, 256, 7)))
+
+
+def _policy(name: str, **kw: Any) -> Callable:
+    return lambda: build_policy(name, **kw)
+
+
+RETRIEVAL = {"budget": 24, "chunk": 4}
+# name -> (decoder maker, policy maker): the experiments' decoder x policy pairs at tiny sizes, budgets
+# below the prompt so that every policy restricts
+CASES: dict[str, tuple[Callable, Callable]] = {
+    "vanilla": (_vanilla, _policy("full")),
+    "pld": (_pld, _policy("full")),
+    "lookahead": (_lookahead, _policy("full")),
+    "longspec": (_longspec, _policy("full")),
+    "fafo": (_fafo(), _policy("full")),
+    "fafo+streaming": (_fafo(), _policy("streaming", budget=20, sinks=4)),
+    "fafo+quest": (_fafo(), _policy("quest", budget=24, page_size=8, dense_layers=0)),
+    "fafo+snapkv": (_fafo(), _policy("snapkv", budget=24, window=8)),
+    "fafo+h2o": (_fafo(), _policy("h2o", budget=24, recent=8)),
+    "fafo_2forward+streaming": (_fafo_2forward, _policy("streaming", budget=20, sinks=4)),
+    "selfspec+streaming": (_selfspec, _policy("streaming", budget=20, sinks=4)),
+    "selfspec+retrieval": (_selfspec, _policy("retrieval", **RETRIEVAL)),
+    "selfspec+topk": (_selfspec, _policy("topk", budget=24, dense_layers=1)),
+    "triforce+retrieval": (_triforce, _policy("retrieval", **RETRIEVAL)),
+    "sfi": (_sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3)),
+    "vanilla+kvpress": (_vanilla, _policy("kvpress", press="StreamingLLMPress", compression_ratio=0.6)),
+    # the long-context experiments' compressed-region backend: read by gather on graphed engines
+    "selfspec+retrieval/sliced": (_selfspec, _policy("retrieval", backend="sliced", **RETRIEVAL)),
+    "triforce+retrieval/sliced": (_triforce, _policy("retrieval", backend="sliced", **RETRIEVAL)),
+    "sfi/sliced": (_sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
+}
+
+
+def _prompt(seed: int = 3) -> list[int]:
+    return torch.randint(0, 256, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _report(dec: Any, prompts: list[list[int]], new: int, stop: set[int] = frozenset()) -> list[tuple]:
+    """What each generation reports: tokens, forwards, acceptance, slow steps, KV reads, policy activity."""
+    reports = []
+    for prompt in prompts:
+        counts = Counts()
+        out = dec.generate(prompt, new, stop, counts)
+        reads = [s.kv_attended for s in counts.steps]
+        summary = dec.kv.activity_summary(counts.forwards)
+        c = counts
+        reports.append((out, c.forwards, c.draft_forwards, c.accepted, c.slow_steps, reads, summary))
+    return reports
+
+
+def _generate(model, case: str, capture: bool | None) -> tuple[list[tuple], Engine, Any]:
+    """Two generations of one decoder on the regular path (`capture=None`) or the fixed-shape one, the
+    second on the allocation and the forwards of the first: (their reports, the engine, the decoder)."""
+    make, policy = CASES[case]
+    eng = Engine(model)
+    if capture is not None:
+        eng.use_graphs(capture=capture)
+    dec = make(eng, policy())
+    return _report(dec, [_prompt(3), _prompt(5)], NEW), eng, dec
+
+
+def _same_cache(a: Engine, b: Engine) -> bool:
+    n = a.length
+    if b.length != n:
+        return False
+    k, v = (a.cache.k[:, :, :n], b.cache.k[:, :, :n]), (a.cache.v[:, :, :n], b.cache.v[:, :, :n])
+    return all(torch.allclose(x, y, atol=1e-5, rtol=1e-5) for x, y in (k, v))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_replayed_forwards_give_the_regular_path(tiny_lm, case):
+    """Under emulated capture the forwards the eager twin runs fixed-shape are recorded once per shape and
+    replayed: the generation reports what the regular path reports and leaves the twin's cache."""
+    if "kvpress" in case:
+        pytest.importorskip("kvpress")
+    want = _generate(tiny_lm.model, case, None)[0]
+    _, twin, _ = _generate(tiny_lm.model, case, False)
+    with emulated_capture():
+        got, eng, dec = _generate(tiny_lm.model, case, True)
+    assert got == want
+    assert _same_cache(eng, twin)  # a compressed region's regular path moves entries: the twin's do not
+    assert eng.fixed_shape_steps == twin.fixed_shape_steps > 0 and eng.graphs.captures > 0
+    draft = getattr(dec, "draft", None)
+    if draft is not None and getattr(draft, "engine", None) is not None:  # TriForce's draft model
+        assert draft.engine.graphs is not None and draft.engine.graphs.captures > 0
+    assert want[0][6].restricted_frac > 0 or case in ("vanilla", "pld", "lookahead", "longspec", "fafo")
+
+
+def test_longspec_draft_steps_replay_too(tiny_lm):
+    """LongSpec's draft on a graphed target replays its level steps and commits (its own `Replay`s)."""
+    with emulated_capture():
+        _, _, dec = _generate(tiny_lm.model, "longspec", True)
+    static = dec.draft.static
+    assert static is not None and static.captures > 0 and static.levels
+
+
+def _baking_forward() -> Callable:
+    """`StaticForward.forward` with the block's slots from the host's cache length (a Python value):
+    right in an eager run, frozen at its first value in a captured one."""
+    src = textwrap.dedent(inspect.getsource(decode_graph.StaticForward.forward))
+    old, new = "slots = self.length + self.row", "slots = cache.length + self.row"
+    assert old in src
+    scope: dict[str, Any] = {}
+    exec(src.replace(old, new), vars(decode_graph), scope)  # noqa: S102 - a mutant of our own source
+    return scope["forward"]
+
+
+@pytest.mark.parametrize("case", ["vanilla", "lookahead"])
+def test_a_host_value_in_a_captured_run_fails_here_not_in_the_eager_twin(tiny_lm, case, monkeypatch):
+    """The emulation is what catches it: the eager twin still matches the regular path."""
+    want, plain, _ = _generate(tiny_lm.model, case, None)
+    monkeypatch.setattr(decode_graph.StaticForward, "forward", _baking_forward())
+    twin_report, twin, _ = _generate(tiny_lm.model, case, False)
+    assert twin_report == want and _same_cache(twin, plain)
+    with emulated_capture():
+        got, eng, _ = _generate(tiny_lm.model, case, True)
+    assert not _same_cache(eng, plain)  # the block's entries land where the first step's did
+
+
+def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):
+    """A read of a device value inside a captured run is refused, naming the operator."""
+    forward = decode_graph.StaticForward.forward
+
+    def reads_the_length(self, argmax):
+        int(self.length)
+        return forward(self, argmax)
+
+    monkeypatch.setattr(decode_graph.StaticForward, "forward", reads_the_length)
+    with emulated_capture(), pytest.raises(AssertionError, match="waits for the device.*item"):
+        _generate(tiny_lm.model, "vanilla", True)
+
+
+def _experiments() -> list[tuple[str, str, tuple[str, ...]]]:
+    from benchmarks.bench_host_overhead import COMBOS, LONG_COMBOS
+
+    return [*COMBOS, *(c for c in LONG_COMBOS if c[0] != "vanilla")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("combo", _experiments(), ids=lambda c: "+".join(c[:2]) + "".join(c[2][:1]))
+def test_the_experiments_replay_on_smollm2(smollm, combo):
+    """The paper experiments' decoder x policy pairs as the benchmark builds them from conf/ (SmolLM2,
+    MT-Bench turn 1; the long-context ones on a PG-19 window): under emulated capture they report what
+    the regular path reports."""
+    from benchmarks.bench_host_overhead import LONG_COMBOS, make_decoder
+    from runners.config import stop_ids_for
+    from tasks.mtbench import MTBench
+    from tasks.pg19 import PG19
+
+    decoder, kv, extra = combo
+    task = PG19(limit=1, context_length=1024) if combo in LONG_COMBOS else MTBench(limit=1)
+    prompts = [task.prompt_ids(s, 0, [], smollm.tokenizer) for s in task.load()]
+    stop = stop_ids_for(smollm.tokenizer, smollm.model)
+    reports, engines = [], []
+    for capture in (None, True):
+        eng = Engine(smollm.model)
+        if capture:
+            eng.use_graphs(capture=True)
+        with emulated_capture():
+            reports.append(_report(make_decoder(decoder, kv, extra, smollm, eng), prompts, 16, stop))
+        engines.append(eng)
+    assert reports[0] == reports[1]
+    assert engines[1].fixed_shape_steps > 0 and engines[1].graphs.captures > 0
+
+
+def test_a_captured_run_may_not_take_host_tensors(tiny_lm, monkeypatch):
+    """A tensor made on the host inside a captured run and used with device tensors is refused."""
+    forward = decode_graph.StaticForward.forward
+
+    def host_rows(self, argmax):
+        self.row = torch.arange(self.rows)  # no device: a host tensor on a GPU
+        return forward(self, argmax)
+
+    monkeypatch.setattr(decode_graph.StaticForward, "forward", host_rows)
+    with emulated_capture(), pytest.raises(AssertionError, match="takes host tensors into.*add"):
+        _generate(tiny_lm.model, "vanilla", True)
