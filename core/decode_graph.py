@@ -1,4 +1,4 @@
-"""Decode forwards with fixed shapes, replayed as CUDA graphs (`run.cuda_graphs=true`).
+"""Decode forwards with fixed shapes, replayed as CUDA graphs (`run.cuda_graphs`: auto, on for a CUDA model).
 
 On a GPU a small model's forward is bound by kernel launches, not by the GPU: each of a forward's ~1300
 operators (SmolLM2-135M) is its own launch from the host. A CUDA graph replays the whole forward as one

@@ -73,10 +73,7 @@ def run_settings(cfg: Any) -> RunSettings:
     if warmup_s is not None:
         warmup_s = checks.number("run.warmup_s", warmup_s, 0)
     device = model_device(cfg.get("model") or {})
-    graphs = run.get("cuda_graphs")
-    cuda_graphs = False if graphs is None else checks.flag("run.cuda_graphs", graphs)
-    if cuda_graphs and device.type != "cuda":
-        raise HarnessError(f"run.cuda_graphs=true needs a CUDA device (the model goes to {device.type})")
+    cuda_graphs = graphs_choice(run.get("cuda_graphs"), device)
     return RunSettings(
         limit=limit,
         limit_field=limit_field,
@@ -316,18 +313,21 @@ def resolve_linear(choice: str | None, lm) -> str:
     return choice
 
 
-def resolve_cuda_graphs(choice, lm) -> bool:
-    """`run.cuda_graphs`: true replays plain decode steps (one row or a verification block over the
-    full cache) as CUDA graphs (core/decode_graph.py)."""
-    if choice in (None, False):
-        return False
-    if choice is not True:
-        raise HarnessError(f"run.cuda_graphs must be true or false, got {choice!r}")
-    if lm.device.type != "cuda":
-        raise HarnessError(
-            f"run.cuda_graphs=true needs the model on a CUDA device (it is on {lm.device.type})"
-        )
-    return True
+def graphs_choice(choice: Any, device: torch.device) -> bool:
+    """`run.cuda_graphs`: true replays the fixed-shape decode forwards as CUDA graphs (core/decode_graph.py),
+    auto (null too) where the model is on a CUDA device, false never."""
+    if choice is None or choice == "auto":
+        return device.type == "cuda"
+    if not isinstance(choice, bool):
+        raise HarnessError(f"run.cuda_graphs must be true, false or auto, got {choice!r}")
+    if choice and device.type != "cuda":
+        raise HarnessError(f"run.cuda_graphs=true needs a CUDA device (the model is on {device.type})")
+    return choice
+
+
+def resolve_cuda_graphs(choice: Any, lm: Any) -> bool:
+    """`run.cuda_graphs` for the loaded model (`graphs_choice` on its device)."""
+    return graphs_choice(choice, lm.device)
 
 
 def resolve_warmup_s(choice, device: torch.device, gpu_default: float) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from core.attention import CausalView
@@ -184,18 +185,25 @@ def test_engine_linear_choice(tmp_path):
 
 
 def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
-    """run.cuda_graphs=false (the default) keeps earlier runs' ids and records False; true on a CPU
-    model is one clear error."""
+    """run.cuda_graphs=auto (the default) is off for a CPU model: it keeps earlier runs' ids, as false
+    does, and records False; true on a CPU model is one clear error; auto is on for a CUDA model."""
+    from types import SimpleNamespace
+
     from core.types import HarnessError
+    from runners.config import resolve_cuda_graphs
 
     plain = Runner(make_cfg(tmp_path, "model.dtype=float32"))
     assert plain.engine.graphs is None and "cuda_graphs" not in plain.identity
-    assert Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=false")).run_id == plain.run_id
+    for choice in ("false", "auto", "null"):
+        same = Runner(make_cfg(tmp_path, "model.dtype=float32", f"run.cuda_graphs={choice}"))
+        assert same.run_id == plain.run_id
     assert bool(pd.read_parquet(plain.run() / "runs.parquet")["cuda_graphs"].iloc[0]) is False
     with pytest.raises(HarnessError, match="run.cuda_graphs=true needs a CUDA device"):
         Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=true"))
-    with pytest.raises(HarnessError, match="must be true or false"):
+    with pytest.raises(HarnessError, match="must be true, false or auto"):
         Runner(make_cfg(tmp_path, "run.cuda_graphs=maybe"))
+    on_cuda = SimpleNamespace(device=torch.device("cuda", 0))
+    assert resolve_cuda_graphs("auto", on_cuda) and not resolve_cuda_graphs(False, on_cuda)
 
 
 def test_warmup_repeats_until_its_seconds_have_passed(tmp_path):
