@@ -99,9 +99,10 @@ bench_stage() {  # what no lease has finished first: a stage stopped at its limi
 
 sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), eager then as CUDA graphs
   local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}")
-  "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_baselines task=mtbench "${rec[@]}" &&
+  local eager=("${rec[@]}" run.cuda_graphs=false)  # graphs are on by default on CUDA (run.cuda_graphs=auto)
+  "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${eager[@]}" &&
+    "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${eager[@]}" &&
+    "$PY" run.py -m experiment=fafo_baselines task=mtbench "${eager[@]}" &&
     "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla,pld,lookahead run.cuda_graphs=true \
       "${rec[@]}" &&
     "$PY" run.py -m experiment=fafo_table1 decoder=fafo run.cuda_graphs=true "${rec[@]}" &&
