@@ -254,3 +254,29 @@ def test_a_captured_run_may_not_take_host_tensors(tiny_lm, monkeypatch):
     monkeypatch.setattr(decode_graph.StaticForward, "forward", host_rows)
     with emulated_capture(), pytest.raises(AssertionError, match="takes host tensors into.*add"):
         _generate(tiny_lm.model, "vanilla", True)
+
+
+@pytest.mark.parametrize("extra", [("decoder=fafo", "kv=streaming", "kv.budget=8"), ("decoder=lookahead",)])
+def test_a_run_on_replayed_forwards_records_what_an_eager_run_does(tmp_path, extra):
+    """A whole run on graphed forwards (the warm-up over the task's length, the timed generations, the
+    untimed rerun that counts syncs): every sample's output, counts and syncs per step are the eager
+    run's, and its decode forwards all took the fixed-shape path."""
+    import pandas as pd
+
+    from runners.runner import Runner
+    from tests.test_runner import make_cfg
+
+    columns = ["output_digest", "forwards", "accepted", "tau", "syncs_per_step", "restricted_frac"]
+    records = []
+    for graphed in (False, True):
+        settings = (*extra, "run.warmup=true", "run.max_new_tokens=12", "model.dtype=float32")
+        runner = Runner(make_cfg(tmp_path / str(graphed), *settings))
+        with emulated_capture():
+            if graphed:
+                runner.engine.use_graphs(capture=True)
+            samples = pd.read_parquet(runner.run() / "samples.parquet")
+        assert samples["error"].isna().all()
+        records.append(samples)
+    eager, graphed = records
+    pd.testing.assert_frame_equal(eager[columns], graphed[columns])
+    assert (graphed["static_frac"] == 1.0).all() and runner.engine.graphs.captures > 0
