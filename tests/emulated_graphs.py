@@ -102,6 +102,16 @@ def _capture(self: decode_graph.Replay) -> None:
 
 
 @contextlib.contextmanager
+def captured(device: torch.device | str) -> Iterator[None]:
+    """`Replay(capture=True)` as CUDA graphs on a CUDA device, emulated as above elsewhere."""
+    if torch.device(device).type == "cuda":
+        yield
+    else:
+        with emulated_capture():
+            yield
+
+
+@contextlib.contextmanager
 def emulated_capture() -> Iterator[None]:
     """`Replay(capture=True)` emulated as above while the block runs (any device)."""
     original = decode_graph.Replay._capture

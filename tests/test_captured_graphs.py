@@ -1,9 +1,10 @@
-"""Every decoder x KV policy of the paper experiments on captured fixed-shape forwards, with the capture
-emulated on the CPU (`tests/emulated_graphs.py`): each forward is recorded once per shape and cache
-allocation and then replayed with the Python values of that first run, as a CUDA graph replays it. The
-replayed steps give the regular path's tokens, counts, policy activity and cache contents, and none of
-the recorded runs waits for the device. A host value taken into a captured run where a device buffer
-belongs passes the eager twin (`capture=False`) and fails here."""
+"""Every decoder x KV policy of the paper experiments on captured fixed-shape forwards: CUDA graphs on a
+CUDA device (`make test-gpu`), the capture emulated elsewhere (`tests/emulated_graphs.py`): each
+forward is recorded once per shape and cache allocation and then replayed with the Python values of
+that first run, as a CUDA graph replays it. The replayed steps give the regular path's tokens, counts,
+policy activity and the eager twin's cache contents, and none of the recorded runs waits for the device
+or takes a host tensor. A host value taken into a captured run where a device buffer belongs passes
+the eager twin (`capture=False`) and fails under the emulation."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from core import decode_graph
 from core.engine import Engine
 from core.types import Counts
 from kv_policies.base import build_policy
-from tests.emulated_graphs import emulated_capture
+from tests.emulated_graphs import captured, emulated_capture
 
 PROMPT_LEN, NEW = 60, 24
 
@@ -149,13 +150,13 @@ def _same_cache(a: Engine, b: Engine) -> bool:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_replayed_forwards_give_the_regular_path(tiny_lm, case):
-    """Under emulated capture the forwards the eager twin runs fixed-shape are recorded once per shape and
-    replayed: the generation reports what the regular path reports and leaves the twin's cache."""
+    """Captured, the forwards the eager twin runs fixed-shape are recorded once per shape and replayed:
+    the generation reports what the regular path reports and leaves the twin's cache."""
     if "kvpress" in case:
         pytest.importorskip("kvpress")
     want = _generate(tiny_lm.model, case, None)[0]
     _, twin, _ = _generate(tiny_lm.model, case, False)
-    with emulated_capture():
+    with captured(tiny_lm.device):
         got, eng, dec = _generate(tiny_lm.model, case, True)
     assert got == want
     assert _same_cache(eng, twin)  # a compressed region's regular path moves entries: the twin's do not
@@ -168,7 +169,7 @@ def test_replayed_forwards_give_the_regular_path(tiny_lm, case):
 
 def test_longspec_draft_steps_replay_too(tiny_lm):
     """LongSpec's draft on a graphed target replays its level steps and commits (its own `Replay`s)."""
-    with emulated_capture():
+    with captured(tiny_lm.device):
         _, _, dec = _generate(tiny_lm.model, "longspec", True)
     static = dec.draft.static
     assert static is not None and static.captures > 0 and static.levels
@@ -220,8 +221,8 @@ def _experiments() -> list[tuple[str, str, tuple[str, ...]]]:
 @pytest.mark.parametrize("combo", _experiments(), ids=lambda c: "+".join(c[:2]) + "".join(c[2][:1]))
 def test_the_experiments_replay_on_smollm2(smollm, combo):
     """The paper experiments' decoder x policy pairs as the benchmark builds them from conf/ (SmolLM2,
-    MT-Bench turn 1; the long-context ones on a PG-19 window): under emulated capture they report what
-    the regular path reports."""
+    MT-Bench turn 1; the long-context ones on a PG-19 window): captured, they report what the regular
+    path reports."""
     from benchmarks.bench_host_overhead import LONG_COMBOS, make_decoder
     from runners.config import stop_ids_for
     from tasks.mtbench import MTBench
@@ -236,7 +237,7 @@ def test_the_experiments_replay_on_smollm2(smollm, combo):
         eng = Engine(smollm.model)
         if capture:
             eng.use_graphs(capture=True)
-        with emulated_capture():
+        with captured(smollm.device):
             reports.append(_report(make_decoder(decoder, kv, extra, smollm, eng), prompts, 16, stop))
         engines.append(eng)
     assert reports[0] == reports[1]
