@@ -20,65 +20,10 @@ from core import decode_graph
 from core.engine import Engine
 from core.types import Counts
 from kv_policies.base import build_policy
+from tests import tiny_decoders as make
 from tests.emulated_graphs import captured, emulated_capture
 
 PROMPT_LEN, NEW = 60, 24
-
-
-def _fafo(**kw: Any) -> Callable:
-    from decoders.fafo.decoder import FAFO
-
-    return lambda eng, kv: FAFO(eng, kv, k=2, n=4, **kw)
-
-
-def _fafo_2forward(eng, kv):
-    from decoders.fafo import FAFO2Forward
-
-    return FAFO2Forward(eng, kv, k=2, n=4)
-
-
-def _vanilla(eng, kv):
-    from decoders.vanilla import Vanilla
-
-    return Vanilla(eng, kv)
-
-
-def _pld(eng, kv):
-    from decoders.pld import PromptLookup
-
-    return PromptLookup(eng, kv, num_tokens=5)
-
-
-def _lookahead(eng, kv):
-    from decoders.lookahead import Lookahead
-
-    return Lookahead(eng, kv, N=3, W=4, G=2)
-
-
-def _longspec(eng, kv):
-    from decoders.longspec import LongSpec
-
-    return LongSpec(eng, kv, depth=3, widths=[2, 3, 3], checkpoint="random", window=16)
-
-
-def _selfspec(eng, kv):
-    from decoders.selfspec import SelfSpeculative
-
-    return SelfSpeculative(eng, kv=kv, gamma=4)
-
-
-def _triforce(eng, kv):
-    from decoders.draft_model import DraftModel
-    from decoders.triforce import TriForce
-
-    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
-    return TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)
-
-
-def _sfi(eng, kv):
-    from decoders.sfi import SlowFast
-
-    return SlowFast(eng, kv=kv, t_max=4, trigger_token_ids=set(range(0, 256, 7)))
 
 
 def _policy(name: str, **kw: Any) -> Callable:
@@ -89,26 +34,26 @@ RETRIEVAL = {"budget": 24, "chunk": 4}
 # name -> (decoder maker, policy maker): the experiments' decoder x policy pairs at tiny sizes, budgets
 # below the prompt so that every policy restricts
 CASES: dict[str, tuple[Callable, Callable]] = {
-    "vanilla": (_vanilla, _policy("full")),
-    "pld": (_pld, _policy("full")),
-    "lookahead": (_lookahead, _policy("full")),
-    "longspec": (_longspec, _policy("full")),
-    "fafo": (_fafo(), _policy("full")),
-    "fafo+streaming": (_fafo(), _policy("streaming", budget=20, sinks=4)),
-    "fafo+quest": (_fafo(), _policy("quest", budget=24, page_size=8, dense_layers=0)),
-    "fafo+snapkv": (_fafo(), _policy("snapkv", budget=24, window=8)),
-    "fafo+h2o": (_fafo(), _policy("h2o", budget=24, recent=8)),
-    "fafo_2forward+streaming": (_fafo_2forward, _policy("streaming", budget=20, sinks=4)),
-    "selfspec+streaming": (_selfspec, _policy("streaming", budget=20, sinks=4)),
-    "selfspec+retrieval": (_selfspec, _policy("retrieval", **RETRIEVAL)),
-    "selfspec+topk": (_selfspec, _policy("topk", budget=24, dense_layers=1)),
-    "triforce+retrieval": (_triforce, _policy("retrieval", **RETRIEVAL)),
-    "sfi": (_sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3)),
-    "vanilla+kvpress": (_vanilla, _policy("kvpress", press="StreamingLLMPress", compression_ratio=0.6)),
+    "vanilla": (make.vanilla, _policy("full")),
+    "pld": (make.pld, _policy("full")),
+    "lookahead": (make.lookahead, _policy("full")),
+    "longspec": (make.longspec, _policy("full")),
+    "fafo": (make.fafo, _policy("full")),
+    "fafo+streaming": (make.fafo, _policy("streaming", budget=20, sinks=4)),
+    "fafo+quest": (make.fafo, _policy("quest", budget=24, page_size=8, dense_layers=0)),
+    "fafo+snapkv": (make.fafo, _policy("snapkv", budget=24, window=8)),
+    "fafo+h2o": (make.fafo, _policy("h2o", budget=24, recent=8)),
+    "fafo_2forward+streaming": (make.fafo_2forward, _policy("streaming", budget=20, sinks=4)),
+    "selfspec+streaming": (make.selfspec, _policy("streaming", budget=20, sinks=4)),
+    "selfspec+retrieval": (make.selfspec, _policy("retrieval", **RETRIEVAL)),
+    "selfspec+topk": (make.selfspec, _policy("topk", budget=24, dense_layers=1)),
+    "triforce+retrieval": (make.triforce, _policy("retrieval", **RETRIEVAL)),
+    "sfi": (make.sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3)),
+    "vanilla+kvpress": (make.vanilla, _policy("kvpress", press="StreamingLLMPress", compression_ratio=0.6)),
     # the long-context experiments' compressed-region backend: read by gather on graphed engines
-    "selfspec+retrieval/sliced": (_selfspec, _policy("retrieval", backend="sliced", **RETRIEVAL)),
-    "triforce+retrieval/sliced": (_triforce, _policy("retrieval", backend="sliced", **RETRIEVAL)),
-    "sfi/sliced": (_sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
+    "selfspec+retrieval/sliced": (make.selfspec, _policy("retrieval", backend="sliced", **RETRIEVAL)),
+    "triforce+retrieval/sliced": (make.triforce, _policy("retrieval", backend="sliced", **RETRIEVAL)),
+    "sfi/sliced": (make.sfi, _policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
 }
 
 

@@ -11,6 +11,7 @@ import torch
 from core.engine import Engine
 from core.types import Counts
 from kv_policies.base import build_policy
+from tests import tiny_decoders as make
 from tests.conftest import prefill_under
 
 
@@ -20,36 +21,16 @@ def _static(tiny_lm) -> Engine:
     return eng
 
 
-def _selfspec(eng, kv):
-    from decoders.selfspec import SelfSpeculative
-
-    return SelfSpeculative(eng, kv=kv, gamma=4)
-
-
-def _triforce(eng, kv):
-    from decoders.draft_model import DraftModel
-    from decoders.triforce import TriForce
-
-    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
-    return TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)
-
-
-def _sfi(eng, kv):
-    from decoders.sfi import SlowFast
-
-    return SlowFast(eng, kv=kv, t_max=4, trigger_token_ids=set(range(0, 256, 7)))
-
-
 CASES = {
     "selfspec+retrieval": (
-        _selfspec,
+        make.selfspec,
         lambda: build_policy("retrieval", budget=24, chunk=4, backend="sliced"),
     ),
     "triforce+retrieval": (
-        _triforce,
+        make.triforce,
         lambda: build_policy("retrieval", budget=24, chunk=4, backend="sliced"),
     ),
-    "sfi": (_sfi, lambda: build_policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
+    "sfi": (make.sfi, lambda: build_policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
 }
 
 
