@@ -33,7 +33,8 @@ class SelectionActivity:
         self.reset()
 
     def reset(self) -> None:
-        self._pending: list[tuple[int, torch.Tensor, int]] = []  # (first layer, visible, cache_len), deferred
+        # (first layer, visible, cache_len, entries every layer sees on top), deferred
+        self._pending: list[tuple[int, torch.Tensor, int, int]] = []
         self.noted_forwards = 0
         self.restricted_forwards = 0
         self.visible_sum = 0.0
@@ -59,25 +60,26 @@ class SelectionActivity:
         self._visible = n_layers * (visible / cache_len if cache_len else 1.0)
         self._restricted = visible < cache_len
 
-    def note_forward(self, visible: torch.Tensor, cache_len: int) -> None:
+    def note_forward(self, visible: torch.Tensor, cache_len: int, plus: int = 0) -> None:
         """A whole forward at once: `visible [n_layers]` (a device tensor, read only by `summary`, so a
-        step does not wait for it) entries of `cache_len` per KV head in each layer, as `note` takes them."""
-        self._pending.append((0, visible.reshape(-1), cache_len))
+        step does not wait for it) entries of `cache_len` per KV head in each layer, `plus` more in every
+        layer, as `note` takes them."""
+        self._pending.append((0, visible.reshape(-1), cache_len, plus))
 
     def note_layer(self, layer: int, visible: torch.Tensor, cache_len: int) -> None:
         """`note` with `visible` a 0-d device tensor, read only by `summary`."""
-        self._pending.append((layer, visible.reshape(1), cache_len))
+        self._pending.append((layer, visible.reshape(1), cache_len, 0))
 
     def _read_pending(self) -> None:
         """The deferred notes in the order they came (one read of the device for all of them)."""
         pending, self._pending = self._pending, []
         if not pending:
             return
-        values = torch.cat([v for _, v, _ in pending]).tolist()
+        values = torch.cat([v for _, v, _, _ in pending]).tolist()
         at = 0
-        for first, visible, cache_len in pending:
+        for first, visible, cache_len, plus in pending:
             for i in range(visible.numel()):
-                self.note(first + i, int(values[at + i]), cache_len)
+                self.note(first + i, int(values[at + i]) + plus, cache_len)
             at += visible.numel()
         self._close()
 

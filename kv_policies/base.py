@@ -254,26 +254,28 @@ class KVPolicy:
     def stacked_keep(self, keep: dict[int, torch.Tensor], cache_len: int) -> torch.Tensor:
         """`layer_selections` from per-layer keep masks fixed after the prefill (`keep[layer]`: bool
         `[n_kv_heads, P]` over the first P logical positions; later entries and layers without a mask are
-        visible), stacked once per generation and mapped to physical slots on the device."""
+        visible). The masks are stacked once per generation over the whole allocation, so that a step
+        maps its first `cache_len` positions to physical slots with one gather on the device."""
         cache = self.engine.cache
-        if self.__dict__.get("_stack_layers") != len(keep):  # `reset` drops the last generation's
-            width = max((m.shape[1] for m in keep.values()), default=0)
-            stack = torch.ones(cache.n_layers, cache.n_kv_heads, width, dtype=torch.bool, device=cache.device)
-            for layer, m in keep.items():
-                stack[layer, :, : m.shape[1]] = m
-            self.__dict__["_stack"], self.__dict__["_stack_layers"] = stack, len(keep)
-            self.__dict__.pop("_stacked", None)
+        stacked = self.__dict__.get("_stack_layers") == len(keep)  # `reset` drops the last generation's
         last = self.__dict__.get("_stacked")
-        if last is not None and last[0] == cache_len and self.region is None:
+        if stacked and last is not None and last[0] == cache_len and self.region is None:
             return last[1]  # a draft's rounds select over the same entries, which committing never moves
-        stack = self.__dict__["_stack"]
-        logical = torch.ones(
-            cache.n_layers, cache.n_kv_heads, cache_len, dtype=torch.bool, device=cache.device
-        )
-        n = min(cache_len, stack.shape[2])
-        logical[:, :, :n] = stack[:, :, :n]
-        physical = self.physical_stack(logical)
+        stack = self.__dict__.get("_stack")
+        if not stacked or stack is None or stack.shape[2] < cache_len:
+            shape = (cache.n_layers, cache.n_kv_heads, max(cache_len, cache.capacity))
+            stack = self.__dict__["_stack"] = stack_masks(keep, shape, cache.device)
+            self.__dict__["_stack_layers"] = len(keep)
+            # what each layer keeps of its first `width` positions per KV head, less `width`: past the
+            # masks every entry is kept, so of `cache_len >= width` positions it keeps this + cache_len
+            width = max((m.shape[1] for m in keep.values()), default=0)
+            beyond = stack[:, :, :width].sum(dim=(1, 2)) // cache.n_kv_heads - width
+            self.__dict__["_kept_beyond"] = (width, beyond)
+        physical = self.physical_stack(stack[:, :, :cache_len])
         self.__dict__["_stacked"] = (cache_len, physical)  # committed slots keep their entries
+        width, beyond = self.__dict__["_kept_beyond"]
+        if cache_len >= width and self.region is None:  # slots 0..cache_len-1 hold positions 0..cache_len-1
+            self.__dict__["_kept_of"] = (physical, beyond, cache_len)  # `LayerSelectionView` counts no more
         return physical
 
     def forget_stack(self) -> None:
@@ -462,3 +464,20 @@ class KVPolicy:
             f"budget {self.budget} cannot restrict a context of {context} tokens (prompt + max_new_tokens); "
             "kv.budget_frac (e.g. the *_ctx10 presets) gives a budget that bites at this scale"
         )
+
+
+def stack_masks(keep: dict[int, torch.Tensor], shape: tuple[int, int, int], device: Any) -> torch.Tensor:
+    """bool `shape` (`[n_layers, n_kv_heads, length]`, longer if a mask is): `keep[layer]` over its first
+    positions, True elsewhere. Masks of one width on consecutive layers (every layer past the dense ones)
+    are copied in one operator."""
+    n_layers, hkv, length = shape
+    length = max(length, *(m.shape[1] for m in keep.values()), 0)
+    stack = torch.ones(n_layers, hkv, length, dtype=torch.bool, device=device)
+    layers = sorted(keep)
+    widths = {keep[layer].shape[1] for layer in layers}
+    if len(widths) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
+        stack[layers[0] : layers[-1] + 1, :, : widths.pop()] = torch.stack([keep[layer] for layer in layers])
+    else:
+        for layer, mask in keep.items():
+            stack[layer, :, : mask.shape[1]] = mask
+    return stack

@@ -304,19 +304,21 @@ class LayerSelectionView:
         cache_len = engine.length
         sel_len = selectable_length(cache_len, tail_from)
         chosen = policy.layer_selections(sel_len)  # [n_layers, n_kv_heads, sel_len]
-        memo = policy.__dict__.get("_kept_of")  # a policy may serve one stack to a draft's rounds
+        # (stack, per layer, plus): what `chosen` keeps per layer and KV head, as `RestrictedView` counts
+        # it, is `per layer + plus`; a policy may serve one stack to a draft's rounds, or know its counts
+        memo = policy.__dict__.get("_kept_of")
         if memo is not None and memo[0] is chosen:
-            kept = memo[1]
+            kept, plus = memo[1], memo[2]
         else:
-            kept = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads  # per layer, as `RestrictedView`
-            policy.__dict__["_kept_of"] = (chosen, kept)
-        policy.activity.note_forward(kept, sel_len)
+            kept, plus = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads, 0
+            policy.__dict__["_kept_of"] = (chosen, kept, plus)
+        policy.activity.note_forward(kept, sel_len, plus)
         restricted = restricted.to(engine.device)
         if not policy.watches_queries:
             rows = None
         elif rows is None:
             rows = restricted.nonzero().squeeze(1)
-        read = DeviceReads(kept, cache_len - sel_len)  # the tail: read by every row
+        read = DeviceReads(kept, plus + cache_len - sel_len)  # the tail: read by every row
         return cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:

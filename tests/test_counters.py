@@ -405,6 +405,26 @@ def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
     assert window.fixed_selection(51)[0] is not sel
 
 
+@pytest.mark.parametrize("layers", [(2, 3, 4, 5), (1, 3), (0, 2, 5)])
+def test_keep_masks_stack_in_one_copy_and_as_layer_by_layer(layers):
+    """`stack_masks`: each layer's mask over its first positions and True elsewhere, whether the masks
+    are copied in one operator (one width on consecutive layers) or layer by layer (widths 5 and 7, or
+    gaps between the layers)."""
+    from kv_policies.base import stack_masks
+
+    gen = torch.Generator().manual_seed(len(layers))
+    widths = {layer: 7 if layers == (1, 3) and layer == 3 else 5 for layer in layers}
+    keep = {layer: torch.rand(2, widths[layer], generator=gen) > 0.5 for layer in layers}
+    syncs = HostSyncs("cpu")
+    with syncs:
+        got = stack_masks(keep, (6, 2, 9), torch.device("cpu"))  # as the cache names its device
+    want = torch.ones(6, 2, 9, dtype=torch.bool)
+    for layer, mask in keep.items():
+        want[layer, :, : mask.shape[1]] = mask
+    assert torch.equal(got, want)
+    assert syncs.launches == (3 if layers == (2, 3, 4, 5) else 1 + len(layers))
+
+
 def test_a_forward_noted_for_every_layer_at_once_sums_like_per_layer_notes():
     """`note_layers` (one forward, every layer alike) is `note` for each layer in turn, also between
     per-layer forwards."""
