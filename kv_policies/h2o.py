@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from core.attention import softmax_lastdim
 from core.types import HarnessError
 from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
 
@@ -37,7 +38,7 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float, first_row: in
     if first_row is not None:
         rows = (first_row + torch.arange(r, device=k.device)).repeat(h // hkv).view(-1, 1)
         logits = logits.masked_fill(torch.arange(m, device=k.device).view(1, -1) > rows, float("-inf"))
-    return logits.softmax(-1).sum(1)
+    return softmax_lastdim(logits).sum(1)
 
 
 class H2O(KVPolicy):
@@ -176,12 +177,28 @@ class H2O(KVPolicy):
         )
 
     def _score_all(self, S: torch.Tensor, A: torch.Tensor, qs: list, length: int, count: int) -> None:
-        """Every layer's observed attention mass added to its alive entries, in one batch of operators."""
+        """Every layer's observed attention mass added to its alive entries, in one batch of operators.
+        While most committed entries are alive the queries read every committed slot, the dead ones
+        masked out of the softmax (the same mass, without finding and gathering the alive entries);
+        once evictions leave a minority alive, only the alive entries' keys are gathered."""
         cache = self.engine.cache
+        d, n_layers = cache.k.shape[-1], S.shape[0]
+        if length <= 2 * count:
+            pos = cache.slot_pos[:length]  # the plain layout: slot s holds logical position pos[s]
+            # nothing evicted yet: every committed entry is alive, no mask
+            alive = None if count == length else A[..., :length].index_select(2, pos)  # by slot
+            mass = attention_mass_layers(
+                torch.stack(qs), cache.k[:n_layers, :, :length], self._scale(d), alive
+            )
+            S.index_add_(2, pos, mass)  # the committed slots hold each position once
+            return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
         slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout's map is every layer's
-        d = cache.k.shape[-1]
-        k = cache.k[: S.shape[0], :, :length].gather(2, slots[..., None].expand(-1, -1, -1, d))
+        # whole key rows by one index_select over the flattened cache (a gather over an index expanded
+        # along head_dim addresses each element)
+        base = torch.arange(n_layers * cache.n_kv_heads, device=slots.device).view(n_layers, -1, 1)
+        flat = (slots + base * cache.capacity).view(-1)
+        k = cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
         S.scatter_add_(2, pos, attention_mass_layers(torch.stack(qs), k, self._scale(d)))
 
     def _score_layer(self, layer: int, q: torch.Tensor, length: int) -> None:
@@ -244,10 +261,14 @@ def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int
     alive[..., :older].scatter_(-1, keep, True)
 
 
-def attention_mass_layers(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """`attention_mass` of every layer at once (every key visible): q `[L, H, r, d]`, k
-    `[L, n_kv_heads, m, d]` -> `[L, n_kv_heads, m]`."""
+def attention_mass_layers(
+    q: torch.Tensor, k: torch.Tensor, scale: float, visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`attention_mass` of every layer at once: q `[L, H, r, d]`, k `[L, n_kv_heads, m, d]` ->
+    `[L, n_kv_heads, m]`; `visible [L, n_kv_heads, m]` (None: every key) masks keys out of the softmax."""
     n_layers, h, r, d = q.shape
     hkv = k.shape[1]
     logits = (q.float().reshape(n_layers, hkv, (h // hkv) * r, d) @ k.float().transpose(-1, -2)) * scale
-    return logits.softmax(-1).sum(2)
+    if visible is not None:
+        logits.masked_fill_(~visible[:, :, None, :], float("-inf"))
+    return softmax_lastdim(logits).sum(2)

@@ -281,6 +281,27 @@ def test_h2o_selection_equals_brute_force():
         ref.evict(n + 1)
 
 
+def test_h2o_mass_softmax_pads_short_rows_and_equals_the_plain_softmax():
+    """Under 16 keys the CPU softmax is padded with -inf columns (PyTorch's kernel is scalar there): the
+    probabilities, masked keys included, and H2O's attention mass equal the plain softmax's."""
+    from core.attention import SOFTMAX_MIN_CPU, softmax_lastdim
+    from kv_policies.h2o import attention_mass_layers
+
+    g = torch.Generator().manual_seed(0)
+    for m in (1, 5, 11, SOFTMAX_MIN_CPU - 1, SOFTMAX_MIN_CPU, 23):
+        x = torch.randn(2, 3, 4, m, generator=g) * 3
+        x[..., 0, : m // 2] = float("-inf")  # masked keys keep probability 0
+        got = softmax_lastdim(x)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got, x.softmax(-1), atol=1e-7, rtol=1e-6)
+        q, k = torch.randn(2, 6, 5, 8, generator=g), torch.randn(2, 3, m, 8, generator=g)
+        visible = torch.rand(2, 3, m, generator=g) < 0.7
+        visible[..., 0] = True
+        logits = (q.reshape(2, 3, 10, 8) @ k.transpose(-1, -2)) * 0.3
+        want = logits.masked_fill(~visible[:, :, None, :], float("-inf")).softmax(-1).sum(2)
+        torch.testing.assert_close(attention_mass_layers(q, k, 0.3, visible), want, atol=1e-6, rtol=1e-6)
+
+
 def test_h2o_updates_every_layer_at_once_as_it_does_layer_by_layer(engine_and_prompt):
     """H2O scores and evicts all layers in one batch of operators when they observed the same rows; the
     layer-by-layer path gives the same selections and the same tokens."""
