@@ -64,6 +64,7 @@ class H2O(KVPolicy):
         self._score: dict[int, torch.Tensor] = {}
         self._alive: dict[int, torch.Tensor] = {}
         self._q: dict[int, torch.Tensor] = {}
+        self._qbuf: torch.Tensor | None = None
         self._evicted = False
 
     def min_budget(self) -> int:
@@ -91,6 +92,7 @@ class H2O(KVPolicy):
         self._S = self._A = None
         self._layers: set[int] = set()
         self._q = {}
+        self._qbuf: torch.Tensor | None = None  # `observe`'s stacked copies
         self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
 
@@ -138,7 +140,15 @@ class H2O(KVPolicy):
             self._evict(layer, engine.length)
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
-        self._q[layer] = q
+        """Keep layer `layer`'s restricted queries `[n_heads, r, d]` for `after_commit`, copied into one
+        buffer of every layer's (`[n_layers, n_heads, r, d]`) while the forward that made them has them
+        at hand, so that scoring every layer at once stacks nothing."""
+        n_layers = self.engine.cache.n_layers if self.engine is not None else layer + 1
+        buf = self._qbuf
+        if buf is None or buf.shape[1:] != q.shape or buf.dtype != q.dtype or buf.shape[0] <= layer:
+            buf = self._qbuf = torch.empty(max(n_layers, layer + 1), *q.shape, dtype=q.dtype, device=q.device)
+        buf[layer].copy_(q)
+        self._q[layer] = buf[layer]
 
     @torch.inference_mode()
     def after_commit(self, engine: Any, n_new: int) -> None:
@@ -183,13 +193,14 @@ class H2O(KVPolicy):
         once evictions leave a minority alive, only the alive entries' keys are gathered."""
         cache = self.engine.cache
         d, n_layers = cache.k.shape[-1], S.shape[0]
+        buf = self._qbuf
+        stacked = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
+        queries = buf[:n_layers] if stacked else torch.stack(qs)  # type: ignore[index]
         if length <= 2 * count:
             pos = cache.slot_pos[:length]  # the plain layout: slot s holds logical position pos[s]
             # nothing evicted yet: every committed entry is alive, no mask
             alive = None if count == length else A[..., :length].index_select(2, pos)  # by slot
-            mass = attention_mass_layers(
-                torch.stack(qs), cache.k[:n_layers, :, :length], self._scale(d), alive
-            )
+            mass = attention_mass_layers(queries, cache.k[:n_layers, :, :length], self._scale(d), alive)
             S.index_add_(2, pos, mass)  # the committed slots hold each position once
             return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
@@ -199,7 +210,7 @@ class H2O(KVPolicy):
         base = torch.arange(n_layers * cache.n_kv_heads, device=slots.device).view(n_layers, -1, 1)
         flat = (slots + base * cache.capacity).view(-1)
         k = cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
-        S.scatter_add_(2, pos, attention_mass_layers(torch.stack(qs), k, self._scale(d)))
+        S.scatter_add_(2, pos, attention_mass_layers(queries, k, self._scale(d)))
 
     def _score_layer(self, layer: int, q: torch.Tensor, length: int) -> None:
         cache = self.engine.cache
