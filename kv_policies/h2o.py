@@ -65,6 +65,7 @@ class H2O(KVPolicy):
         self._alive: dict[int, torch.Tensor] = {}
         self._q: dict[int, torch.Tensor] = {}
         self._qbuf: torch.Tensor | None = None
+        self._starts: tuple | None = None
         self._evicted = False
 
     def min_budget(self) -> int:
@@ -93,6 +94,7 @@ class H2O(KVPolicy):
         self._layers: set[int] = set()
         self._q = {}
         self._qbuf: torch.Tensor | None = None  # `observe`'s stacked copies
+        self._starts: tuple | None = None  # `_row_starts`
         self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
 
@@ -207,10 +209,19 @@ class H2O(KVPolicy):
         slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout's map is every layer's
         # whole key rows by one index_select over the flattened cache (a gather over an index expanded
         # along head_dim addresses each element)
-        base = torch.arange(n_layers * cache.n_kv_heads, device=slots.device).view(n_layers, -1, 1)
-        flat = (slots + base * cache.capacity).view(-1)
+        flat = (slots + self._row_starts(n_layers)).view(-1)
         k = cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
         S.scatter_add_(2, pos, attention_mass_layers(queries, k, self._scale(d)))
+
+    def _row_starts(self, n_layers: int) -> torch.Tensor:
+        """long `[n_layers, n_kv_heads, 1]`: where each layer's and KV head's slots start in the cache
+        flattened to key rows (made once per generation and allocation)."""
+        cache = self.engine.cache
+        key = (n_layers, cache.n_kv_heads, cache.capacity, cache.k.device)
+        if self._starts is None or self._starts[0] != key:
+            rows = torch.arange(n_layers * cache.n_kv_heads, device=cache.k.device) * cache.capacity
+            self._starts = (key, rows.view(n_layers, -1, 1))
+        return self._starts[1]
 
     def _score_layer(self, layer: int, q: torch.Tensor, length: int) -> None:
         cache = self.engine.cache
