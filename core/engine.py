@@ -257,7 +257,9 @@ class Engine:
         are re-rotated by -(hi - lo) positions (StreamingLLM's in-cache positions, so a model with a
         short context window can run over any length). Values do not carry positions."""
         cache = self.cache
+        in_order = cache.in_order
         cache.drop(lo, hi)
+        cache.in_order = in_order  # renumbered below: slot == position again
         moved, shift = cache.length - lo, hi - lo
         if not moved or not shift:
             return

@@ -7,7 +7,10 @@ physically (compaction on commit, FAFO's compressed-region swaps) without changi
 
 Slots `[0, length)` hold committed entries; a forward stages its block at `[length, length + n)`;
 `commit(keep)` compacts the kept block rows to `[length, length + len(keep))` and forgets the rest.
-`slot_pos[s]` is the logical (RoPE) position of the entry in slot `s`.
+`slot_pos[s]` is the logical (RoPE) position of the entry in slot `s`. Every decoder commits its tokens
+in sequence order, so committed slot `s` holds position `s` until entries are swapped (a compressed
+region, `core.compressed_region`) or dropped: `in_order` says so, and the KV policies then read slots
+as positions without a map (the tests check it after every generation).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class KVCache:
         self.allocations = 0  # times the tensors were (re)allocated: grows only with capacity
         self.length = 0
         self.staged = 0
+        self.in_order = True
         self.k = self.v = torch.empty(0)
         self.slot_pos = torch.empty(0, dtype=torch.long)
 
@@ -41,6 +45,7 @@ class KVCache:
             self.allocations += 1
         self.length = 0
         self.staged = 0
+        self.in_order = True  # committed slot s holds position s (see the module docstring)
 
     def bytes_per_entry(self) -> int:
         """Bytes of K+V for one cached position over all layers and KV heads."""
@@ -119,6 +124,7 @@ class KVCache:
         if not 0 <= lo <= hi <= self.length:
             raise ValueError(f"cannot drop slots [{lo}, {hi}) of a cache of length {self.length}")
         n = self.length - hi
+        self.in_order = self.in_order and not (hi > lo and n)  # the moved entries keep their positions
         if hi > lo and n:
             self.k[:, :, lo : lo + n] = self.k[:, :, hi : self.length].clone()
             self.v[:, :, lo : lo + n] = self.v[:, :, hi : self.length].clone()
@@ -129,6 +135,7 @@ class KVCache:
     def swap_slots(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """Exchange the entries in committed slots `a[i]` and `b[i]` (all layers). Used by layouts
         that keep a selected set in a fixed region (FAFO's compressed head region)."""
+        self.in_order = False
         ka, kb = self.k[:, :, a].clone(), self.k[:, :, b].clone()
         self.k[:, :, a], self.k[:, :, b] = kb, ka
         va, vb = self.v[:, :, a].clone(), self.v[:, :, b].clone()

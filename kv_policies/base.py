@@ -254,8 +254,8 @@ class KVPolicy:
     def stacked_keep(self, keep: dict[int, torch.Tensor], cache_len: int) -> torch.Tensor:
         """`layer_selections` from per-layer keep masks fixed after the prefill (`keep[layer]`: bool
         `[n_kv_heads, P]` over the first P logical positions; later entries and layers without a mask are
-        visible). The masks are stacked once per generation over the whole allocation, so that a step
-        maps its first `cache_len` positions to physical slots with one gather on the device."""
+        visible). The masks are stacked once per generation over the whole allocation, so that a step's
+        selection is the stack's first `cache_len` slots (a view; a compressed region's map: a gather)."""
         cache = self.engine.cache
         stacked = self.__dict__.get("_stack_layers") == len(keep)  # `reset` drops the last generation's
         last = self.__dict__.get("_stacked")
@@ -290,6 +290,8 @@ class KVPolicy:
         if self.region is not None:  # a permuted layout: each layer's own map
             maps = [self.logical_of_slots(li, hkv, cache_len) for li in range(n_layers)]
             return torch.stack([logical[li].gather(1, m) for li, m in enumerate(maps)])
+        if self.in_order():
+            return logical
         slots = self.engine.cache.slot_pos[:cache_len].expand(n_layers, hkv, cache_len)
         return logical.gather(2, slots)
 
@@ -315,6 +317,8 @@ class KVPolicy:
         if self.keeps_all(layer, cache_len):
             return torch.ones(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
         sel = self.select(layer, q, k_cache, cache_len).to(k_cache.device)
+        if self.in_order():
+            return sel
         return sel.gather(1, self.logical_of_slots(layer, hkv, cache_len, k_cache.device))
 
     # --- layout helpers ------------------------------------------------------------------------
@@ -332,15 +336,20 @@ class KVPolicy:
         pos = positions if positions.dim() >= 2 else positions.expand(hkv, -1)
         if self.region is not None:
             return self.region.slots_of(layer, pos)
-        if self.engine is not None and pos.numel():
-            # committed slots hold a permutation of the positions before the cache's length: invert it
-            # on the device (checking for the identity would make the host wait for the cache)
-            cache = self.engine.cache
-            sp = cache.slot_pos[: cache.length]
-            inv = torch.empty(cache.length, dtype=torch.long, device=sp.device)
-            inv[sp] = torch.arange(cache.length, device=sp.device)
-            return inv[pos]
-        return pos
+        if self.in_order() or self.engine is None or not pos.numel():
+            return pos
+        # committed slots hold a permutation of the positions before the cache's length: invert it on
+        # the device (checking for the identity would make the host wait for the cache)
+        cache = self.engine.cache
+        sp = cache.slot_pos[: cache.length]
+        inv = torch.empty(cache.length, dtype=torch.long, device=sp.device)
+        inv[sp] = torch.arange(cache.length, device=sp.device)
+        return inv[pos]
+
+    def in_order(self) -> bool:
+        """Whether committed slot s holds position s (`KVCache.in_order`, no compressed region): slots
+        are then read as positions, without a map."""
+        return self.region is None and (self.engine is None or self.engine.cache.in_order)
 
     def gather_keys(self, layer: int, k_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Keys `[n_kv_heads, m, head_dim]` of logical `positions` from physical `k_cache`."""

@@ -198,15 +198,15 @@ class H2O(KVPolicy):
         buf = self._qbuf
         stacked = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
         queries = buf[:n_layers] if stacked else torch.stack(qs)  # type: ignore[index]
-        if length <= 2 * count:
-            pos = cache.slot_pos[:length]  # the plain layout: slot s holds logical position pos[s]
-            # nothing evicted yet: every committed entry is alive, no mask
-            alive = None if count == length else A[..., :length].index_select(2, pos)  # by slot
-            mass = attention_mass_layers(queries, cache.k[:n_layers, :, :length], self._scale(d), alive)
-            S.index_add_(2, pos, mass)  # the committed slots hold each position once
+        if length <= 2 * count and self.in_order():
+            # the plain layout: slot s holds position s; nothing evicted yet: every entry alive, no mask
+            alive = None if count == length else A[..., :length]
+            S[..., :length] += attention_mass_layers(
+                queries, cache.k[:n_layers, :, :length], self._scale(d), alive
+            )
             return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
-        slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout's map is every layer's
+        slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout: the positions themselves
         # whole key rows by one index_select over the flattened cache (a gather over an index expanded
         # along head_dim addresses each element)
         flat = (slots + self._row_starts(n_layers)).view(-1)

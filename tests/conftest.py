@@ -61,3 +61,27 @@ def prefill_under(eng, policy, prompt: list[int], new_tokens: int) -> None:
     eng.reset(len(prompt) + new_tokens)
     eng.prefill(prompt, hooks=policy.prefill_hooks())
     policy.after_prefill(eng)
+
+
+@pytest.fixture(autouse=True)
+def committed_slots_hold_their_positions(monkeypatch):
+    """Every generation of every test ends with committed slot s holding logical position s while the
+    cache says so (`KVCache.in_order`: no compressed region has swapped entries): the KV policies then
+    read slots as positions (`KVPolicy.in_order`), so a decoder that commits its tokens out of sequence
+    order, or at other positions, fails here."""
+    from decoders.base import BaseDecoder
+
+    generate = BaseDecoder.generate
+
+    def checked(self, *args, **kwargs):
+        out = generate(self, *args, **kwargs)
+        cache = self.engine.cache
+        if cache.in_order and cache.length:
+            held = cache.slot_pos[: cache.length]
+            expected = torch.arange(cache.length, device=held.device)
+            assert torch.equal(held, expected), (
+                f"{type(self).__name__}: committed slots out of position order"
+            )
+        return out
+
+    monkeypatch.setattr(BaseDecoder, "generate", checked)

@@ -137,6 +137,30 @@ def test_quest_selects_top_pages_per_kv_head_and_the_last_page():
         assert int(sel[h].sum()) <= 64
 
 
+def test_the_cache_says_when_its_slots_hold_their_positions(tiny_lm):
+    """`KVCache.in_order` (policies then read slots as positions): true after a reset and commits in
+    sequence order, false once entries are swapped or dropped; a draft's `Engine.evict` renumbers the
+    moved entries, so it stays true there."""
+    eng = Engine(tiny_lm.model)
+    eng.reset(64)
+    eng.prefill(list(range(3, 23)))
+    cache = eng.cache
+
+    def held() -> bool:
+        return torch.equal(cache.slot_pos[: cache.length], torch.arange(cache.length, device=eng.device))
+
+    assert cache.in_order and held()
+    eng.evict(4, 9)  # StreamingLLM in the draft's own cache: slot == position again
+    assert cache.in_order and held() and cache.length == 15
+    cache.drop(2, 4)
+    assert not cache.in_order and not held()
+    eng.reset(64)
+    assert cache.in_order
+    eng.prefill(list(range(3, 23)))
+    cache.swap_slots(torch.tensor([0, 1]), torch.tensor([5, 6]))
+    assert not cache.in_order and not held()
+
+
 def test_policies_see_logical_positions_through_a_permuted_cache():
     """Keys are post-RoPE, so slots may be permuted (cache.swap_slots); selections follow slot_pos."""
     eng = FakeEngine(layers=3, hkv=2, d=8, capacity=300)
