@@ -240,6 +240,12 @@ class KVPolicy:
         device, so the step takes the fixed-shape forward (`core.decode_graph`) without a sync."""
         return None
 
+    def fixed_hole(self, cache_len: int) -> tuple[int, int, int] | None:
+        """`(lo, hi, entries kept)` when `fixed_selection(cache_len)` is every slot but `[lo, hi)` (a
+        window over slots that hold their positions): the visibility is then written without building
+        the selection. None (the default): use `fixed_selection`."""
+        return None
+
     def layer_selections(self, cache_len: int) -> torch.Tensor:
         """bool `[n_layers, n_kv_heads, cache_len]` over physical slots: every layer's `visible` for a
         `query_free` policy, read once per step before the forward (`kv_policies.view.LayerSelectionView`).

@@ -73,6 +73,13 @@ class StreamingLLM(KVPolicy):
             last = self.__dict__["_fixed"] = (key, (window, min(cache_len, self.budget)))
         return last[1]
 
+    def fixed_hole(self, cache_len: int) -> tuple[int, int, int] | None:
+        """Over slots that hold their positions the window leaves out `[sinks, cache_len - recent)`."""
+        eng = self.engine
+        if self.dense_layers or eng is None or not self.in_order() or eng.cache.capacity < cache_len:
+            return None
+        return self.sinks, max(cache_len - self.recent, self.sinks), min(cache_len, self.budget)
+
     def selection(self, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """bool `[cache_len]`: positions < sinks or >= cache_len - recent."""
         sel = torch.zeros(cache_len, dtype=torch.bool, device=device)

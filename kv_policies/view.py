@@ -190,15 +190,21 @@ class SelectionView(MaskView):
             return None
         cache_len = engine.length
         sel_len = selectable_length(cache_len, tail_from)
-        fixed = policy.fixed_selection(sel_len)
-        if fixed is None:
-            return None
-        selection, kept = fixed
         n = block_mask.shape[0]
-        if n == 1 and tail_from is not None and block_mask is causal_block(1, engine.device)[0]:
-            mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
+        draft_row = n == 1 and tail_from is not None and block_mask is causal_block(1, engine.device)[0]
+        hole = None if draft_row else policy.fixed_hole(sel_len)
+        if hole is not None:
+            lo, hi, kept = hole
+            mask = _hole_mask(engine, block_mask, restricted, rows, lo, hi, cache_len)
         else:
-            mask = _selection_mask(engine, block_mask, restricted, rows, selection, sel_len, cache_len)
+            fixed = policy.fixed_selection(sel_len)
+            if fixed is None:
+                return None
+            selection, kept = fixed
+            if draft_row:
+                mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
+            else:
+                mask = _selection_mask(engine, block_mask, restricted, rows, selection, sel_len, cache_len)
         # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
         policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
         return cls(mask, engine.scale, kept + cache_len - sel_len)
@@ -223,6 +229,28 @@ def _selection_mask(
     else:
         restricted = restricted.to(engine.device)
         mask[:, :sel_len] = selection[None, :] | ~restricted[:, None]
+    mask[:, cache_len:] = block_mask
+    return mask
+
+
+def _hole_mask(
+    engine: Any,
+    block_mask: torch.Tensor,
+    restricted: torch.Tensor,
+    rows: slice | None,
+    lo: int,
+    hi: int,
+    cache_len: int,
+) -> torch.Tensor:
+    """`_selection_mask` of a selection that is every cached slot but `[lo, hi)`: one write, no
+    selection tensor."""
+    n = block_mask.shape[0]
+    mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
+    if hi > lo:
+        if rows is not None:
+            mask[rows, lo:hi] = False
+        else:
+            mask[:, lo:hi] = ~restricted.to(engine.device)[:, None]
     mask[:, cache_len:] = block_mask
     return mask
 

@@ -20,6 +20,7 @@ from kv_policies.h2o import H2O
 from kv_policies.quest import Quest, page_bounds, page_minmax
 from kv_policies.snapkv import SnapKV
 from kv_policies.streaming import StreamingLLM
+from kv_policies.view import selectable_length
 
 
 class FakeEngine:
@@ -159,6 +160,33 @@ def test_the_cache_says_when_its_slots_hold_their_positions(tiny_lm):
     eng.prefill(list(range(3, 23)))
     cache.swap_slots(torch.tensor([0, 1]), torch.tensor([5, 6]))
     assert not cache.in_order and not held()
+
+
+@pytest.mark.parametrize("tail_from", [None, 50, 58])
+def test_streaming_window_written_as_a_hole_equals_its_selection_mask(tiny_lm, tail_from):
+    """Over slots that hold their positions StreamingLLM's visibility is written as a hole in the cached
+    slots (`fixed_hole`): the same mask and reads as the selection tensor's (restricted rows as a range
+    or as flags); once entries moved, the selection tensor is used."""
+    from kv_policies.view import SelectionView
+
+    eng = Engine(tiny_lm.model)
+    eng.reset(128)
+    eng.prefill(list(range(3, 63)))
+    pol = StreamingLLM(budget=16, sinks=4)
+    pol.attach(eng)
+    n = 7
+    block_mask = torch.ones(n, n, dtype=torch.bool).tril()
+    flags = torch.tensor([False, False, True, False, True, True, True])
+    for restricted, rows in ((torch.tensor([False] * 3 + [True] * 4), slice(3, n)), (flags, None)):
+        hole = SelectionView.build(pol, eng, block_mask, restricted, tail_from, rows)
+        assert pol.fixed_hole(selectable_length(eng.length, tail_from)) is not None
+        pol.fixed_hole = lambda cache_len: None  # the selection tensor's path
+        plain = SelectionView.build(pol, eng, block_mask, restricted, tail_from, rows)
+        del pol.fixed_hole
+        assert torch.equal(hole.mask, plain.mask) and hole.read == plain.read
+        assert not hole.mask[rows or slice(None)].all()  # the window restricted something
+    eng.cache.swap_slots(torch.tensor([0]), torch.tensor([30]))
+    assert pol.fixed_hole(eng.length) is None
 
 
 def test_policies_see_logical_positions_through_a_permuted_cache():
