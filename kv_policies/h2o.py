@@ -206,7 +206,7 @@ class H2O(KVPolicy):
             )
             return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
-        slots = self.physical(0, pos, cache.n_kv_heads)  # the plain layout: the positions themselves
+        slots = self.physical(0, pos, cache.n_kv_heads)  # in-order slots: the positions themselves
         # whole key rows by one index_select over the flattened cache (a gather over an index expanded
         # along head_dim addresses each element)
         flat = (slots + self._row_starts(n_layers)).view(-1)
