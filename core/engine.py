@@ -291,9 +291,14 @@ class Engine:
         memory and an asynchronous copy (a copy from pageable memory synchronises the stream; PyTorch's
         caching host allocator keeps the pinned block until its copy is done), elsewhere the tensor. A
         tensor already on the device is returned as it is (in `dtype`)."""
-        if isinstance(values, torch.Tensor) and values.device == self.device:
-            return values.to(dtype)
-        host = values if isinstance(values, torch.Tensor) else host_tensor(values, dtype)
+        if isinstance(values, torch.Tensor):
+            if values.device == self.device:
+                return values if values.dtype == dtype else values.to(dtype)
+            host = values
+        else:
+            host = host_tensor(values, dtype)
+            if self.device.type == "cpu":
+                return host  # already where it goes (a `.to` would be one more operator a step)
         if self.device.type == "cuda":
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)

@@ -64,7 +64,7 @@ class SelectionActivity:
         """A whole forward at once: `visible [n_layers]` (a device tensor, read only by `summary`, so a
         step does not wait for it) entries of `cache_len` per KV head in each layer, `plus` more in every
         layer, as `note` takes them."""
-        self._pending.append((0, visible.reshape(-1), cache_len, plus))
+        self._pending.append((0, visible if visible.dim() == 1 else visible.reshape(-1), cache_len, plus))
 
     def note_layer(self, layer: int, visible: torch.Tensor, cache_len: int) -> None:
         """`note` with `visible` a 0-d device tensor, read only by `summary`."""

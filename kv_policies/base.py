@@ -232,6 +232,13 @@ class KVPolicy:
         """True when this layer's selection is every cached entry (budget >= context, dense layers)."""
         return layer < self.dense_layers or self.budget is None or cache_len <= self.budget
 
+    def keeps_every_layer(self, n_layers: int, cache_len: int) -> bool:
+        """`keeps_all` for layers `0..n_layers-1`. The last layer is asked first: dense layers come
+        first, so a restricting policy answers in one call."""
+        if not self.keeps_all(n_layers - 1, cache_len):
+            return False
+        return all(self.keeps_all(li, cache_len) for li in range(n_layers - 1))
+
     def fixed_selection(self, cache_len: int) -> tuple[torch.Tensor, int] | None:
         """`(bool [cache_len] over physical slots, entries it keeps)` when this generation's selection
         of `[0, cache_len)` is the same for every layer, KV head and query and is known without reading
@@ -277,7 +284,7 @@ class KVPolicy:
             width = max((m.shape[1] for m in keep.values()), default=0)
             beyond = stack[:, :, :width].sum(dim=(1, 2)) // cache.n_kv_heads - width
             self.__dict__["_kept_beyond"] = (width, beyond)
-        physical = self.physical_stack(stack[:, :, :cache_len])
+        physical = self.physical_stack(stack.narrow(2, 0, cache_len))  # one call, not tuple indexing
         self.__dict__["_stacked"] = (cache_len, physical)  # committed slots keep their entries
         width, beyond = self.__dict__["_kept_beyond"]
         if cache_len >= width and self.region is None:  # slots 0..cache_len-1 hold positions 0..cache_len-1
@@ -427,9 +434,7 @@ class KVPolicy:
         or TriForce's middle level checking a draft model's tokens) over the selection of
         `[0, tail_from)` plus the fresh tail `[tail_from, length)`; the plain causal view when nothing
         is restricted."""
-        if not self.watches_queries and all(
-            self.keeps_all(li, tail_from) for li in range(engine.cache.n_layers)
-        ):
+        if not self.watches_queries and self.keeps_every_layer(engine.cache.n_layers, tail_from):
             return CausalView(engine.scale)
         tril, rows = causal_block(n_block, engine.device)
         return self.restricted_view(engine, tril, rows, tail_from=tail_from, rows=slice(None))
@@ -458,8 +463,7 @@ class KVPolicy:
     def decode_view(self, engine: Any, n_block: int) -> Any:
         """View for a block whose rows all see the policy's selection (plus the block causally)."""
         cache_len = engine.length
-        n_layers = engine.cache.n_layers
-        if all(self.keeps_all(li, cache_len) for li in range(n_layers)):
+        if self.keeps_every_layer(engine.cache.n_layers, cache_len):
             if not self.watches_queries:
                 return CausalView(engine.scale)
             return ObservedCausalView(engine.scale, self)

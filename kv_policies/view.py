@@ -64,8 +64,10 @@ def causal_block(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tens
     """(block mask `[n, n]` causal, restricted `[n]` every row) of a block whose rows all see a policy's
     selection: made once per size and device and shared by every view (no view writes them), so a
     step builds no masks."""
-    key = (n, torch.device(device))
-    masks = _CAUSAL_BLOCKS.get(key)
+    masks = _CAUSAL_BLOCKS.get((n, device))  # a step passes the engine's `torch.device`: no conversion
+    if masks is None:
+        key = (n, torch.device(device))
+        masks = _CAUSAL_BLOCKS.get(key)
     if masks is None:
         tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         masks = _CAUSAL_BLOCKS[key] = (tril, torch.ones(n, dtype=torch.bool, device=device))
@@ -341,7 +343,8 @@ class LayerSelectionView:
             kept, plus = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads, 0
             policy.__dict__["_kept_of"] = (chosen, kept, plus)
         policy.activity.note_forward(kept, sel_len, plus)
-        restricted = restricted.to(engine.device)
+        if restricted.device != engine.device:
+            restricted = restricted.to(engine.device)
         if not policy.watches_queries:
             rows = None
         elif rows is None:

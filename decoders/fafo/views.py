@@ -42,7 +42,7 @@ class ViewFactory:
             return True
         if kv.watches_queries:
             return False
-        return all(kv.keeps_all(li, cache_len) for li in range(self.engine.cache.n_layers))
+        return kv.keeps_every_layer(self.engine.cache.n_layers, cache_len)
 
     def fused(self, lay: FafoLayout, cache_len: int) -> Any:
         """x_last and candidates see the full cache; stream rows only the policy's selection."""
