@@ -62,6 +62,7 @@ from kv_policies.view import (
     RestrictedView,
     SelectionView,
     causal_block,
+    stack_masks,
 )
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,11 @@ class KVPolicy:
     engine: Any = None
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
     _noted_large: bool = False
+
+    @property
+    def may_fix_selection(self) -> bool:
+        """Whether the policy overrides `fixed_selection` (a `SelectionView` is worth trying)."""
+        return type(self).fixed_selection is not KVPolicy.fixed_selection
 
     @property
     def watches_queries(self) -> bool:
@@ -483,20 +489,3 @@ class KVPolicy:
             f"budget {self.budget} cannot restrict a context of {context} tokens (prompt + max_new_tokens); "
             "kv.budget_frac (e.g. the *_ctx10 presets) gives a budget that bites at this scale"
         )
-
-
-def stack_masks(keep: dict[int, torch.Tensor], shape: tuple[int, int, int], device: Any) -> torch.Tensor:
-    """bool `shape` (`[n_layers, n_kv_heads, length]`, longer if a mask is): `keep[layer]` over its first
-    positions, True elsewhere. Masks of one width on consecutive layers (every layer past the dense ones)
-    are copied in one operator."""
-    n_layers, hkv, length = shape
-    length = max(length, *(m.shape[1] for m in keep.values()), 0)
-    stack = torch.ones(n_layers, hkv, length, dtype=torch.bool, device=device)
-    layers = sorted(keep)
-    widths = {keep[layer].shape[1] for layer in layers}
-    if len(widths) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
-        stack[layers[0] : layers[-1] + 1, :, : widths.pop()] = torch.stack([keep[layer] for layer in layers])
-    else:
-        for layer, mask in keep.items():
-            stack[layer, :, : mask.shape[1]] = mask
-    return stack

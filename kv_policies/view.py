@@ -16,6 +16,9 @@ read once per step into one `[n_layers, n_kv_heads, L]` tensor on the device, so
 fixed-shape forward. A policy that watches the queries (`observe`) gets the restricted rows' queries
 of every layer, as from `RestrictedView`.
 
+`stack_masks`: per-layer keep masks fixed after the prefill, stacked once into the selection tensor a
+`LayerSelectionView` reads (`KVPolicy.stacked_keep`).
+
 `ObservedCausalView`: the plain causal view (bit-identical to `CausalView`) that also hands the
 queries to `policy.observe` (H2O accumulates attention even while the budget still covers everything).
 """
@@ -188,7 +191,7 @@ class SelectionView(MaskView):
         """The view, or None when the policy's selection is not fixed (or it watches the queries).
         `rows`: the restricted rows as a range, when the caller knows it (one write instead of a
         blend over every row)."""
-        if policy.watches_queries:
+        if policy.watches_queries or not policy.may_fix_selection:
             return None
         cache_len = engine.length
         sel_len = selectable_length(cache_len, tail_from)
@@ -385,3 +388,20 @@ class ObservedCausalView(CausalView):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.observe(layer, q[0])
         return super().attend(layer, q, k, v)
+
+
+def stack_masks(keep: dict[int, torch.Tensor], shape: tuple[int, int, int], device: Any) -> torch.Tensor:
+    """bool `shape` (`[n_layers, n_kv_heads, length]`, longer if a mask is): `keep[layer]` over its first
+    positions, True elsewhere. Masks of one width on consecutive layers (every layer past the dense ones)
+    are copied in one operator."""
+    n_layers, hkv, length = shape
+    length = max(length, *(m.shape[1] for m in keep.values()), 0)
+    stack = torch.ones(n_layers, hkv, length, dtype=torch.bool, device=device)
+    layers = sorted(keep)
+    widths = {keep[layer].shape[1] for layer in layers}
+    if len(widths) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
+        stack[layers[0] : layers[-1] + 1, :, : widths.pop()] = torch.stack([keep[layer] for layer in layers])
+    else:
+        for layer, mask in keep.items():
+            stack[layer, :, : mask.shape[1]] = mask
+    return stack

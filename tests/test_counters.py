@@ -410,7 +410,7 @@ def test_keep_masks_stack_in_one_copy_and_as_layer_by_layer(layers):
     """`stack_masks`: each layer's mask over its first positions and True elsewhere, whether the masks
     are copied in one operator (one width on consecutive layers) or layer by layer (widths 5 and 7, or
     gaps between the layers)."""
-    from kv_policies.base import stack_masks
+    from kv_policies.view import stack_masks
 
     gen = torch.Generator().manual_seed(len(layers))
     widths = {layer: 7 if layers == (1, 3) and layer == 3 else 5 for layer in layers}

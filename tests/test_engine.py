@@ -172,3 +172,16 @@ def test_staged_values_keep_their_values_dtype_and_memory(tiny_lm):
     assert staged[2].numel() == 0 and staged[2].dtype == torch.long
     assert staged[3].tolist() == [True, False, True]
     assert eng.stage([2**40, -5]).tolist() == [2**40, -5]
+
+
+def test_staging_what_is_already_on_the_device_makes_no_copy(tiny_lm):
+    """A step stages its block on every call: a tensor already on the engine's device in the asked dtype
+    comes back as the same object, one in another dtype is converted, and on a CPU a host list becomes
+    the tensor the step reads (no further `.to`)."""
+    eng = Engine(tiny_lm.model)
+    ids = torch.arange(5)
+    assert eng.stage(ids) is ids
+    as_int = eng.stage(ids, torch.int32)
+    assert as_int.dtype == torch.int32 and as_int.tolist() == ids.tolist()
+    staged = eng.stage([7, 8, 9])
+    assert staged.device == eng.device and staged.tolist() == [7, 8, 9]
