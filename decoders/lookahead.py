@@ -149,10 +149,10 @@ class JacobiWindow:
             self.levels = [lv[1:] for lv in self.levels]
             return []
         lv = self.levels
-        grams = []
-        for c in range(self.w):
-            key = root if c == 0 else lv[0][c - 1]
-            grams.append((key, (*(lv[i][c] for i in range(1, self.n - 1)), top_out[c])))
+        # column c's key is the token before it (the root for column 0); its gram runs down levels 1..
+        # then the top output: one zip over the columns, no generator per column
+        keys = [root, *lv[0][: self.w - 1]]
+        grams = list(zip(keys, zip(*lv[1:], top_out)))
         self.levels = [lv[1][1:], *lv[2:], list(top_out)]
         return grams
 
