@@ -67,10 +67,9 @@ def causal_block(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tens
     """(block mask `[n, n]` causal, restricted `[n]` every row) of a block whose rows all see a policy's
     selection: made once per size and device and shared by every view (no view writes them), so a
     step builds no masks."""
-    masks = _CAUSAL_BLOCKS.get((n, device))  # a step passes the engine's `torch.device`: no conversion
-    if masks is None:
-        key = (n, torch.device(device))
-        masks = _CAUSAL_BLOCKS.get(key)
+    # a step passes the engine's `torch.device`, which needs no conversion
+    key = (n, device if isinstance(device, torch.device) else torch.device(device))
+    masks = _CAUSAL_BLOCKS.get(key)
     if masks is None:
         tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         masks = _CAUSAL_BLOCKS[key] = (tril, torch.ones(n, dtype=torch.bool, device=device))
