@@ -196,10 +196,13 @@ class SelectionView(MaskView):
         sel_len = selectable_length(cache_len, tail_from)
         n = block_mask.shape[0]
         draft_row = n == 1 and tail_from is not None and block_mask is causal_block(1, engine.device)[0]
-        hole = None if draft_row else policy.fixed_hole(sel_len)
+        hole = policy.fixed_hole(sel_len)
         if hole is not None:
             lo, hi, kept = hole
-            mask = _hole_mask(engine, block_mask, restricted, rows, lo, hi, cache_len)
+            if draft_row:
+                mask = _one_row_draft_mask(policy, engine, (lo, hi), sel_len, cache_len)
+            else:
+                mask = _hole_mask(engine, block_mask, restricted, rows, lo, hi, cache_len)
         else:
             fixed = policy.fixed_selection(sel_len)
             if fixed is None:
@@ -260,18 +263,27 @@ def _hole_mask(
 
 
 def _one_row_draft_mask(
-    policy: Any, engine: Any, selection: torch.Tensor, sel_len: int, cache_len: int
+    policy: Any, engine: Any, selection: torch.Tensor | tuple[int, int], sel_len: int, cache_len: int
 ) -> torch.Tensor:
-    """A one-row draft step's visibility `[1, cache_len + 1]`: the selection of `[0, sel_len)`, then the
-    draft's fresh tail and the row itself. The rows of one draft share the selection and differ only in
-    how much tail they see, so each is a prefix of one buffer written once per draft (no operator a row)."""
+    """A one-row draft step's visibility `[1, cache_len + 1]`: the selection of `[0, sel_len)` (a bool
+    tensor, or the `(lo, hi)` hole of every slot but `[lo, hi)`), then the draft's fresh tail and the row
+    itself. The rows of one draft share the selection and differ only in how much tail they see, so each
+    is a prefix of one buffer written once per draft (no operator a row)."""
     last = policy.__dict__.get("_draft_mask")  # (selection, buffer): `selection` covers `[0, sel_len)`
-    if last is None or last[0] is not selection or last[1].shape[1] <= cache_len:
+    if last is None or not _same_selection(last[0], selection) or last[1].shape[1] <= cache_len:
         width = max(cache_len + 1, engine.cache.capacity)
         buffer = torch.ones(1, width, dtype=torch.bool, device=engine.device)
-        buffer[0, :sel_len] = selection
+        if isinstance(selection, tuple):  # every slot visible but the hole, whatever `sel_len`
+            buffer[0, selection[0] : selection[1]] = False
+        else:
+            buffer[0, :sel_len] = selection
         last = policy.__dict__["_draft_mask"] = (selection, buffer)
     return last[1][:, : cache_len + 1]
+
+
+def _same_selection(a: torch.Tensor | tuple[int, int], b: torch.Tensor | tuple[int, int]) -> bool:
+    """The same selection tensor, or equal holes."""
+    return a is b or isinstance(a, tuple) and isinstance(b, tuple) and a == b
 
 
 class LayerSelectionView:

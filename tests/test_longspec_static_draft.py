@@ -141,3 +141,22 @@ def test_cuda_graph_longspec_draft_equals_eager(tiny_lm):
     dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint="random", window=16)
     assert dec.generate(prompt, 48, set(), Counts()) == ref
     assert dec.draft.static is not None and dec.draft.static.captures >= 5 and dec.draft.static.levels
+
+
+def test_a_reused_tree_buffer_holds_each_new_tree_alone():
+    """`DraftedTree.start` writes the root's token only: every level rewrites its rows whole, so a buffer
+    reused for a smaller tree after a larger one reads each tree's own ancestors, depths and scores."""
+    gen = torch.Generator().manual_seed(0)
+    buf = DraftedTree(16, 4, torch.device("cpu"))
+    for root, widths in ((7, [3, 5, 6]), (8, [2, 1]), (9, [4, 4, 4])):
+        buf.start(root)
+        lo, hi = 0, 1
+        for depth, width in enumerate(widths, 1):
+            parents = torch.randint(lo, hi, (width,), generator=gen).sort().values
+            scores = -torch.rand(width, generator=gen)
+            buf.grow(torch.randint(0, 50, (width,), generator=gen), parents, scores, depth)
+            lo, hi = hi, buf.size
+        tree, _ = buf.host(scores=True)
+        n = buf.size
+        assert tree.tokens[0] == root and tree.score[0] == 0.0 and tree.depth == buf.depths[:n].tolist()
+        assert torch.equal(buf.ancestors[:n, :n], tree.ancestor_mask())

@@ -269,15 +269,20 @@ def test_sliced_decode_row_over_a_full_region_takes_the_unmasked_path(region):
     torch.testing.assert_close(out, sdpa(q, k, v, None, 0.25), atol=1e-6, rtol=1e-5)
 
 
-def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks(tiny_lm):
+@pytest.mark.parametrize("hole", [True, False])
+def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks(tiny_lm, hole):
     """A self-speculative draft's rows (one row each, the same selection, a growing fresh tail) take
     their visibility as prefixes of one buffer written once per draft: each equals the mask built from
-    scratch, and a new selection (the next draft, after a commit) writes a new buffer."""
+    scratch, and a new selection (the next draft, after a commit) writes a new buffer. StreamingLLM's
+    window is written as a hole over slots that hold their positions (`hole`), else from its selection
+    tensor."""
     from kv_policies.view import _selection_mask, causal_block
     from tests.conftest import prefill_under
 
     eng = Engine(tiny_lm.model)
     pol = build_policy("streaming", budget=24, sinks=4)
+    if not hole:
+        pol.fixed_hole = lambda cache_len: None
     prefill_under(eng, pol, list(range(1, 61)), 20)
     tril, every = causal_block(1, eng.device)
     buffers = set()
@@ -286,6 +291,7 @@ def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks
         for i in range(4):  # draft rows: each commits its entry, the next sees it in the tail
             view = pol.draft_view(eng, length)
             assert isinstance(view, SelectionView)
+            assert (pol.fixed_hole(length) is not None) == hole
             selection, _ = pol.fixed_selection(length)
             built = _selection_mask(eng, tril, every, slice(None), selection, length, eng.length)
             assert torch.equal(view.mask, built)

@@ -76,6 +76,7 @@ class DraftedTree:
         self.score = torch.zeros(capacity, device=device)  # cumulative draft log-prob (float32)
         self.depths = torch.zeros(capacity, dtype=torch.long, device=device)
         self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)  # i sees j
+        self.ancestors[0, 0] = True  # the root's row (itself), score (0) and depth (0) never change
         self.ones = torch.ones(capacity, window, dtype=torch.bool, device=device)  # the draft's window
         self.positions = torch.zeros(capacity, dtype=torch.long, device=device)  # a draft level's
         self.depth: list[int] = [0]  # per row, on the host (the levels' sizes do not depend on the data)
@@ -85,10 +86,9 @@ class DraftedTree:
         return len(self.depth)
 
     def start(self, root: int) -> DraftedTree:
+        """A tree of the root alone. Only its token is written: each level rewrites its rows whole
+        (`write_level`), so rows past the tree's size are never read and need no clearing."""
         self.tokens[0] = root
-        self.score[0] = 0.0
-        self.ancestors.zero_()
-        self.ancestors[0, 0] = True
         self.depth = [0]
         return self
 
