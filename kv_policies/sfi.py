@@ -272,13 +272,27 @@ class SFI(KVPolicy):
                 cache.n_layers, cache.n_kv_heads, cache.capacity, dtype=torch.bool, device=cache.device
             )
             stack[:, :, : self.sinks] = True
-            for layer, chosen in self._sel.items():
-                if chosen.numel():
-                    stack[layer].scatter_(1, chosen.to(cache.device), True)
-            self.__dict__["_long_stack"], self.__dict__["_long_key"] = stack, key
+            sels = [self._sel.get(layer) for layer in range(cache.n_layers)]
+            if all(s is not None and s.numel() and s.shape == sels[0].shape for s in sels):
+                # every layer chose as many (one Selector pass): one scatter, not one per layer
+                stack.scatter_(2, torch.stack(sels).to(cache.device), True)  # type: ignore[arg-type]
+            else:
+                for layer, chosen in self._sel.items():
+                    if chosen.numel():
+                        stack[layer].scatter_(1, chosen.to(cache.device), True)
+            # what each layer keeps per KV head below every position (`LayerSelectionView`'s count): a
+            # fast step's count is then a view of it plus the window, no reduction a step
+            below = stack.sum(1).cumsum(-1) // cache.n_kv_heads
+            self.__dict__["_long_stack"], self.__dict__["_long_below"] = stack, below
+            self.__dict__["_long_key"] = key
+        window = max(cache_len - self.recent, 0)
         logical = self.__dict__["_long_stack"][:, :, :cache_len].clone()
-        logical[:, :, max(cache_len - self.recent, 0) :] = True
-        return self.physical_stack(logical)
+        logical[:, :, window:] = True
+        chosen = self.physical_stack(logical)
+        below = self.__dict__["_long_below"]
+        if window:  # (stack, per layer, plus), as `LayerSelectionView.build` reads it
+            self.__dict__["_kept_of"] = (chosen, below[:, window - 1], cache_len - window)
+        return chosen
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

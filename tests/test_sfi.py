@@ -77,6 +77,29 @@ def test_fast_steps_see_sinks_recent_and_the_selection(setup):
             assert all(2 <= p < n - 6 for p in chosen[h].tolist())  # chosen among the candidates
 
 
+def test_fast_steps_count_what_their_selection_keeps_without_reducing_it(setup):
+    """A fast step's selection comes with its count per layer (`_kept_of`: read from the stack's counts
+    below the window, plus the window): the same as summing the selection, which the view then skips."""
+    eng, cases = setup
+    hkv, checked = eng.cache.n_kv_heads, []
+    for prompt, _ in cases:
+        pol = SFI(k=5, sinks=2, recent=6, window=3)
+        stacked = pol.layer_selections
+
+        def spy(cache_len, pol=pol, stacked=stacked):
+            got = stacked(cache_len)
+            memo = pol.__dict__.get("_kept_of")
+            if memo is not None and memo[0] is got:
+                checked.append(torch.equal(memo[1] + memo[2], got.sum(dim=(1, 2)) // hkv))
+            return got
+
+        pol.layer_selections = spy
+        SlowFast(eng, kv=pol, t_max=4, trigger_token_ids=BYTE_TRIGGERS).generate(
+            prompt, N_NEW, set(), Counts()
+        )
+    assert len(checked) > N_NEW and all(checked)
+
+
 def test_slow_step_selector_sees_the_exact_logits(setup):
     """A slow step's selection equals sfi_select on q.k / sqrt(d) computed by hand from the cache."""
     eng, cases = setup
