@@ -14,9 +14,9 @@ Unlike the Quest reference implementation's `max(3, budget // page)` rule, a bud
 context keeps everything. `page_size` must divide the compressed-region block (128) so pages tile
 the region's blocks.
 
-The page metadata is kept per layer and extended incrementally as entries are committed (read from the
-cache the first time a layer is scored after they arrive); a shorter cache (rollback) re-reads the
-cut page.
+The page metadata of every layer is kept in one tensor and extended incrementally as entries are
+committed (read from the cache the first time a layer is scored after they arrive; before a fixed-shape
+forward, every layer in one pass); a shorter cache (rollback) re-reads the cut page.
 """
 
 from __future__ import annotations
@@ -73,8 +73,10 @@ class Quest(KVPolicy):
         self.set_budget(budget)
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
-        self._kmin: dict[int, torch.Tensor] = {}
-        self._kmax: dict[int, torch.Tensor] = {}
+        # every layer's page extremes, `[n_layers, n_kv_heads, pages, head_dim]` (a step's fixed-shape
+        # forward brings every layer up to date in one pass), and the entries each layer has read
+        self._kmin: torch.Tensor | None = None
+        self._kmax: torch.Tensor | None = None
         self._seen: dict[int, int] = {}
 
     def min_budget(self) -> int:
@@ -99,7 +101,7 @@ class Quest(KVPolicy):
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)
-        self._kmin, self._kmax, self._seen = {}, {}, {}
+        self._kmin, self._kmax, self._seen = None, None, {}
 
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         return layer < self.dense_layers or cache_len <= self.budget
@@ -108,38 +110,69 @@ class Quest(KVPolicy):
         return min(self.n_pages * self.page_size, capacity)
 
     # --- page metadata -------------------------------------------------------------------------
-    def _ensure(self, layer: int, k_cache: torch.Tensor, pages: int) -> None:
-        hkv, _, d = k_cache.shape
-        have = self._kmin.get(layer)
-        if have is not None and have.shape[1] >= pages:
+    def _ensure(self, k_cache: torch.Tensor, pages: int) -> None:
+        """Room for `pages` pages of every layer's extremes (`k_cache`: one layer's keys, for the shape)."""
+        have = self._kmin
+        if have is not None and have.shape[2] >= pages:
             return
-        cap = max(pages, 2 * (have.shape[1] if have is not None else 0), 64)
-        kmin = torch.full((hkv, cap, d), float("inf"), device=k_cache.device)
-        kmax = torch.full((hkv, cap, d), float("-inf"), device=k_cache.device)
+        hkv, _, d = k_cache.shape
+        cap = max(pages, 2 * (have.shape[2] if have is not None else 0), 64)
+        shape = (self.engine.cache.n_layers, hkv, cap, d)
+        kmin = torch.full(shape, float("inf"), device=k_cache.device)
+        kmax = torch.full(shape, float("-inf"), device=k_cache.device)
         if have is not None:
-            kmin[:, : have.shape[1]] = have
-            kmax[:, : have.shape[1]] = self._kmax[layer]
-        self._kmin[layer], self._kmax[layer] = kmin, kmax
+            kmin[:, :, : have.shape[2]] = have
+            kmax[:, :, : have.shape[2]] = self._kmax
+        self._kmin, self._kmax = kmin, kmax
 
     @torch.inference_mode()
     def sync(self, layer: int, k_cache: torch.Tensor, cache_len: int) -> None:
         """Bring layer `layer`'s page extremes up to `cache_len` entries."""
-        p = self.page_size
-        seen = self._seen.get(layer, 0)
-        self._ensure(layer, k_cache, -(-cache_len // p))
-        kmin, kmax = self._kmin[layer], self._kmax[layer]
-        if cache_len < seen:  # rolled back: forget the cut pages, re-read the partial one
-            first = cache_len // p
-            kmin[:, first:].fill_(float("inf"))
-            kmax[:, first:].fill_(float("-inf"))
-            seen = first * p
+        self._ensure(k_cache, -(-cache_len // self.page_size))
+        seen = self._forget_cut(slice(layer, layer + 1), self._seen.get(layer, 0), cache_len)
         if cache_len > seen:
             pos = torch.arange(seen, cache_len, device=k_cache.device)
             keys = self.gather_keys(layer, k_cache, pos).float()  # [hkv, m, d]
-            idx = (pos // p).view(1, -1, 1).expand_as(keys)
-            kmin.scatter_reduce_(1, idx, keys, "amin")
-            kmax.scatter_reduce_(1, idx, keys, "amax")
+            self._extend(self._kmin[layer], self._kmax[layer], keys, pos)
         self._seen[layer] = cache_len
+
+    @torch.inference_mode()
+    def sync_layers(self, first: int, cache_len: int) -> None:
+        """`sync` of layers `first..` over the engine's cache, every layer in one pass when they have
+        read as many entries and share one slot map (no compressed region): the fixed-shape forward's
+        staging, before every step (one scatter per bound instead of one per layer)."""
+        cache = self.engine.cache
+        layers = range(first, cache.n_layers)
+        seen = {self._seen.get(li, 0) for li in layers}
+        if len(seen) != 1 or self.region is not None:
+            for li in layers:
+                self.sync(li, cache.k[li, :, :cache_len], cache_len)
+            return
+        self._ensure(cache.k[first], -(-cache_len // self.page_size))
+        done = self._forget_cut(slice(first, None), seen.pop(), cache_len)
+        if cache_len > done:
+            pos = torch.arange(done, cache_len, device=cache.k.device)
+            if self.in_order():
+                keys = cache.k[first:, :, done:cache_len]
+            else:  # one slot map for every layer and head
+                keys = cache.k[first:].index_select(2, self.physical(first, pos, 1)[0])
+            self._extend(self._kmin[first:], self._kmax[first:], keys.float(), pos)
+        self._seen.update(dict.fromkeys(layers, cache_len))
+
+    def _forget_cut(self, layers: slice, seen: int, cache_len: int) -> int:
+        """After a rollback below `seen`, forget the cut pages of `layers`; the entries still read."""
+        if cache_len >= seen:
+            return seen
+        first = cache_len // self.page_size  # the partial page is read again
+        self._kmin[layers, :, first:].fill_(float("inf"))
+        self._kmax[layers, :, first:].fill_(float("-inf"))
+        return first * self.page_size
+
+    def _extend(self, kmin: torch.Tensor, kmax: torch.Tensor, keys: torch.Tensor, pos: torch.Tensor) -> None:
+        """Fold `keys [..., m, d]` of positions `pos [m]` into their pages' extremes `[..., pages, d]`."""
+        idx = (pos // self.page_size).view(*[1] * (keys.dim() - 2), -1, 1).expand_as(keys)
+        kmin.scatter_reduce_(-2, idx, keys, "amin")
+        kmax.scatter_reduce_(-2, idx, keys, "amax")
 
     def forward_view(
         self,

@@ -48,12 +48,11 @@ class QuestSelector(InForwardSelector):
     def stage(self, view: Any, n: int, length: int) -> None:
         """The page extremes of the `length` cached entries, every selected layer, and the last page."""
         super().stage(view, n, length)
-        pol, cache = self.policy, self.engine.cache
-        pages = -(-length // self.page)
-        for layer in range(self.dense, cache.n_layers):
-            pol.sync(layer, cache.k[layer, :, :length], length)
-            self.kmin[layer, :, :pages].copy_(pol._kmin[layer][:, :pages])
-            self.kmax[layer, :, :pages].copy_(pol._kmax[layer][:, :pages])
+        pol = self.policy
+        pages, first = -(-length // self.page), self.dense
+        pol.sync_layers(first, length)
+        self.kmin[first:, :, :pages].copy_(pol._kmin[first:, :, :pages])
+        self.kmax[first:, :, :pages].copy_(pol._kmax[first:, :, :pages])
         self.last_page.fill_(pages - 1)
 
     def select(

@@ -95,25 +95,6 @@ def test_quest_page_bound_never_below_true_max(seed, length, page, rows, scale):
         assert (bound[..., p].double() >= true - 1e-5 * scale * scale).all()
 
 
-def test_quest_metadata_incremental_equals_scratch_and_rolls_back():
-    eng = FakeEngine(layers=1, hkv=2, d=8, capacity=300)
-    pol = Quest(budget=64, page_size=16, dense_layers=0)
-    pol.attach(eng)
-    pol.reset(40)
-    keys = torch.randn(1, 2, 300, 8)
-    eng.append(keys[:, :, :40])
-    for step in range(60):  # grow one entry at a time, scoring every step
-        pol.select(0, torch.randn(4, 1, 8), eng.cache.k[0, :, : eng.length], eng.length)
-        eng.append(keys[:, :, eng.length : eng.length + 1])
-        if step == 30:
-            eng.cache.crop(53)  # roll back into the middle of a page
-    n = eng.length
-    pol.sync(0, eng.cache.k[0, :, :n], n)
-    kmin, kmax = page_minmax(eng.cache.k[0, :, :n], 16)
-    pages = kmin.shape[1]
-    assert torch.equal(pol._kmin[0][:, :pages], kmin) and torch.equal(pol._kmax[0][:, :pages], kmax)
-
-
 def test_quest_selects_top_pages_per_kv_head_and_the_last_page():
     eng = FakeEngine(layers=3, hkv=2, d=8)
     pol = Quest(budget=64, page_size=16, dense_layers=1)
