@@ -8,13 +8,15 @@ tokens, positions, cache length and visibility from device buffers, write the bl
 through a boolean visibility of every slot.
 
 A block of n rows runs padded to the next power of two (one graph per padded size and cache
-allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see only
-their own slot, are never committed, and their logits are dropped. `Engine(cuda_graphs=True)` sends
-here every decode step under a plain `CausalView`, a `BlockView`, a two-dimensional `MaskView` (a KV
-policy's one selection for every layer among them), a per-layer selection (a view with
+allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see the
+cache and their own slot, are never committed, and their logits are dropped.
+`Engine(cuda_graphs=True)` sends here every decode step under a plain `CausalView`, a `BlockView`,
+a two-dimensional `MaskView` (a KV policy's one selection for every layer among them;
+StreamingLLM's window as a `cache_hole` in the whole cache, written into the staged visibility
+without a mask), a per-layer selection (a view with
 `layer_selection`: `selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
-inside the block, `observe(layer, q)`) or a causal view whose policy watches the queries
-(`observes_queries`, `observe(layer, q)`), with no hooks, whose padded block fits the cache:
+inside the block, `observe_layers(queries)`) or a causal view whose policy watches the queries
+(`observes_queries`, `observe_layers(queries)`), with no hooks, whose padded block fits the cache:
 vanilla's steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's
 blocks, LongSpec's tree under its masked backend: a view with `whole_cache_block`), the blocks
 restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
@@ -58,6 +60,8 @@ def fits(cache, n: int, view) -> bool:
     aside: the engine decides those)."""
     if not has_room(cache, n):
         return False
+    if getattr(view, "cache_hole", None) is not None:  # the whole cache but a hole (`HoleView`)
+        return tuple(view.block_mask.shape) == (n, n) and view.cache_len == cache.length
     if isinstance(view, MaskView):  # one visibility for every head, over exactly [cache | block]
         return tuple(view.mask.shape) == (n, cache.length + n)
     if getattr(view, "whole_cache_block", False):  # BlockView, LongSpec's tree (masked backend)
@@ -209,6 +213,7 @@ class StaticForward:
         self.row = torch.arange(rows, device=dev)
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
+        self.back: torch.Tensor | None = None  # [rows, capacity]: slot - row, for causal views
         self.selector = None
         # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
         # and the capture write the staged slots only, which the replay that follows writes again.
@@ -227,17 +232,17 @@ class StaticForward:
         tokens, position_ids = tokens.to(eng.device).reshape(n), position_ids.to(eng.device).reshape(n)
         self.token[:n].copy_(tokens)
         self.position[:n].copy_(position_ids)
-        self.position[n:].copy_(position_ids[-1:].expand(self.rows - n))
-        cache.stage_positions(self.position)  # the capacity check and the slots' positions, as step does
+        if n < self.rows:
+            self.position[n:].copy_(position_ids[-1:].expand(self.rows - n))
+        cache.stage_block(self.rows)  # the capacity check; the forward writes the slots' positions
         self.length.fill_(cache.length)
         self._stage_visibility(view, n, cache.length, cache.capacity)
         if not self.capture:
             logits, ids = self.forward(argmax)
         else:
             logits, ids = self.replay((cache.k.data_ptr(), cache.capacity))
-        if self.queries is not None:  # the real rows' queries (pad rows are no one's)
-            for layer in range(self.queries.shape[0]):
-                view.observe(layer, self.queries[layer, :, :n])
+        if self.queries is not None:  # the real rows' queries (pad rows are no one's), every layer's at once
+            view.observe_layers(self.queries[:, :, :n])
         if self.selector is not None:
             view.take_reads(self.selector.reads.clone(), cache.length)
         picked = None if logits_rows is None else eng.stage(logits_rows)
@@ -252,28 +257,30 @@ class StaticForward:
 
     def _stage_visibility(self, view, n: int, length: int, capacity: int) -> None:
         """Which slots each row sees: the view's visibility over [cache | block] (block row j is slot
-        `length + j`), nothing past the block, and each pad row its own slot only."""
+        `length + j`) and nothing past the block. A pad row sees the cache and its own slot, so none of
+        its layers attends to nothing (its K/V, written past the block, stays finite)."""
         if self.visible.shape != (self.rows, capacity):
             self.visible = torch.zeros(self.rows, capacity, dtype=torch.bool, device=self.engine.device)
             self.slots = torch.arange(capacity, device=self.engine.device)
-        if isinstance(view, CausalView):
-            torch.le(self.slots[None, :], length + self.row[:, None], out=self.visible)
-        elif getattr(view, "whole_cache_block", False) or self.layered or self.selector is not None:
-            # every cached slot, then the block's own visibility
-            torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)
+        if isinstance(view, CausalView):  # a pad row sees the rows before it too: it is never read
+            if self.back is None or self.back.shape != self.visible.shape:
+                self.back = self.slots[None, :] - self.row[:, None]  # row r sees slots <= length + r
+            torch.le(self.back, length, out=self.visible)
+            return
+        torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)  # every cached slot
+        if isinstance(view, MaskView) and getattr(view, "cache_hole", None) is None:
+            self.visible[:n, : length + n].copy_(view.mask)
+        else:  # the block's own visibility
             self.visible[:n, length : length + n] = view.block_mask
+            if getattr(view, "cache_hole", None) is not None:
+                view.write_hole(self.visible[:n])
             if self.layered:
                 self._stage_selection(view, n, length, capacity)
             if self.selector is not None:
                 self._stage_restricted(view, n)
                 self.selector.stage(view, n, length)
-        else:
-            self.visible.zero_()
-            self.visible[:n, : length + n].copy_(view.mask)
-        if n < self.rows:
-            pad = self.row[n:]
-            self.visible[n:] = False
-            self.visible[pad, length + pad] = True
+        if n < self.rows:  # one write: the pad rows' slots are the diagonal of their square
+            self.visible[n:, length + n : length + self.rows].diagonal().fill_(True)
 
     def _stage_selection(self, view, n: int, length: int, capacity: int) -> None:
         """Each layer's selection over the cached slots (True from `length` on) and the restricted rows."""
@@ -299,6 +306,7 @@ class StaticForward:
         argmax (None without); their K/V land in slots `length + row`."""
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
+        cache.slot_pos.index_copy_(0, slots, self.position)  # as `KVCache.stage_positions` does
         visible = self.visible.view(1, 1, self.rows, -1)
         if self.gather is not None:
             order, valid = self._gather_order()

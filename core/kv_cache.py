@@ -53,13 +53,17 @@ class KVCache:
 
     # --- staging (called by the engine inside a forward) ---------------------------------------
     def stage_positions(self, position_ids: torch.Tensor) -> None:
-        n = position_ids.numel()
+        self.stage_block(position_ids.numel())
+        self.slot_pos[self.length : self.length + self.staged] = position_ids
+
+    def stage_block(self, n: int) -> None:
+        """Stage an `n`-row block whose slots' positions the caller writes (a fixed-shape forward, by
+        device index inside the forward)."""
         if self.length + n > self.capacity:
             raise RuntimeError(
                 f"KV cache overflow: {self.length} cached + {n} new > capacity {self.capacity}"
             )
         self.staged = n
-        self.slot_pos[self.length : self.length + n] = position_ids
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the block's K/V ([kv_heads, n, d]) for `layer`; return views over cache + block."""

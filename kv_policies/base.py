@@ -222,6 +222,12 @@ class KVPolicy:
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """Queries `[n_heads, rows, head_dim]` of the rows restricted to this policy (every layer)."""
 
+    def observe_layers(self, queries: torch.Tensor) -> None:
+        """`observe` of every layer at once, `queries [n_layers, n_heads, rows, head_dim]` (the
+        fixed-shape forward keeps them stacked)."""
+        for layer in range(queries.shape[0]):
+            self.observe(layer, queries[layer])
+
     def after_commit(self, engine: Any, n_new: int) -> None:
         pass
 

@@ -152,6 +152,14 @@ class H2O(KVPolicy):
         buf[layer].copy_(q)
         self._q[layer] = buf[layer]
 
+    def observe_layers(self, queries: torch.Tensor) -> None:
+        """Every layer's queries in one copy (`observe`'s buffer, whole)."""
+        buf = self._qbuf
+        if buf is None or buf.shape != queries.shape or buf.dtype != queries.dtype:
+            buf = self._qbuf = torch.empty_like(queries, memory_format=torch.contiguous_format)
+        buf.copy_(queries)
+        self._q = dict(enumerate(buf))
+
     @torch.inference_mode()
     def after_commit(self, engine: Any, n_new: int) -> None:
         length, cache = engine.length, engine.cache

@@ -8,7 +8,8 @@ visible to every row, never offered to the policy, which selects over `[0, tail_
 
 `SelectionView`: the same layout for a policy whose selection is one set of slots for every layer,
 head and query (`KVPolicy.fixed_selection`): a `MaskView` over `[n, L + n]` built on the device once per
-step, so the step takes the fixed-shape forward and reads nothing back.
+step, so the step takes the fixed-shape forward and reads nothing back; `HoleView` when the selection is
+every slot but a hole (`KVPolicy.fixed_hole`), whose mask no fixed-shape forward needs.
 
 `LayerSelectionView`: the same layout for a policy that chooses per layer and KV head before the forward
 (`KVPolicy.query_free`: SnapKV, H2O, retrieval, kvpress presses): the selections of every layer are
@@ -199,10 +200,11 @@ class SelectionView(MaskView):
         hole = policy.fixed_hole(sel_len)
         if hole is not None:
             lo, hi, kept = hole
-            if draft_row:
-                mask = _one_row_draft_mask(policy, engine, (lo, hi), sel_len, cache_len)
-            else:
-                mask = _hole_mask(engine, block_mask, restricted, rows, lo, hi, cache_len)
+            if not draft_row:
+                policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
+                read = kept + cache_len - sel_len
+                return HoleView(block_mask, restricted, rows, (lo, hi), cache_len, engine, read)
+            mask = _one_row_draft_mask(policy, engine, (lo, hi), sel_len, cache_len)
         else:
             fixed = policy.fixed_selection(sel_len)
             if fixed is None:
@@ -240,26 +242,47 @@ def _selection_mask(
     return mask
 
 
-def _hole_mask(
-    engine: Any,
-    block_mask: torch.Tensor,
-    restricted: torch.Tensor,
-    rows: slice | None,
-    lo: int,
-    hi: int,
-    cache_len: int,
-) -> torch.Tensor:
-    """`_selection_mask` of a selection that is every cached slot but `[lo, hi)`: one write, no
-    selection tensor."""
-    n = block_mask.shape[0]
-    mask = torch.ones(n, cache_len + n, dtype=torch.bool, device=engine.device)
-    if hi > lo:
-        if rows is not None:
-            mask[rows, lo:hi] = False
+class HoleView(SelectionView):
+    """A `SelectionView` whose restricted rows see every cached slot but the hole `[lo, hi)` (StreamingLLM
+    over slots that hold their positions). Its `[n, L + n]` mask is written when the forward's first
+    layer reads it, as `BlockView`'s is; the fixed-shape forward never builds it: it stages the whole
+    cache and the block, then writes the hole into its own visibility (`write_hole`), so a restricted
+    block costs the step no mask of its own."""
+
+    def __init__(
+        self,
+        block_mask: torch.Tensor,
+        restricted: torch.Tensor,
+        rows: slice | None,
+        hole: tuple[int, int],
+        cache_len: int,
+        engine: Any,
+        read: int,
+    ) -> None:
+        self.block_mask, self.restricted, self.rows = block_mask, restricted, rows
+        self.cache_hole, self.cache_len = hole, cache_len
+        self.scale, self.device, self.read = engine.scale, engine.device, read
+        self._mask: torch.Tensor | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:  # type: ignore[override]
+        if self._mask is None:
+            n = self.block_mask.shape[0]
+            mask = torch.ones(n, self.cache_len + n, dtype=torch.bool, device=self.device)
+            self.write_hole(mask)
+            mask[:, self.cache_len :] = self.block_mask
+            self._mask = mask
+        return self._mask
+
+    def write_hole(self, visible: torch.Tensor) -> None:
+        """Hide the hole from the restricted rows of `visible` (`[n, >= hi]`, the hole's slots visible)."""
+        lo, hi = self.cache_hole
+        if hi <= lo:
+            return
+        if self.rows is not None:
+            visible[self.rows, lo:hi] = False
         else:
-            mask[:, lo:hi] = ~restricted.to(engine.device)[:, None]
-    mask[:, cache_len:] = block_mask
-    return mask
+            visible[:, lo:hi] = ~self.restricted.to(visible.device)[:, None]
 
 
 def _one_row_draft_mask(
@@ -371,6 +394,11 @@ class LayerSelectionView:
         if self.rows is not None:
             self.policy.observe(layer, q[:, self.rows])
 
+    def observe_layers(self, queries: torch.Tensor) -> None:
+        """`observe` of every layer's `queries [n_layers, n_heads, n, d]` at once."""
+        if self.rows is not None:
+            self.policy.observe_layers(queries[:, :, self.rows])
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.observe(layer, q[0])
         return restricted_attention(
@@ -386,7 +414,7 @@ class LayerSelectionView:
 class ObservedCausalView(CausalView):
     """`CausalView` that first shows every layer's queries to `policy.observe` (all rows restricted)."""
 
-    observes_queries = True  # core.decode_graph keeps every layer's queries and hands them to `observe`
+    observes_queries = True  # core.decode_graph keeps every layer's queries, hands them to `observe_layers`
 
     def __init__(self, scale: float, policy: Any) -> None:
         super().__init__(scale)
@@ -395,6 +423,9 @@ class ObservedCausalView(CausalView):
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """Show the policy the queries `[n_heads, n, d]` of every row of the block."""
         self.policy.observe(layer, q)
+
+    def observe_layers(self, queries: torch.Tensor) -> None:
+        self.policy.observe_layers(queries)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.observe(layer, q[0])

@@ -133,9 +133,10 @@ def test_a_host_value_in_a_captured_run_fails_here_not_in_the_eager_twin(tiny_lm
     monkeypatch.setattr(decode_graph.StaticForward, "forward", _baking_forward())
     twin_report, twin, _ = _generate(tiny_lm.model, case, False)
     assert twin_report == want and _same_cache(twin, plain)
-    with emulated_capture():
-        got, eng, _ = _generate(tiny_lm.model, case, True)
-    assert not _same_cache(eng, plain)  # the block's entries land where the first step's did
+    # the block's entries and positions land where the first step's did: the slots' positions, checked
+    # after every generation (tests/conftest.py), are out of order
+    with emulated_capture(), pytest.raises(AssertionError, match="out of position order"):
+        _generate(tiny_lm.model, case, True)
 
 
 def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):

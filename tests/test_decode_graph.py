@@ -93,6 +93,10 @@ def test_static_block_equals_the_regular_block(tiny_lm, kind):
         assert static.length == n == len(prompt) + 3 and set(static.graphs.by_rows) == {8}
         torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
         assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
+        seen = static.graphs.by_rows[8].visible[:, : len(prompt) + 8]  # as staged for the block
+        assert not seen[:5, len(prompt) + 5 :].any()  # no real row sees a pad row
+        for pad in range(5, 8):  # a pad row sees the cache and its own slot, never nothing
+            assert seen[pad, : len(prompt)].all() and seen[pad, len(prompt) + pad]
 
 
 @pytest.mark.parametrize("rows", [None, [0, 2, 4]])
@@ -265,6 +269,37 @@ def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
     assert results[0] == results[1] and 0 < results[0][1] < 23
     assert staged and all(staged)
     assert eng.fixed_shape_steps == 23 and eng.graphs.by_rows_observed and eng.graphs.by_rows_selected
+
+
+def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(tiny_lm):
+    """A block restricted to StreamingLLM's window over slots that hold their positions is a `HoleView`:
+    the fixed-shape forward stages the whole cache and writes the hole into its own visibility, which
+    equals the view's mask, without building that mask, and gives the regular step's logits (restricted
+    rows as a range and as flags)."""
+    from kv_policies.streaming import StreamingLLM
+    from kv_policies.view import HoleView
+
+    prompt = list(range(3, 43))
+    n = 5
+    block = torch.ones(n, n, dtype=torch.bool).tril()
+    flags = torch.tensor([False, True, False, True, True])
+    for restricted, rows in ((torch.tensor([False, False, True, True, True]), slice(2, n)), (flags, None)):
+        logits = []
+        for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+            eng.reset(64)
+            eng.prefill(prompt)
+            pol = StreamingLLM(budget=12, sinks=4)
+            pol.attach(eng)
+            dev = eng.device
+            view = pol.restricted_view(eng, block.to(dev), restricted.to(dev), "dense", rows=rows)
+            assert isinstance(view, HoleView) and view.cache_hole == (4, 32)
+            tokens, pos = torch.arange(5, 5 + n, device=dev), torch.arange(40, 40 + n, device=dev)
+            logits.append(eng.step(tokens, pos, view))
+        staged = eng.graphs.by_rows[8].visible
+        assert view._mask is None and eng.fixed_shape_steps == 1  # staged without the view's mask
+        assert torch.equal(staged[:n, : 40 + n], view.mask) and not staged[:n, 40 + n :].any()
+        assert not view.mask[2:].all() and view.mask[:2, :40].all() == (rows is not None)
+        torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
 
 
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
