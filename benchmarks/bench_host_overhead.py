@@ -16,6 +16,9 @@ run record carries (`runners.records.host_counters`):
   model's forwards, counted in the same generations (views excluded): the decoder's own kernel
   launches on a GPU. On a CPU they run on the host and are part of host ms; on a GPU they are queued
   without waiting (a few microseconds of launch each), so this tells device work from bookkeeping;
+- graph launches/step (`--fixed-shape`, `--cuda-graphs`): what a decode step launches with CUDA graphs
+  on, counted on the fixed-shape forwards run eagerly: one per graph replayed (target and draft), the
+  operators that stage their buffers, and the decoder's own (`runners.host_syncs.graph_bodies_apart`);
 - host ms/forward: decode seconds outside the target's and the draft model's forwards, per decode target
   forward, summed over the prompts (on CUDA, where forwards are timed by events, the device's idle
   time); `x vanilla` is its ratio to vanilla's in the same repeat;
@@ -46,7 +49,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
-from runners.host_syncs import HostSyncs, forwards_apart
+from runners.host_syncs import HostSyncs, forwards_apart, graph_bodies_apart
 from runners.timing import DecodeClocks, timed_generate
 from tasks.mtbench import MTBench
 from tasks.pg19 import PG19
@@ -103,6 +106,7 @@ class Method:
     outputs: list[list[int]] = field(default_factory=list)
     syncs: float = float("nan")
     launches: float = float("nan")  # device operators per step outside the forwards (GPU: kernel launches)
+    graph_launches: float = float("nan")  # with graphs: replays + staging + the decoder's own operators
     sites: list[tuple[str, float]] = field(default_factory=list)  # (where, syncs per decode step)
     backend: str = ""  # a KV backend other than the configured one, named in the table
     draft_static: list[float] = field(default_factory=list)  # per timed generation, with a draft model
@@ -150,7 +154,22 @@ def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -
         decode_sites.update(syncs.sites)
     m.syncs = total / steps
     m.launches = launches / steps
+    if m.dec.engine.graphs is not None:
+        m.graph_launches = count_graph_launches(m, prompts, new, stop)
     m.sites = [(site, n / steps) for site, n in decode_sites.most_common()]
+
+
+def count_graph_launches(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -> float:
+    """Kernel launches per decode step with CUDA graphs on (each graph replay one, its staging and the
+    decoder's own operators the others), in untimed generations on the fixed-shape forwards."""
+    probe = HostSyncs(m.dec.engine.device)
+    launches = steps = 0
+    for prompt in prompts:
+        counts = Counts(on_prefill_done=probe.mark, keep_steps=False, on_decode_done=probe.stop)
+        with probe, graph_bodies_apart(probe):
+            m.dec.generate(prompt, new, stop, counts)
+        launches, steps = launches + probe.launches_since_mark, steps + counts.forwards
+    return launches / steps
 
 
 def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop: set[int]) -> None:
@@ -181,11 +200,13 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
 
 def print_table(methods: list[Method], repeats: int) -> None:
     base = methods[0]
+    graphs = base.dec.engine.graphs is not None
     print(
-        "| decoder | kv | tau | static_frac | draft static | syncs/step | launches/step | host ms/forward "
+        "| decoder | kv | tau | static_frac | draft static | syncs/step | launches/step "
+        f"{'| graph launches/step ' if graphs else ''}| host ms/forward "
         "| x vanilla | critical ms/forward | x vanilla | forward ms | exact |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|" + "---:|" * (11 + graphs))
     for m in methods:
         ratio = statistics.median(h / b for h, b in zip(m.host_ms, base.host_ms, strict=True))
         crit = statistics.median(c / b for c, b in zip(m.critical_ms, base.critical_ms, strict=True))
@@ -194,7 +215,9 @@ def print_table(methods: list[Method], repeats: int) -> None:
         kv = m.kv + (f" ({m.backend})" if m.backend else "")
         print(
             f"| {m.decoder} | {kv} | {m.committed / m.forwards:.2f} | {statistics.mean(m.static):.3f} | "
-            f"{draft} | {m.syncs:.2f} | {m.launches:.0f} | {statistics.median(m.host_ms):.2f} | "
+            f"{draft} | {m.syncs:.2f} | {m.launches:.0f} | "
+            + (f"{m.graph_launches:.1f} | " if graphs else "")
+            + f"{statistics.median(m.host_ms):.2f} | "
             f"{ratio:.2f} | {statistics.median(m.critical_ms):.2f} | {crit:.2f} | "
             f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
         )

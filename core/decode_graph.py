@@ -237,10 +237,7 @@ class StaticForward:
         cache.stage_block(self.rows)  # the capacity check; the forward writes the slots' positions
         self.length.fill_(cache.length)
         self._stage_visibility(view, n, cache.length, cache.capacity)
-        if not self.capture:
-            logits, ids = self.forward(argmax)
-        else:
-            logits, ids = self.replay((cache.k.data_ptr(), cache.capacity))
+        logits, ids = self.replay((cache.k.data_ptr(), cache.capacity))  # eager without capture
         if self.queries is not None:  # the real rows' queries (pad rows are no one's), every layer's at once
             view.observe_layers(self.queries[:, :, :n])
         if self.selector is not None:

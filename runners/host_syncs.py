@@ -234,6 +234,32 @@ def forwards_apart(probe: HostSyncs, dec: Any):
         patch.undo()
 
 
+@contextlib.contextmanager
+def graph_bodies_apart(probe: HostSyncs):
+    """While active, the operators of the fixed-shape forwards' bodies (`core.decode_graph.Replay`: what
+    a CUDA graph replays, target and draft) are not counted in `probe.launches`, and each replay counts
+    as one launch: what is left is what a step launches with CUDA graphs on (the graphs, their staging
+    and the decoder's own device work). Run with the fixed-shape forwards eager (`capture=False`), it
+    counts on any device."""
+    from core.decode_graph import Replay
+
+    inner = Replay.__call__
+
+    def replay(self: Replay, key: tuple) -> Any:
+        probe.launches += not probe.stopped
+        probe.in_forward += 1
+        try:
+            return inner(self, key)
+        finally:
+            probe.in_forward -= 1
+
+    Replay.__call__ = replay  # type: ignore[method-assign]
+    try:
+        yield probe
+    finally:
+        Replay.__call__ = inner  # type: ignore[method-assign]
+
+
 def _on_host(t: Any, probe: HostSyncs) -> bool:
     return isinstance(t, torch.Tensor) and not probe.on_device(t)
 

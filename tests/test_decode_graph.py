@@ -431,3 +431,27 @@ def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm
         Vanilla(_static(tiny_lm), kv).generate(prompt, 6, set(), Counts())
     warned = [r for r in caplog.records if "kv.backend=sliced" in r.getMessage()]
     assert len(warned) == 1 and "regular forward" in warned[0].getMessage()
+
+
+def test_graph_launches_count_each_replay_once_and_the_staging_around_it(tiny_lm):
+    """`graph_bodies_apart` counts what a step launches with graphs on: each fixed-shape forward (run
+    eagerly here) as the one graph a GPU replays, plus the operators around it. Vanilla's step is its
+    replay and a handful of staging operators, far fewer than one forward's; the class is restored."""
+    import contextlib
+
+    from core.decode_graph import Replay
+    from core.types import Counts
+    from decoders.vanilla import Vanilla
+    from runners.host_syncs import HostSyncs, graph_bodies_apart
+
+    original = Replay.__call__
+    eng = _static(tiny_lm)
+    per_step = {}
+    for apart in (False, True):
+        syncs = HostSyncs(eng.device)
+        counts = Counts(on_prefill_done=syncs.mark, keep_steps=False)
+        with syncs, graph_bodies_apart(syncs) if apart else contextlib.nullcontext():
+            Vanilla(eng).generate(list(range(3, 20)), 8, set(), counts)
+        per_step[apart] = syncs.launches_since_mark / counts.forwards
+    assert 2 <= per_step[True] <= 10 and per_step[False] > 5 * per_step[True]
+    assert Replay.__call__ is original and eng.fixed_shape_steps == 2 * counts.forwards  # both runs
