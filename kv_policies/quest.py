@@ -110,25 +110,28 @@ class Quest(KVPolicy):
         return min(self.n_pages * self.page_size, capacity)
 
     # --- page metadata -------------------------------------------------------------------------
-    def _ensure(self, k_cache: torch.Tensor, pages: int) -> None:
-        """Room for `pages` pages of every layer's extremes (`k_cache`: one layer's keys, for the shape)."""
+    def _ensure(self, k_cache: torch.Tensor, pages: int, layers: int) -> None:
+        """Room for `pages` pages of the first `layers` layers' extremes at least (every layer of the
+        attached engine's cache; `k_cache`: one layer's keys, for the shape)."""
         have = self._kmin
-        if have is not None and have.shape[2] >= pages:
+        if have is not None and have.shape[2] >= pages and have.shape[0] >= layers:
             return
         hkv, _, d = k_cache.shape
-        cap = max(pages, 2 * (have.shape[2] if have is not None else 0), 64)
-        shape = (self.engine.cache.n_layers, hkv, cap, d)
+        n_layers = max(layers, self.engine.cache.n_layers if self.engine is not None else 0)
+        if have is not None:
+            n_layers, pages = max(n_layers, have.shape[0]), max(pages, 2 * have.shape[2])
+        shape = (n_layers, hkv, max(pages, 64), d)
         kmin = torch.full(shape, float("inf"), device=k_cache.device)
         kmax = torch.full(shape, float("-inf"), device=k_cache.device)
         if have is not None:
-            kmin[:, :, : have.shape[2]] = have
-            kmax[:, :, : have.shape[2]] = self._kmax
+            kmin[: have.shape[0], :, : have.shape[2]] = have
+            kmax[: have.shape[0], :, : have.shape[2]] = self._kmax
         self._kmin, self._kmax = kmin, kmax
 
     @torch.inference_mode()
     def sync(self, layer: int, k_cache: torch.Tensor, cache_len: int) -> None:
         """Bring layer `layer`'s page extremes up to `cache_len` entries."""
-        self._ensure(k_cache, -(-cache_len // self.page_size))
+        self._ensure(k_cache, -(-cache_len // self.page_size), layer + 1)
         seen = self._forget_cut(slice(layer, layer + 1), self._seen.get(layer, 0), cache_len)
         if cache_len > seen:
             pos = torch.arange(seen, cache_len, device=k_cache.device)
@@ -148,7 +151,7 @@ class Quest(KVPolicy):
             for li in layers:
                 self.sync(li, cache.k[li, :, :cache_len], cache_len)
             return
-        self._ensure(cache.k[first], -(-cache_len // self.page_size))
+        self._ensure(cache.k[first], -(-cache_len // self.page_size), cache.n_layers)
         done = self._forget_cut(slice(first, None), seen.pop(), cache_len)
         if cache_len > done:
             pos = torch.arange(done, cache_len, device=cache.k.device)
