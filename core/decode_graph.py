@@ -217,7 +217,7 @@ class StaticForward:
         self.selector = None
         # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
         # and the capture write the staged slots only, which the replay that follows writes again.
-        self.replay = Replay(lambda: self.forward(argmax=True), capture, dev)
+        self.replay = Replay(lambda: self.forward(), capture, dev)  # looked up per run (tests patch it)
 
     def __call__(
         self,
@@ -265,11 +265,12 @@ class StaticForward:
             torch.le(self.back, length, out=self.visible)
             return
         torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)  # every cached slot
-        if isinstance(view, MaskView) and getattr(view, "cache_hole", None) is None:
+        hole = getattr(view, "cache_hole", None) is not None
+        if isinstance(view, MaskView) and not hole:
             self.visible[:n, : length + n].copy_(view.mask)
         else:  # the block's own visibility
             self.visible[:n, length : length + n] = view.block_mask
-            if getattr(view, "cache_hole", None) is not None:
+            if hole:
                 view.write_hole(self.visible[:n])
             if self.layered:
                 self._stage_selection(view, n, length, capacity)
@@ -298,9 +299,9 @@ class StaticForward:
         vis = self.visible[None] & (sel[:, None, :] | ~self.restricted[None, :, None])
         return vis.repeat_interleave(heads // sel.shape[0], dim=0, output_size=heads).unsqueeze(0)
 
-    def forward(self, argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Float logits `[rows, vocab]` of the rows in the buffers and, with `argmax`, each row's
-        argmax (None without); their K/V land in slots `length + row`."""
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float logits `[rows, vocab]` of the rows in the buffers and each row's argmax; their K/V land
+        in slots `length + row`."""
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
         cache.slot_pos.index_copy_(0, slots, self.position)  # as `KVCache.stage_positions` does
@@ -326,7 +327,7 @@ class StaticForward:
 
         h = eng.layers_forward(self.token, self.position, attend)
         logits = eng.lm_logits(eng.w.final_norm(h))
-        return logits, (logits.argmax(dim=-1) if argmax else None)
+        return logits, logits.argmax(dim=-1)
 
     def _gather_order(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each layer's and KV head's first `gather` slots among those its rows may read (the selection,

@@ -200,23 +200,22 @@ class SelectionView(MaskView):
         hole = policy.fixed_hole(sel_len)
         if hole is not None:
             lo, hi, kept = hole
-            if not draft_row:
-                policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
-                read = kept + cache_len - sel_len
-                return HoleView(block_mask, restricted, rows, (lo, hi), cache_len, engine, read)
-            mask = _one_row_draft_mask(policy, engine, (lo, hi), sel_len, cache_len)
+            selection: torch.Tensor | tuple[int, int] = (lo, hi)
         else:
             fixed = policy.fixed_selection(sel_len)
             if fixed is None:
                 return None
             selection, kept = fixed
-            if draft_row:
-                mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
-            else:
-                mask = _selection_mask(engine, block_mask, restricted, rows, selection, sel_len, cache_len)
         # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
         policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
-        return cls(mask, engine.scale, kept + cache_len - sel_len)
+        read = kept + cache_len - sel_len
+        if draft_row:
+            mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
+        elif isinstance(selection, tuple):
+            return HoleView(block_mask, restricted, rows, selection, cache_len, engine, read)
+        else:
+            mask = _selection_mask(engine, block_mask, restricted, rows, selection, sel_len, cache_len)
+        return cls(mask, engine.scale, read)
 
     def kv_read(self, cache_len: int) -> int:
         return self.read

@@ -143,9 +143,9 @@ def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):
     """A read of a device value inside a captured run is refused, naming the operator."""
     forward = decode_graph.StaticForward.forward
 
-    def reads_the_length(self, argmax):
+    def reads_the_length(self):
         int(self.length)
-        return forward(self, argmax)
+        return forward(self)
 
     monkeypatch.setattr(decode_graph.StaticForward, "forward", reads_the_length)
     with emulated_capture(), pytest.raises(AssertionError, match="waits for the device.*item"):
@@ -189,9 +189,9 @@ def test_a_captured_run_may_not_take_host_tensors(tiny_lm, monkeypatch):
     """A tensor made on the host inside a captured run and used with device tensors is refused."""
     forward = decode_graph.StaticForward.forward
 
-    def host_rows(self, argmax):
+    def host_rows(self):
         self.row = torch.arange(self.rows)  # no device: a host tensor on a GPU
-        return forward(self, argmax)
+        return forward(self)
 
     monkeypatch.setattr(decode_graph.StaticForward, "forward", host_rows)
     with emulated_capture(), pytest.raises(AssertionError, match="takes host tensors into.*add"):
