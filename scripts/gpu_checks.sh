@@ -111,11 +111,16 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-graphs_stage() {  # graphed vanilla first (every speedup is over it, and it records the audit's references), FAFO next
+graphs_stage() {  # graphed vanilla first (every speedup is over it, and it records the audit's references), FAFO next;
+  # one run per method, each on its own, so that one failing leaves the others' records
   local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}" run.cuda_graphs=true)
-  "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=vanilla "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_table1 decoder=fafo "${rec[@]}" &&
-    "$PY" run.py -m experiment=fafo_baselines task=mtbench decoder=pld,lookahead "${rec[@]}"
+  local rc=0 method
+  for method in "fafo_baselines decoder=vanilla" "fafo_table1 decoder=fafo" "fafo_baselines decoder=pld" \
+    "fafo_baselines decoder=lookahead"; do
+    # shellcheck disable=SC2086  # "experiment decoder=..." splits into its two overrides
+    "$PY" run.py task=mtbench experiment=$method "${rec[@]}" || rc=1
+  done
+  return $rc
 }
 
 host_stage() {
