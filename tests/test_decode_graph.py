@@ -393,7 +393,8 @@ def test_cuda_graph_blocks_equal_eager(tiny_lm):
     ):
         eng = Engine(tiny_lm.model, cuda_graphs=True)
         assert make(eng).generate(prompt, 48, set(), Counts()) == ref
-        assert eng.graphs.captures >= 2 and max(eng.graphs.by_rows) > 1
+        # FAFO's blocks keep one shape, and a selection's forwards are keyed apart from `by_rows`
+        assert eng.graphs.captures >= 1 and eng.fixed_shape_steps > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make test-gpu)")
@@ -411,7 +412,8 @@ def test_cuda_graph_draft_model_steps_equal_eager(tiny_lm):
     prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
     ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
     eng = Engine(tiny_lm.model, cuda_graphs=True)
-    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=16, sinks=2, room=8)
+    # room and budget for TriForce's up to 10 speculative tokens (`DraftModel.check_block`)
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=2, room=10)
     got = TriForce(eng, StreamingLLM(budget=12, sinks=2), draft=draft).generate(prompt, 48, set(), Counts())
     assert got == ref and draft.engine.graphs.captures >= 1 and 1 in draft.engine.graphs.by_rows
 

@@ -179,7 +179,7 @@ def test_staging_what_is_already_on_the_device_makes_no_copy(tiny_lm):
     comes back as the same object, one in another dtype is converted, and on a CPU a host list becomes
     the tensor the step reads (no further `.to`)."""
     eng = Engine(tiny_lm.model)
-    ids = torch.arange(5)
+    ids = torch.arange(5, device=eng.device)
     assert eng.stage(ids) is ids
     as_int = eng.stage(ids, torch.int32)
     assert as_int.dtype == torch.int32 and as_int.tolist() == ids.tolist()
