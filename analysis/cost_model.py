@@ -137,7 +137,9 @@ def committed_curves(bench: Path) -> list[CostCurve]:
 
 
 def curve_for_run(curves: list[CostCurve], run: pd.Series | dict) -> CostCurve | None:
-    """The curve measured in a run's environment (device with threads, model, dtype, linear)."""
+    """The curve measured in a run's environment (device with threads, model, dtype, linear), on graphed
+    forwards for a run with `run.cuda_graphs` and on eager ones otherwise."""
+    graphed = str(run.get("cuda_graphs", False)).lower() == "true"  # with_env makes it text
     for c in curves:
         k = c.key
         if (
@@ -145,6 +147,7 @@ def curve_for_run(curves: list[CostCurve], run: pd.Series | dict) -> CostCurve |
             and str(k.get("model")) == str(run.get("model"))
             and str(k.get("dtype")) == str(run.get("dtype"))
             and str(k.get("linear")) == str(run.get("linear"))
+            and c.graphed == graphed
         ):
             return c
     return None

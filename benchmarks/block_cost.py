@@ -3,7 +3,10 @@ measured on a grid, cached per (device, model, dtype, linear, threads), and writ
 
     flock results/bench/.lock python -m benchmarks.block_cost \\
         [--model smollm2-135m] [--dtype float32] [--linear onednn] [--threads 2] \\
-        [--rows 1 2 4 ... 512] [--contexts 256 1024 4096] [--refresh]
+        [--rows 1 2 4 ... 512] [--contexts 256 1024 4096] [--refresh] [--device cuda --cuda-graphs]
+
+With `--cuda-graphs` every forward is replayed from a CUDA graph, as in a `run.cuda_graphs` run: the
+curve that prices such runs (a block costs what the power of two it is padded to costs).
 
 The curve is also written beside the benchmark's output (`results/bench/<device>/<cache name>`), where
 `make paper` finds it. A cached curve (in `~/.cache/draftless-harness/block_cost/`, or
@@ -114,6 +117,7 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
         "dtype": args.dtype,
         "linear": args.linear,
         "threads": args.threads,
+        **({"graphs": True} if args.cuda_graphs else {}),
     }
     path = cache_dir() / cache_name(key)
     if path.exists() and not args.refresh:
@@ -121,7 +125,8 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
         if curve.rows == list(args.rows) and curve.contexts == list(args.contexts) and is_current(curve):
             return curve, path, True
     lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
-    eng = Engine(lm.model, linear=args.linear if args.device == "cpu" else "aten")
+    linear = args.linear if args.device == "cpu" else "aten"
+    eng = Engine(lm.model, linear=linear, cuda_graphs=args.cuda_graphs)
     shape = ModelShape.from_hf_config(lm.model.config)
     seconds = measure_grid(eng, list(args.rows), list(args.contexts), args.reps)
     meta = measurement_meta(args.reps)
@@ -143,7 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--refresh", action="store_true", help="measure again even if a cached curve exists")
+    ap.add_argument("--cuda-graphs", action="store_true", help="forwards replayed as CUDA graphs (CUDA only)")
     args = ap.parse_args(argv)
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        raise SystemExit("error: --cuda-graphs needs --device cuda")
     if sorted(set(args.rows)) != args.rows or args.rows[0] != 1:
         raise SystemExit("error: --rows must be increasing, distinct and start at 1")
     if sorted(set(args.contexts)) != args.contexts or args.contexts[0] < 1:
@@ -153,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     curve, path, cached = curve_for(args, dev)
     shape = shape_of(curve) or SHAPES.get(args.model)
     print(
-        f"# block_cost: {args.model} {args.dtype} on {dev} (linear={curve.key['linear']})"
+        f"# block_cost: {args.model} {args.dtype} on {dev} (linear={curve.key['linear']}"
+        f"{', CUDA graphs' if curve.graphed else ''})"
         f", torch {torch.__version__}; curve {'from the cache' if cached else 'measured now'}: {path}\n"
     )
     gpus = list(GPUS)

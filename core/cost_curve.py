@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from core.attention import CausalView
+from core.decode_graph import padded_rows
 from core.types import HarnessError
 
 CostFn = Callable[[int, float], float]  # (rows, attended context) -> seconds
@@ -49,7 +50,7 @@ def is_current(curve: CostCurve) -> bool:
 class CostCurve:
     """Seconds per forward measured on a grid of block rows x cache lengths, for one environment."""
 
-    key: dict[str, object]  # device, model, dtype, linear, threads
+    key: dict[str, object]  # device, model, dtype, linear, threads; graphs: True for replayed forwards
     rows: list[int]
     contexts: list[int]
     seconds: list[list[float]]  # [context index][rows index]
@@ -64,9 +65,17 @@ class CostCurve:
         if not all(math.isfinite(t) and t > 0 for line in self.seconds for t in line):
             raise ValueError("cost curve: every measured forward must take a positive, finite time")
 
+    @property
+    def graphed(self) -> bool:
+        """Measured on forwards replayed as CUDA graphs (`run.cuda_graphs`)."""
+        return bool(self.key.get("graphs", False))
+
     def __call__(self, rows: int, ctx: float) -> float:
         """Interpolated linearly in rows and in context inside the grid; outside it, the nearest measured
-        point (a line through two points can dive below zero past the grid's ends). Never <= 0."""
+        point (a line through two points can dive below zero past the grid's ends). Never <= 0. On a
+        graphed curve `rows` cost what the block they are padded to costs (`padded_rows`)."""
+        if self.graphed:
+            rows = padded_rows(max(int(rows), 1))
         per_ctx = [_interp(self.rows, line, rows) for line in self.seconds]
         return max(_interp(self.contexts, per_ctx, ctx), self._floor)
 
@@ -103,8 +112,10 @@ def cache_dir() -> Path:
 
 
 def cache_name(key: dict[str, object]) -> str:
-    """File name of a curve in the cache: one per (device, model, dtype, linear, threads)."""
+    """File name of a curve in the cache: one per (device, model, dtype, linear, threads), and apart for
+    forwards replayed as CUDA graphs (a key without `graphs` keeps the name it always had)."""
     parts = [str(key.get(k, "?")) for k in ("device", "model", "dtype", "linear", "threads")]
+    parts += ["graphs"] if key.get("graphs") else []
     return "-".join("".join(c if c.isalnum() else "_" for c in p) for p in parts) + ".json"
 
 
@@ -142,7 +153,8 @@ def _vocab(eng) -> int:
 
 def step_times(eng, context: int, rows: int, reps: int) -> list[float]:
     """Seconds of `reps` causal `rows`-row steps over the engine's `context`-entry cache (nothing kept:
-    the cache stays at `context`)."""
+    the cache stays at `context`). On an engine with CUDA graphs the steps are replayed, the first of a
+    shape captured (`measure_grid` keeps a second pass)."""
     # the attention a causal block of this size gets in a decoder's verification (one row: vanilla's
     # split decode attention; a few rows over a long CPU cache: `few_rows_attention`; else masked SDPA)
     view = CausalView(eng.scale)

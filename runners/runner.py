@@ -242,6 +242,7 @@ class Runner:
             "dtype": self.identity["dtype"],
             "linear": self.engine.linear,
             "threads": self.threads,
+            **({"graphs": True} if self.engine.graphs is not None else {}),  # replayed forwards cost apart
         }
         announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
         curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)

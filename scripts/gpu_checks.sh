@@ -9,7 +9,12 @@
 #          and CUDA graphs) against HF generate, the cost curve (benchmarks.block_cost, bf16 and fp32)
 #   graphs the GPU-speed table: vanilla, PLD (2, 10), Lookahead (5, 7, 7) and FAFO-Stream (k 6, n 40, 760) on
 #          MT-Bench at scale=paper_slice8, every one with CUDA graphs (graphed vanilla is the reference), records
-#          under OUT/records with their counters (static_frac, syncs per step, host ms per forward)
+#          under OUT/records with their counters (static_frac, syncs per step, host ms per forward);
+#          GPU_GRAPHS_ONLY="vanilla fafo" runs those decoders alone
+#   replay the paper experiments' decoder x policy pairs on SmolLM2 (fp32, MT-Bench), captured as CUDA graphs
+#          and replayed, against the regular path: tokens, forwards, acceptance (so tau) and KV reads
+#   cost   the cost curve of forwards replayed as CUDA graphs (benchmarks.block_cost --cuda-graphs, bf16):
+#          what `analysis.cost_model` prices the graphed runs on
 #   host   the same methods' host work with graphs on (benchmarks.bench_host_overhead --scale paper: host ms
 #          per forward beside vanilla's, syncs per step and where they come from), then their operators
 #          (benchmarks.profile_decoder --cuda-graphs)
@@ -36,9 +41,10 @@ stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(env test graphs host bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | smollm | graphs | host | bench | sweep | train) ;;
+    env | test | smollm | replay | cost | graphs | host | bench | sweep | train) ;;
     *)
-      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, graphs, host, bench, sweep, train)" >&2
+      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, replay, cost, graphs, host, bench," \
+        "sweep, train)" >&2
       exit 2
       ;;
   esac
@@ -117,10 +123,24 @@ graphs_stage() {  # graphed vanilla first (every speedup is over it, and it reco
   local rc=0 method
   for method in "fafo_baselines decoder=vanilla" "fafo_table1 decoder=fafo" "fafo_baselines decoder=pld" \
     "fafo_baselines decoder=lookahead"; do
+    [[ -z ${GPU_GRAPHS_ONLY:-} || " $GPU_GRAPHS_ONLY " == *" ${method#*decoder=} "* ]] || continue
     # shellcheck disable=SC2086  # "experiment decoder=..." splits into its two overrides
     "$PY" run.py task=mtbench experiment=$method "${rec[@]}" || rc=1
   done
   return $rc
+}
+
+replay_stage() {  # the MT-Bench pairs (the long-context ones need PG-19, LongSpec its draft, kvpress its package)
+  local workers=()
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-6}")
+  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m slow -p no:cacheprovider "${workers[@]}" \
+    -k "experiments_replay_on_smollm2 and not sliced and not budget_frac and not longspec and not kvpress" \
+    --junitxml "$out/test-replay.xml" tests/test_captured_graphs.py
+}
+
+cost_stage() {
+  "$PY" -m benchmarks.block_cost --device cuda --dtype bfloat16 --linear aten --cuda-graphs --reps 10 \
+    --contexts 256 1024
 }
 
 host_stage() {
@@ -141,8 +161,10 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f env_stage test_stage smollm_stage graphs_stage host_stage bench_stage sweep_stage train_stage
+export -f env_stage test_stage smollm_stage replay_stage cost_stage graphs_stage host_stage bench_stage sweep_stage \
+  train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
+  [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}"
   [graphs]="${GPU_GRAPHS_S:-240}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
   [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
 for name in "${stages[@]}"; do

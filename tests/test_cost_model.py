@@ -139,3 +139,42 @@ def test_cached_or_measured_reads_the_cache_unless_refreshed(tmp_path, monkeypat
     current, measured = cost_curve.cached_or_measured(eng, KEY, 4)
     assert measured and len(calls) == 3 and cost_curve.is_current(current)
     assert not cost_curve.cached_or_measured(eng, KEY, 4)[1]
+
+
+def test_a_graphed_curve_prices_a_block_as_the_power_of_two_it_runs_in_and_is_kept_apart():
+    eager = CostCurve(KEY, rows=[1, 4, 8], contexts=[100], seconds=[[1.0, 4.0, 8.0]])
+    graphed = CostCurve({**KEY, "graphs": True}, rows=[1, 4, 8], contexts=[100], seconds=[[1.0, 4.0, 8.0]])
+    assert eager(3, 100) == pytest.approx(3.0) and eager(5, 100) == pytest.approx(5.0)
+    assert graphed(3, 100) == graphed(4, 100) == 4.0 and graphed(5, 100) == graphed(8, 100) == 8.0
+    assert graphed(1, 100) == 1.0 and not eager.graphed and graphed.graphed
+    assert cache_name(graphed.key) != cache_name(eager.key)
+    assert cache_name(KEY) == cache_name({**KEY, "graphs": False})  # eager curves keep their names
+
+
+def test_a_run_is_priced_on_the_curve_of_its_own_forwards():
+    """A run with CUDA graphs takes the graphed curve of its environment, an eager run the eager one."""
+    from analysis.cost_model import curve_for_run
+
+    env = {"device": "cuda: H", "model": "m", "dtype": "bfloat16", "linear": "aten", "threads": 16}
+    eager = CostCurve(env, rows=[1, 4], contexts=[100], seconds=[[1.0, 1.1]])
+    graphed = CostCurve({**env, "graphs": True}, rows=[1, 4], contexts=[100], seconds=[[0.2, 0.3]])
+    run = {"device_name": "cuda: H", "model": "m", "dtype": "bfloat16", "linear": "aten"}
+    for curves in ([eager, graphed], [graphed, eager]):
+        assert curve_for_run(curves, {**run, "cuda_graphs": "True"}) is graphed  # with_env's text
+        assert curve_for_run(curves, {**run, "cuda_graphs": False}) is eager
+        assert curve_for_run(curves, run) is eager  # records from before run.cuda_graphs
+    assert curve_for_run([eager], {**run, "cuda_graphs": True}) is None
+
+
+def test_a_grid_measured_on_fixed_shape_forwards_takes_them(tiny_lm):
+    """`measure_grid` on an engine with fixed-shape forwards (here their eager twin) times those
+    forwards, each row count in the block it is padded to."""
+    from core.cost_curve import measure_grid
+    from core.engine import Engine
+
+    eng = Engine(tiny_lm.model)
+    eng.use_graphs(capture=False)
+    grid = measure_grid(eng, [1, 2, 4], [16], reps=2)
+    assert len(grid) == 1 and len(grid[0]) == 3 and all(t > 0 for t in grid[0])
+    # two passes of 3 row counts x 2 repeats (more when a busy moment makes a point be measured again)
+    assert eng.fixed_shape_steps >= 2 * 3 * 2 and sorted(eng.graphs.by_rows) == [1, 2, 4]
