@@ -152,25 +152,28 @@ def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):
         _generate(tiny_lm.model, "vanilla", True)
 
 
-def _experiments() -> list[tuple[str, str, tuple[str, ...]]]:
+def _experiments() -> list[Any]:
+    """(combo, on a PG-19 window): vanilla+full is in both lists, and runs on MT-Bench."""
     from benchmarks.bench_host_overhead import COMBOS, LONG_COMBOS
 
-    return [*COMBOS, *(c for c in LONG_COMBOS if c[0] != "vanilla")]
+    name = lambda c: "+".join(c[:2]) + "".join(c[2][:1])  # noqa: E731
+    pairs = [(c, False) for c in COMBOS] + [(c, True) for c in LONG_COMBOS if c[0] != "vanilla"]
+    return [pytest.param(c, long, id=name(c)) for c, long in pairs]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("combo", _experiments(), ids=lambda c: "+".join(c[:2]) + "".join(c[2][:1]))
-def test_the_experiments_replay_on_smollm2(smollm, combo):
+@pytest.mark.parametrize(("combo", "long"), _experiments())
+def test_the_experiments_replay_on_smollm2(smollm, combo, long):
     """The paper experiments' decoder x policy pairs as the benchmark builds them from conf/ (SmolLM2,
     MT-Bench turn 1; the long-context ones on a PG-19 window): captured, they report what the regular
     path reports."""
-    from benchmarks.bench_host_overhead import LONG_COMBOS, make_decoder
+    from benchmarks.bench_host_overhead import make_decoder
     from runners.config import stop_ids_for
     from tasks.mtbench import MTBench
     from tasks.pg19 import PG19
 
     decoder, kv, extra = combo
-    task = PG19(limit=1, context_length=1024) if combo in LONG_COMBOS else MTBench(limit=1)
+    task = PG19(limit=1, context_length=1024) if long else MTBench(limit=1)
     prompts = [task.prompt_ids(s, 0, [], smollm.tokenizer) for s in task.load()]
     stop = stop_ids_for(smollm.tokenizer, smollm.model)
     reports, engines = [], []
