@@ -15,6 +15,8 @@
 #          and replayed, against the regular path: tokens, forwards, acceptance (so tau) and KV reads
 #   cost   the cost curve of forwards replayed as CUDA graphs (benchmarks.block_cost --cuda-graphs, bf16):
 #          what `analysis.cost_model` prices the graphed runs on
+#   kernels where a graphed forward's device time goes, kernel by kernel, at 1, 2, 16, 256 and 512 rows
+#          (benchmarks.forward_kernels, bf16): what makes a block dearer than a 1-row step
 #   host   the same methods' host work with graphs on (benchmarks.bench_host_overhead --scale paper: host ms
 #          per forward beside vanilla's, syncs per step and where they come from), then their operators
 #          (benchmarks.profile_decoder --cuda-graphs)
@@ -41,10 +43,10 @@ stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(env test graphs host bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | smollm | replay | cost | graphs | host | bench | sweep | train) ;;
+    env | test | smollm | replay | cost | kernels | graphs | host | bench | sweep | train) ;;
     *)
-      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, replay, cost, graphs, host, bench," \
-        "sweep, train)" >&2
+      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, replay, cost, kernels, graphs, host," \
+        "bench, sweep, train)" >&2
       exit 2
       ;;
   esac
@@ -69,7 +71,8 @@ env_stage() {
   nvidia-smi || true
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
   "$PY" -m pip list 2>/dev/null | grep -i -E "^(torch|transformers|tokenizers|triton|hydra-core|flash.attn|pandas) "
-  git rev-parse HEAD 2>&1 || echo "not a git checkout: code version from HARNESS_CODE_VERSION=${HARNESS_CODE_VERSION:-unset}"
+  # a leased copy's .git may be stale or absent: its records carry HARNESS_CODE_VERSION (the packed HEAD)
+  echo "code version: ${HARNESS_CODE_VERSION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   grep -m1 "model name" /proc/cpuinfo
   nproc
 }
@@ -143,6 +146,10 @@ cost_stage() {
     --contexts 256 1024
 }
 
+kernels_stage() {
+  "$PY" -m benchmarks.forward_kernels --device cuda --dtype bfloat16 --rows 1 2 16 256 512 --context 1024
+}
+
 host_stage() {
   local rc=0
   "$PY" -m benchmarks.bench_host_overhead --device cuda --dtype bfloat16 --cuda-graphs --scale paper \
@@ -161,10 +168,10 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f env_stage test_stage smollm_stage replay_stage cost_stage graphs_stage host_stage bench_stage sweep_stage \
-  train_stage
+export -f env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage host_stage bench_stage \
+  sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
-  [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}"
+  [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}" [kernels]="${GPU_KERNELS_S:-60}"
   [graphs]="${GPU_GRAPHS_S:-240}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
   [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
 for name in "${stages[@]}"; do

@@ -304,3 +304,19 @@ def test_profile_decoder_splits_step_time_and_restores_the_engine(tiny_lm, capsy
     out = capsys.readouterr().out
     assert "#### lookahead:" in out and "% inside Engine.step" in out and "aten::" in out
     assert "step" not in vars(eng)  # the clock is gone: Engine.step again
+
+
+def test_forward_kernels_profiles_fixed_shape_forwards_at_each_block_size(tiny_lm):
+    """One column per block size, every profiled step on the fixed-shape path, the cache left at the
+    context after each (nothing of the profiled blocks is kept)."""
+    from benchmarks.forward_kernels import table
+
+    eng = Engine(tiny_lm.model)
+    eng.use_graphs(capture=False)
+    text = table(eng, [1, 4], context=12, reps=2, top=3)
+    lines = text.splitlines()
+    assert lines[0] == "| kernel | 1 rows | 4 rows |" and len(lines) == 2 + 3 + 2
+    total = lines[-2].split("|")[2:4]
+    assert lines[-2].startswith("| all kernels |") and all(float(t) > 0 for t in total)
+    assert eng.fixed_shape_steps == 2 * (3 + 2) and sorted(eng.graphs.by_rows) == [1, 4]
+    assert eng.length == 12
