@@ -15,8 +15,9 @@
 #          and replayed, against the regular path: tokens, forwards, acceptance (so tau) and KV reads
 #   cost   the cost curve of forwards replayed as CUDA graphs (benchmarks.block_cost --cuda-graphs, bf16):
 #          what `analysis.cost_model` prices the graphed runs on
-#   kernels where a graphed forward's device time goes, kernel by kernel, at 1, 2, 16, 256 and 512 rows
-#          (benchmarks.forward_kernels, bf16): what makes a block dearer than a 1-row step
+#   kernels what makes a graphed block dearer than a 1-row step (bf16): one layer's attention as the forward
+#          calls it beside variants and forced SDPA backends (benchmarks.bench_block_attention), then the
+#          forward's device time kernel by kernel at 1, 2, 16, 256 and 512 rows (benchmarks.forward_kernels)
 #   host   the same methods' host work with graphs on (benchmarks.bench_host_overhead --scale paper: host ms
 #          per forward beside vanilla's, syncs per step and where they come from), then their operators
 #          (benchmarks.profile_decoder --cuda-graphs)
@@ -146,8 +147,11 @@ cost_stage() {
     --contexts 256 1024
 }
 
-kernels_stage() {
-  "$PY" -m benchmarks.forward_kernels --device cuda --dtype bfloat16 --rows 1 2 16 256 512 --context 1024
+kernels_stage() {  # the attention alone first: it is the likelier suspect, and the quicker
+  local rc=0
+  "$PY" -m benchmarks.bench_block_attention --device cuda --dtype bfloat16 --rows 1 2 16 512 --cache 1024 || rc=1
+  "$PY" -m benchmarks.forward_kernels --device cuda --dtype bfloat16 --rows 1 2 16 256 512 --context 1024 || rc=1
+  return $rc
 }
 
 host_stage() {

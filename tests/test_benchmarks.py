@@ -320,3 +320,25 @@ def test_forward_kernels_profiles_fixed_shape_forwards_at_each_block_size(tiny_l
     assert lines[-2].startswith("| all kernels |") and all(float(t) > 0 for t in total)
     assert eng.fixed_shape_steps == 2 * (3 + 2) and sorted(eng.graphs.by_rows) == [1, 4]
     assert eng.length == 12
+
+
+def test_block_attention_variants_compute_the_forwards_own_attention():
+    """Every variant the benchmark times is the same attention as the fixed-shape forward's call (what
+    it runs where a backend takes the inputs), and the table has one line per variant."""
+    from benchmarks.bench_block_attention import inputs, table, variants
+
+    for rows in (1, 3):
+        calls = variants(inputs(rows, 16, torch.float32, torch.device("cpu")))
+        ref = next(iter(calls.values()))()
+        ran = 0
+        for fn in calls.values():
+            try:
+                out = fn()
+            except RuntimeError:  # a backend that refuses these inputs (cuDNN off CUDA)
+                continue
+            ran += 1
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        assert ran >= 6
+    lines = table([1, 2], 8, torch.float32, torch.device("cpu"), reps=1).splitlines()
+    assert lines[0] == "| variant | 1 rows | 2 rows |" and len(lines) == 2 + len(calls)
+    assert lines[2].startswith("| as run") and "n/a" not in lines[2]
