@@ -97,7 +97,7 @@ def test_block_cost_curve_is_measured_once_then_cached(tiny_lm, tmp_path, monkey
     )
     args = argparse.Namespace(
         model="tiny", dtype="float32", device="cpu", linear="aten", threads=1, rows=[1, 3],
-        contexts=[8, 16], reps=1, refresh=False,
+        contexts=[8, 16], reps=1, refresh=False, cuda_graphs=False,
     )  # fmt: skip
     curve, path, cached = block_cost.curve_for(args, "cpu: Test CPU")
     assert not cached and path.parent == tmp_path and path.exists()
