@@ -7,7 +7,8 @@
 #   bench  where decoders' step time goes (benchmarks.profile_decoder, 16 and 1 CPU threads), FAFO
 #          against Lookahead / PLD / vanilla (benchmarks.bench_fafo --device cuda), our vanilla (eager
 #          and CUDA graphs) against HF generate, the cost curve (benchmarks.block_cost, bf16 and fp32)
-#   graphs the GPU-speed table: vanilla, PLD (2, 10), Lookahead (5, 7, 7) and FAFO-Stream (k 6, n 40, 760) on
+#   graphs the GPU-speed table: vanilla, PLD (2, 10), Lookahead (5, 7, 7), FAFO-Stream (k 6, n 40, 760) and
+#          FAFO-2forward (the same) on
 #          MT-Bench at scale=paper_slice8, every one with CUDA graphs (graphed vanilla is the reference), records
 #          under OUT/records with their counters (static_frac, syncs per step, host ms per forward);
 #          GPU_GRAPHS_ONLY="vanilla fafo" runs those decoders alone
@@ -126,7 +127,7 @@ graphs_stage() {  # graphed vanilla first (every speedup is over it, and it reco
   local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}" run.cuda_graphs=true)
   local rc=0 method
   for method in "fafo_baselines decoder=vanilla" "fafo_table1 decoder=fafo" "fafo_baselines decoder=pld" \
-    "fafo_baselines decoder=lookahead"; do
+    "fafo_baselines decoder=lookahead" "fafo_table1 decoder=fafo_2forward"; do
     [[ -z ${GPU_GRAPHS_ONLY:-} || " $GPU_GRAPHS_ONLY " == *" ${method#*decoder=} "* ]] || continue
     # shellcheck disable=SC2086  # "experiment decoder=..." splits into its two overrides
     "$PY" run.py task=mtbench experiment=$method "${rec[@]}" || rc=1
