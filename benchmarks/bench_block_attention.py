@@ -7,8 +7,9 @@ A graphed forward attends over the whole allocation: `q [1, H, n, d]` (a transpo
 block's projections), the cache's `k, v [1, H_kv, C, d]` and a boolean visibility `[1, 1, n, C]`, with
 `enable_gqa` (`core.decode_graph.StaticForward.forward`). On a GPU a 2-row block costs far more than a
 1-row step (`benchmarks.block_cost --cuda-graphs`). This times that one call at each block size, then
-with one thing changed at a time: `q` made contiguous, the mask as additive floats, K/V expanded to every
-query head instead of `enable_gqa`, and each SDPA backend forced. Microseconds per call: on CUDA each
+with one thing changed at a time: only the used prefix of the allocation attended, `q` made contiguous,
+the mask as additive floats, K/V expanded to every query head instead of `enable_gqa`, and each SDPA
+backend forced (the allocation's first half is cached). Microseconds per call: on CUDA each
 variant is captured once as a CUDA graph and replayed (GPU time, no launch cost); elsewhere timed
 eagerly. `n/a`: the backend refuses those inputs.
 """
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SMOLLM2 = {"heads": 9, "kv_heads": 3, "head_dim": 64}
+SPAN_STEP = 256
 BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -59,8 +61,14 @@ def variants(t: dict) -> dict[str, Callable[[], torch.Tensor]]:
     def call(q=q, k=k, v=v, m=mask, gqa=True) -> Callable[[], torch.Tensor]:
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=gqa)
 
+    # the used prefix only (the cached half and the block, rounded up to SPAN_STEP slots): what a forward
+    # keyed by the span it attends would read instead of the whole allocation
+    span = min(k.shape[2], -(-(k.shape[2] // 2 + q.shape[2]) // SPAN_STEP) * SPAN_STEP)
     out = {
         "as run (bool mask, enable_gqa)": call(),
+        f"used prefix only ({span} of {k.shape[2]} slots)": call(
+            k=k[:, :, :span], v=v[:, :, :span], m=mask[..., :span]
+        ),
         "q contiguous": call(q=qc),
         "additive float mask": call(m=additive),
         "K/V expanded, no enable_gqa": call(k=k_all, v=v_all, gqa=False),
