@@ -90,7 +90,8 @@ def _forced(fn: Callable[[], torch.Tensor], backend: SDPBackend) -> Callable[[],
 
 
 def microseconds(fn: Callable[[], torch.Tensor], reps: int) -> float | None:
-    """Median microseconds of one call; None when it raises (a backend that refuses the inputs)."""
+    """Median microseconds of one call; None when it raises (a backend that refuses the inputs) or, on
+    CUDA, cannot be captured."""
     try:
         fn()
     except RuntimeError:
@@ -108,8 +109,11 @@ def microseconds(fn: Callable[[], torch.Tensor], reps: int) -> float | None:
         fn()  # warm on the side stream, as a capture wants
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:  # a backend that runs eagerly but cannot be captured: not what a graph can use
+        return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()
