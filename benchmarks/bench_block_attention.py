@@ -50,6 +50,12 @@ def inputs(rows: int, cache: int, dtype: torch.dtype, device: torch.device, seed
     return {"q": q, "k": k, "v": v, "mask": visible.view(1, 1, rows, cache), "scale": d**-0.5}
 
 
+def used_span(cache: int, rows: int) -> int:
+    """The slots a forward keyed by its span would attend: the cached half and the block, rounded up to
+    `SPAN_STEP` slots, at most the allocation."""
+    return min(cache, -(-(cache // 2 + rows) // SPAN_STEP) * SPAN_STEP)
+
+
 def variants(t: dict) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> the call; the first is the forward's own."""
     q, k, v, mask, scale = t["q"], t["k"], t["v"], t["mask"], t["scale"]
@@ -61,14 +67,11 @@ def variants(t: dict) -> dict[str, Callable[[], torch.Tensor]]:
     def call(q=q, k=k, v=v, m=mask, gqa=True) -> Callable[[], torch.Tensor]:
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=gqa)
 
-    # the used prefix only (the cached half and the block, rounded up to SPAN_STEP slots): what a forward
-    # keyed by the span it attends would read instead of the whole allocation
-    span = min(k.shape[2], -(-(k.shape[2] // 2 + q.shape[2]) // SPAN_STEP) * SPAN_STEP)
+    # what a forward keyed by the span it attends would read instead of the whole allocation
+    span = used_span(k.shape[2], q.shape[2])
     out = {
         "as run (bool mask, enable_gqa)": call(),
-        f"used prefix only ({span} of {k.shape[2]} slots)": call(
-            k=k[:, :, :span], v=v[:, :, :span], m=mask[..., :span]
-        ),
+        "used prefix only": call(k=k[:, :, :span], v=v[:, :, :span], m=mask[..., :span]),
         "q contiguous": call(q=qc),
         "additive float mask": call(m=additive),
         "K/V expanded, no enable_gqa": call(k=k_all, v=v_all, gqa=False),
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench_block_attention: SmolLM2 heads (9 query, 3 KV, d 64), {args.dtype} on {where}")
     print(f"\nmicroseconds per layer's attention over {args.cache} slots (x 30 layers per forward)\n")
     print(table(list(args.rows), args.cache, dtype, device, args.reps))
+    spans = ", ".join(f"{used_span(args.cache, b)} at {b} rows" for b in args.rows)
+    print(f"\nused prefix: {spans} (the cached {args.cache // 2} and the block, to {SPAN_STEP} slots)")
 
 
 if __name__ == "__main__":
