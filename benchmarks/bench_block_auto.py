@@ -35,7 +35,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from benchmarks.timing import timed_generate
-from core.cost_curve import CostCurve, CostFn, cached_or_measured
+from core.cost_curve import CostCurve, CostFn, cached_or_measured, curve_key
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -105,8 +105,8 @@ def prompts_of(task_name: str, n: int, tokenizer) -> list[tuple[str, list[int]]]
 def curve_here(
     eng: Engine, dev: str, threads: int, max_rows: int, refresh: bool = False
 ) -> tuple[CostCurve, str]:
-    key = {"device": dev, "model": "smollm2-135m", "dtype": "float32", "linear": eng.linear}
-    curve, measured = cached_or_measured(eng, {**key, "threads": threads}, max_rows, refresh=refresh)
+    key = curve_key(dev, "smollm2-135m", "float32", eng.linear, threads, graphs=eng.graphs is not None)
+    curve, measured = cached_or_measured(eng, key, max_rows, refresh=refresh)
     return curve, "measured now" if measured else "cached"
 
 

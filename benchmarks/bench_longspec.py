@@ -47,7 +47,7 @@ import torch
 
 from benchmarks.bench_selfspec import spread
 from benchmarks.timing import timed_generate
-from core.cost_curve import CostFn, cached_or_measured
+from core.cost_curve import CostFn, cached_or_measured, curve_key
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
@@ -216,13 +216,10 @@ def main() -> None:
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")
-    key = {
-        "device": device_name(lm.device),
-        "model": "smollm2-135m",
-        "dtype": "float32",
-        "linear": eng.linear,
-        "threads": torch.get_num_threads(),  # the runner's key: the same cached curve
-    }
+    threads = torch.get_num_threads()  # the runner's key: the same cached curve
+    key = curve_key(
+        device_name(lm.device), "smollm2-135m", "float32", eng.linear, threads, graphs=eng.graphs is not None
+    )
     cost, measured = cached_or_measured(eng, key, 1 + 4 + 4 * 16)
     every = methods(args.vocab, cost)
     makers = selected(every, args.methods)

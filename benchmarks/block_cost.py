@@ -29,6 +29,7 @@ from core.cost_curve import (
     CostCurve,
     cache_dir,
     cache_name,
+    curve_key,
     is_current,
     measure_grid,
     measurement_meta,
@@ -111,14 +112,7 @@ def print_bandwidth_share(args: argparse.Namespace, shape: ModelShape) -> None:
 
 def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Path, bool]:
     """The cached curve of this environment, or a fresh measurement (then cached)."""
-    key = {
-        "device": device_name,
-        "model": args.model,
-        "dtype": args.dtype,
-        "linear": args.linear,
-        "threads": args.threads,
-        **({"graphs": True} if args.cuda_graphs else {}),
-    }
+    key = curve_key(device_name, args.model, args.dtype, args.linear, args.threads, graphs=args.cuda_graphs)
     path = cache_dir() / cache_name(key)
     if path.exists() and not args.refresh:
         curve = CostCurve.from_json(path.read_text())

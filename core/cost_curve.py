@@ -111,6 +111,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HARNESS_COST_CACHE", str(default)))
 
 
+def curve_key(
+    device: str, model: str, dtype: str, linear: str, threads: int, *, graphs: bool
+) -> dict[str, object]:
+    """The environment a curve belongs to. `graphs`: measured on forwards replayed as CUDA graphs, which
+    cost apart (absent when False, so an eager curve keeps the key and cache name it always had)."""
+    key = {"device": device, "model": model, "dtype": dtype, "linear": linear, "threads": threads}
+    return {**key, "graphs": True} if graphs else key
+
+
 def cache_name(key: dict[str, object]) -> str:
     """File name of a curve in the cache: one per (device, model, dtype, linear, threads), and apart for
     forwards replayed as CUDA graphs (a key without `graphs` keeps the name it always had)."""

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from core import checks
-from core.cost_curve import cache_name, cached_or_measured
+from core.cost_curve import cache_name, cached_or_measured, curve_key
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
@@ -236,14 +236,10 @@ class Runner:
         cache or measured now on a compact grid (before anything is timed; then cached)."""
         if getattr(self.decoder, "block", "fixed") != "auto":
             return
-        key = {
-            "device": self.device_name,
-            "model": self.names["model"],
-            "dtype": self.identity["dtype"],
-            "linear": self.engine.linear,
-            "threads": self.threads,
-            **({"graphs": True} if self.engine.graphs is not None else {}),  # replayed forwards cost apart
-        }
+        eng, model, dtype = self.engine, self.names["model"], self.identity["dtype"]
+        key = curve_key(
+            self.device_name, model, dtype, eng.linear, self.threads, graphs=eng.graphs is not None
+        )
         announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
         curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)
         self.cost_curve = cache_name(key)

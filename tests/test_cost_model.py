@@ -149,6 +149,10 @@ def test_a_graphed_curve_prices_a_block_as_the_power_of_two_it_runs_in_and_is_ke
     assert graphed(1, 100) == 1.0 and not eager.graphed and graphed.graphed
     assert cache_name(graphed.key) != cache_name(eager.key)
     assert cache_name(KEY) == cache_name({**KEY, "graphs": False})  # eager curves keep their names
+    from core.cost_curve import curve_key
+
+    env = ("cpu: Some CPU", "m", "float32", "onednn", 2)
+    assert curve_key(*env, graphs=False) == KEY and curve_key(*env, graphs=True) == graphed.key
 
 
 def test_a_run_is_priced_on_the_curve_of_its_own_forwards():
