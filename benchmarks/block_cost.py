@@ -30,6 +30,7 @@ from core.cost_curve import (
     cache_dir,
     cache_name,
     curve_key,
+    fill_cache,
     is_current,
     measure_grid,
     measurement_meta,
@@ -68,8 +69,7 @@ def bandwidth_share(
 
     out = []
     for ctx in contexts:
-        eng.reset(ctx + 2)
-        eng.prefill([(100 + i % 1000) % eng.w.vocab_size for i in range(ctx)])
+        fill_cache(eng, ctx, 2)
         step_seconds(eng, ctx, 1, 5)  # warm-up; a 1-row step is vanilla's own (no mask)
         reads = shape.weight_bytes(nbytes) + ctx * shape.kv_bytes_per_entry(nbytes)
         pairs = [(read_bandwidth(reps=3), step_seconds(eng, ctx, 1, 15)) for _ in range(repeats)]

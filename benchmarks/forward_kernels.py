@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from core.cost_curve import step_times
+from core.cost_curve import fill_cache, step_times
 from core.engine import Engine
 from core.models import load_model
 
@@ -47,9 +47,7 @@ def kernel_times(eng: Engine, context: int, rows: int, reps: int) -> tuple[dict[
 def table(eng: Engine, rows: list[int], context: int, reps: int, top: int) -> str:
     """Markdown: the `top` kernels by their growth from the fewest rows to the most, one column per
     block size, then every kernel's total and the forward's wall time."""
-    eng.reset(context + max(rows) + 1)
-    vocab = int(eng.model.config.vocab_size)
-    eng.prefill([(100 + i % 1000) % vocab for i in range(context)])
+    fill_cache(eng, context, max(rows) + 1)
     runs = {b: kernel_times(eng, context, b, reps) for b in rows}
     names = set().union(*(per for per, _ in runs.values()))
     growth = {n: runs[rows[-1]][0].get(n, 0.0) - runs[rows[0]][0].get(n, 0.0) for n in names}

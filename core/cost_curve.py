@@ -160,6 +160,18 @@ def _vocab(eng) -> int:
     return int(eng.model.config.vocab_size)
 
 
+def synthetic_prompt(eng, context: int) -> list[int]:
+    """`context` token ids to measure with: the cost of a forward does not depend on them."""
+    vocab = _vocab(eng)
+    return [(100 + i % 1000) % vocab for i in range(context)]
+
+
+def fill_cache(eng, context: int, room: int) -> None:
+    """Reset the engine's cache to `context` synthetic entries, with room for `room` more."""
+    eng.reset(context + room)
+    eng.prefill(synthetic_prompt(eng, context))
+
+
 def step_times(eng, context: int, rows: int, reps: int) -> list[float]:
     """Seconds of `reps` causal `rows`-row steps over the engine's `context`-entry cache (nothing kept:
     the cache stays at `context`). On an engine with CUDA graphs the steps are replayed, the first of a
@@ -256,9 +268,7 @@ def measure_grid(eng, rows: list[int], contexts: list[int], reps: int) -> list[l
     engine's cache in an arbitrary state: callers reset it before generating."""
     grid = []
     for ctx in contexts:
-        eng.reset(ctx + max(rows) + 1)
-        vocab = _vocab(eng)
-        eng.prefill([(100 + i % 1000) % vocab for i in range(ctx)])
+        fill_cache(eng, ctx, max(rows) + 1)
         line: list[list[float]] = []
         for _ in range(2):
             line = [step_times(eng, ctx, b, reps) for b in rows]
