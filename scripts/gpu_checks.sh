@@ -79,14 +79,19 @@ env_stage() {
   nproc
 }
 
-test_stage() {  # test_stage [pytest -m expression]
+cuda_pytest() {  # cuda_pytest WORKERS pytest-args...: the suites on CUDA, with xdist workers where installed
   local workers=()
-  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-12}")
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$1")
   "$PY" -c "import pytest_timeout" 2>/dev/null && workers+=(--timeout "${GPU_TEST_TIMEOUT_S:-120}")
-  # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed;
+  shift
+  # -v: each test's outcome is logged as it ends, so a stage stopped at its limit still says what passed
+  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -p no:cacheprovider "${workers[@]}" "$@"
+}
+
+test_stage() {  # test_stage [pytest -m expression]
   # tests/gpu_suites.txt lists test_sparse_attention.py first: its compiled FlexAttention cases take minutes
-  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m "${1:-not slow}" -p no:cacheprovider \
-    "${workers[@]}" --junitxml "$out/test-gpu${1:+-smollm}.xml" ${GPU_TEST_SUITES:-$(cat tests/gpu_suites.txt)}
+  cuda_pytest "${GPU_TEST_WORKERS:-12}" -m "${1:-not slow}" --junitxml "$out/test-gpu${1:+-smollm}.xml" \
+    ${GPU_TEST_SUITES:-$(cat tests/gpu_suites.txt)}
 }
 
 smollm_stage() {
@@ -136,11 +141,9 @@ graphs_stage() {  # graphed vanilla first (every speedup is over it, and it reco
 }
 
 replay_stage() {  # the MT-Bench pairs (the long-context ones need PG-19, LongSpec its draft, kvpress its package)
-  local workers=()
-  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-6}")
-  HARNESS_TEST_DEVICE=cuda "$PY" -m pytest -v -rfE --tb=short -m slow -p no:cacheprovider "${workers[@]}" \
+  cuda_pytest "${GPU_TEST_WORKERS:-6}" -m slow --junitxml "$out/test-replay.xml" \
     -k "experiments_replay_on_smollm2 and not sliced and not budget_frac and not longspec and not kvpress" \
-    --junitxml "$out/test-replay.xml" tests/test_captured_graphs.py
+    tests/test_captured_graphs.py
 }
 
 cost_stage() {
@@ -173,8 +176,8 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage host_stage bench_stage \
-  sweep_stage train_stage
+export -f cuda_pytest env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage \
+  host_stage bench_stage sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
   [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}" [kernels]="${GPU_KERNELS_S:-60}"
   [graphs]="${GPU_GRAPHS_S:-240}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
