@@ -61,7 +61,13 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.verify import candidate_slices, greedy_verify, prefix_match, step_with_argmax, verify_logits
+from decoders.verify import (
+    candidate_slices,
+    greedy_verify_flat,
+    prefix_match,
+    step_with_argmax,
+    verify_logits,
+)
 from kv_policies.full import FullKV
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
@@ -74,7 +80,7 @@ class Layout:
     block_mask: torch.Tensor  # bool [n, n] visibility inside the block
     offsets: torch.Tensor  # long [n] position of each row relative to the root
     logits_rows: torch.Tensor  # rows whose logits are computed: root, top level, guesses
-    top_sel: list[int]  # indices into logits_rows giving the top level's outputs, column order
+    top_sel: slice  # the logits rows of the top level's outputs, column order (consecutive by construction)
     guess_row: int  # first block row of the verification branch
     guess_sel: int  # first index of the guesses in logits_rows
 
@@ -111,7 +117,9 @@ def build_layout(level_lens: list[int], n_guess: int, k: int, device: torch.devi
         top = len(level_lens) - 1
         top_rows = [level_start[top] + c for c in range(level_lens[top])]
     sel = [0] + [r for r in top_rows if r != 0]
-    top_sel = [sel.index(r) for r in top_rows]
+    top_idx = [sel.index(r) for r in top_rows]
+    assert top_idx == list(range(top_idx[0], top_idx[0] + len(top_idx)))
+    top_sel = slice(top_idx[0], top_idx[0] + len(top_idx))
     guess_sel = len(sel)
     sel += list(range(guess_row, n))
     return Layout(
@@ -142,8 +150,9 @@ class JacobiWindow:
     def flat(self) -> list[int]:
         return [t for lv in self.levels for t in lv]
 
-    def advance(self, root: int, top_out: list[int]) -> list[tuple[int, tuple[int, ...]]]:
-        """Feed the top level's outputs; return the harvested (key, (N-1)-gram) pairs."""
+    def advance(self, root: int, top_out: list[int]) -> list[tuple[tuple[int], tuple[int, ...]]]:
+        """Feed the top level's outputs; return the harvested ((key,), (N-1)-gram) pairs, as the pool
+        stores them."""
         if not self.full:  # warm-up: grow one level, then shift every level left by one column
             self.levels.append(list(top_out))
             self.levels = [lv[1:] for lv in self.levels]
@@ -151,7 +160,7 @@ class JacobiWindow:
         lv = self.levels
         # column c's key is the token before it (the root for column 0); its gram runs down levels 1..
         # then the top output: one zip over the columns, no generator per column
-        keys = [root, *lv[0][: self.w - 1]]
+        keys = [(root,), *((t,) for t in lv[0][: self.w - 1])]
         grams = list(zip(keys, zip(*lv[1:], top_out)))
         self.levels = [lv[1][1:], *lv[2:], list(top_out)]
         return grams
@@ -265,9 +274,8 @@ class Lookahead(BaseDecoder):
             pool.flush()  # the last window's n-grams, while the device runs this forward
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel
-            guess_preds = candidate_slices(picked, at, len(guesses), k)
             if self.sampler.greedy:
-                verdict = greedy_verify(guesses, picked[0], guess_preds)
+                verdict = greedy_verify_flat(guesses, picked, at, k)
             else:
                 verdict = verify_logits(self.sampler, logits, guesses, at)
             before = len(seq)
@@ -278,13 +286,12 @@ class Lookahead(BaseDecoder):
             seq.extend(verdict.tokens[:n_new])
             counts.step(len(block), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
             if cost is not None and guesses:
-                pairs = zip(guesses, guess_preds, strict=True)
+                pairs = zip(guesses, candidate_slices(picked, at, len(guesses), k), strict=True)
                 lengths = [prefix_match(guess, picked[0], pred) for guess, pred in pairs]
                 for j, n_ok in enumerate(lengths):
                     stats.update(min(j, RANKS), k, n_ok)
                 gains.update(lengths)
             if lens != [0]:
-                grams = window.advance(root, [picked[i] for i in lay.top_sel])
-                pool.defer(((key,), gram) for key, gram in grams)  # seen by the next `get`, stored later
+                pool.defer(window.advance(root, picked[lay.top_sel]))  # seen by the next `get`, stored later
             if self.pool_from_prompt:
                 pool.add_sequence(seq, k, start=before - k + 1)

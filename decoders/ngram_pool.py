@@ -92,6 +92,9 @@ class NGramPool:
         so an insertion repeated later changes nothing (FAFO's streams often yield the same pair)."""
         most = self.max_key_len
         last = dict.fromkeys(reversed(pairs if isinstance(pairs, list) else list(pairs)))
+        if most == 1:  # single-token keys (Lookahead's): each pair under its context's last token
+            self._put_many((ctx if len(ctx) == 1 else ctx[-1:], v) for ctx, v in reversed(last) if ctx)
+            return
         self._put_many(
             (ctx[len(ctx) - m :], v) for ctx, v in reversed(last) for m in range(1, min(most, len(ctx)) + 1)
         )

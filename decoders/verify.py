@@ -90,12 +90,32 @@ def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
     table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
     preds = cand_pred.tolist() if isinstance(cand_pred, torch.Tensor) else cand_pred
     for j, (cand, pred) in enumerate(zip(table, preds, strict=True)):
+        if not cand or cand[0] != root:  # most candidates fail at once: no call for them
+            continue
         m = prefix_match(cand, root, pred)
         if m > n:  # the first maximum on ties
             best, n = j, m
     if n == 0:
         return Verdict(-1, 0, [root])
     return Verdict(best, n, [*table[best][:n], preds[best][n - 1]])
+
+
+def greedy_verify_flat(cands: Sequence[Sequence[int]], picked: Sequence[int], first: int, k: int) -> Verdict:
+    """`greedy_verify` over the usual layout (candidate j's token t at row `first + j*k + t`), reading
+    `picked` (every row's argmax, the root's first) only for the candidates whose first token the root's
+    argmax agrees with: most fail there, so their rows are never sliced."""
+    root = picked[0]
+    best, n = -1, 0
+    for j, cand in enumerate(cands):
+        if not cand or cand[0] != root:
+            continue
+        at = first + j * k
+        m = prefix_match(cand, root, picked[at : at + k])
+        if m > n:  # the first maximum on ties
+            best, n = j, m
+    if n == 0:
+        return Verdict(-1, 0, [root])
+    return Verdict(best, n, [*cands[best][:n], picked[first + best * k + n - 1]])
 
 
 def sample_verify(
@@ -189,7 +209,8 @@ def verify_logits(
         g, k = len(cands), len(cands[0]) if cands else 0
     if sampler.greedy:
         picked = (logits.argmax(dim=-1) if preds is None else preds).tolist()
-        return greedy_verify(cands, picked[0], candidate_slices(picked, first, g, k))
+        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+        return greedy_verify_flat(table, picked, first, k)
     table = cands if isinstance(cands, torch.Tensor) else torch.tensor(cands, dtype=torch.long).reshape(g, k)
     return sample_verify(
         table, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler

@@ -9,7 +9,15 @@ import torch
 from lossless_check import chi_square_pvalue
 
 from core.sampling import Sampler
-from decoders.verify import Verdict, greedy_chain, greedy_verify, sample_verify, verify_logits
+from decoders.verify import (
+    Verdict,
+    candidate_slices,
+    greedy_chain,
+    greedy_verify,
+    greedy_verify_flat,
+    sample_verify,
+    verify_logits,
+)
 
 
 def _t(rows: list[list[int]]) -> torch.Tensor:
@@ -68,6 +76,21 @@ def test_greedy_matches_a_reference_walk_on_random_inputs() -> None:
             if len(acc) + 1 > len(best):
                 best = [*acc, prev]
         assert greedy_verify(_t(cands), root, _t(preds)).tokens == best
+
+
+def test_greedy_verify_over_flat_rows_gives_greedy_verify_s_verdict() -> None:
+    """The flat-layout walk reads only the rows of candidates the root's argmax agrees with; its verdict
+    (candidate, accepted, tokens) is greedy_verify's over the sliced rows, ties and full matches included."""
+    rng = random.Random(1)
+    agreed = 0
+    for _ in range(500):
+        g, k, vocab, first = rng.randint(0, 6), rng.randint(1, 4), 3, rng.randint(1, 4)
+        cands = [tuple(rng.randrange(vocab) for _ in range(k)) for _ in range(g)]
+        picked = [rng.randrange(vocab) for _ in range(first + g * k + rng.randint(0, 3))]
+        want = greedy_verify(cands, picked[0], candidate_slices(picked, first, g, k))
+        assert greedy_verify_flat(cands, picked, first, k) == want
+        agreed += want.accepted > 0
+    assert agreed > 100  # the walk accepted tokens often, not only rejected everything
 
 
 def test_verify_logits_uses_argmax_rows() -> None:

@@ -56,7 +56,14 @@ from decoders.block_size import (
 from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import Gram, NGramPool
-from decoders.verify import Verdict, greedy_verify, prefix_match, sample_verify, step_with_argmax
+from decoders.verify import (
+    Verdict,
+    greedy_verify,
+    greedy_verify_flat,
+    prefix_match,
+    sample_verify,
+    step_with_argmax,
+)
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
@@ -208,6 +215,9 @@ class FAFO(BaseDecoder):
         g = len(cands)
         if self.sampler.greedy:
             assert picked is not None
+            first = lay.flat_first(g)
+            if first is not None:  # the rows of candidates rejected at their first token are never sliced
+                return greedy_verify_flat(cands, picked, first, self.k)
             return greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
         rows = lay.cand_rows[:g]
         probs = self.sampler.probs

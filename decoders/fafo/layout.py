@@ -53,24 +53,31 @@ class FafoLayout:
     n: int  # streams in the block (0 for a verification-only forward)
     stream_row: int  # first block row of the fumble streams (after any padding rows)
     cand_row_ids: list[list[int]] | None = None  # `cand_rows` as Python ints (commits read no tensor)
+    size: int = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         if self.cand_row_ids is None:
             self.cand_row_ids = self.cand_rows.tolist()
+        self.size = self.block_mask.shape[0]  # rows; a plain int, read several times a step
+
+    def flat_first(self, g: int) -> int | None:
+        """The first candidate row when the first `g` candidates sit at rows `first + j*k + t` (a flat
+        layout; with no candidates, any row), else None (a tree)."""
+        rows = self.cand_row_ids
+        assert rows is not None
+        if not g:
+            return 1
+        first = rows[0][0]
+        return first if rows[g - 1][-1] == first + g * self.k - 1 else None
 
     def candidate_rows(self, values: list, g: int) -> list[list]:
         """`values[cand_rows[j, t]]` for the first `g` candidates (slices where the rows are consecutive,
         as in a flat layout)."""
-        rows = self.cand_row_ids
-        assert rows is not None
-        k = self.k
-        if g and rows[g - 1][-1] == rows[0][0] + g * k - 1:  # candidate j at rows first + j*k ..
-            return candidate_slices(values, rows[0][0], g, k)
-        return [[values[r] for r in row] for row in rows[:g]]
-
-    @property
-    def size(self) -> int:
-        return self.block_mask.shape[0]
+        first = self.flat_first(g)
+        if first is not None:
+            return candidate_slices(values, first, g, self.k)
+        assert self.cand_row_ids is not None
+        return [[values[r] for r in row] for row in self.cand_row_ids[:g]]
 
     def tokens(self, root: int, streams: list[int] | None) -> list[int]:
         """Block tokens: root, candidates, padding (root), streams column-wise, padding."""
