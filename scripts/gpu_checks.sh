@@ -12,6 +12,10 @@
 #          MT-Bench at scale=paper_slice8, every one with CUDA graphs (graphed vanilla is the reference), records
 #          under OUT/records with their counters (static_frac, syncs per step, host ms per forward);
 #          GPU_GRAPHS_ONLY="vanilla fafo" runs those decoders alone
+#   long   the long-context decoders graphed beside graphed vanilla (bf16, PG-19 windows of 4096 tokens from
+#          the package's stand-in text, 2 windows, 256 new tokens): self-speculation and TriForce over
+#          retrieval (3.4% budget, sliced), SFI (sfi_ctx20, sliced) and LongSpec (the draft in
+#          GPU_LONGSPEC_DRAFT, default the shipped one); records under OUT/records; GPU_LONG_ONLY picks decoders
 #   replay the paper experiments' decoder x policy pairs on SmolLM2 (fp32, MT-Bench), captured as CUDA graphs
 #          and replayed, against the regular path: tokens, forwards, acceptance (so tau) and KV reads
 #   cost   the cost curve of forwards replayed as CUDA graphs (benchmarks.block_cost --cuda-graphs, bf16):
@@ -45,9 +49,9 @@ stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(env test graphs host bench sweep)
 for name in "${stages[@]}"; do  # checked before anything is written
   case "$name" in
-    env | test | smollm | replay | cost | kernels | graphs | host | bench | sweep | train) ;;
+    env | test | smollm | replay | cost | kernels | graphs | long | host | bench | sweep | train) ;;
     *)
-      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, replay, cost, kernels, graphs, host," \
+      echo "error: scripts/gpu_checks.sh: unknown stage $name (env, test, smollm, replay, cost, kernels, graphs, long, host," \
         "bench, sweep, train)" >&2
       exit 2
       ;;
@@ -140,6 +144,22 @@ graphs_stage() {  # graphed vanilla first (every speedup is over it, and it reco
   return $rc
 }
 
+long_stage() {  # graphed vanilla first (each speedup is over it, in the same environment and windows)
+  local rec=(task=pg19 task.source=package task.context_length=4096 run.limit=2 run.max_new_tokens=256
+    model.dtype=bfloat16 run.cuda_graphs=true "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}")
+  local sliced=(kv.budget_frac=0.034 kv.backend=sliced)  # TriForce's Figure 6 / Table 8 budget at 4096
+  local rc=0 method
+  for method in "decoder=vanilla kv=full" "decoder=selfspec kv=retrieval ${sliced[*]}" \
+    "decoder=triforce kv=retrieval ${sliced[*]}" "decoder=sfi kv=sfi_ctx20 kv.backend=sliced" \
+    "decoder=longspec kv=full decoder.checkpoint=${GPU_LONGSPEC_DRAFT:-checkpoints/longspec/smollm2-135m}"; do
+    local name=${method#decoder=}
+    [[ -z ${GPU_LONG_ONLY:-} || " $GPU_LONG_ONLY " == *" ${name%% *} "* ]] || continue
+    # shellcheck disable=SC2086  # the method's overrides split into words
+    "$PY" run.py $method "${rec[@]}" || rc=1
+  done
+  return $rc
+}
+
 replay_stage() {  # the MT-Bench pairs (the long-context ones need PG-19, LongSpec its draft, kvpress its package)
   cuda_pytest "${GPU_TEST_WORKERS:-6}" -m slow --junitxml "$out/test-replay.xml" \
     -k "experiments_replay_on_smollm2 and not sliced and not budget_frac and not longspec and not kvpress" \
@@ -176,11 +196,11 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f cuda_pytest env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage \
+export -f cuda_pytest env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage long_stage \
   host_stage bench_stage sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
   [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}" [kernels]="${GPU_KERNELS_S:-60}"
-  [graphs]="${GPU_GRAPHS_S:-240}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
+  [graphs]="${GPU_GRAPHS_S:-240}" [long]="${GPU_LONG_S:-200}" [host]="${GPU_HOST_S:-120}" [bench]="${GPU_BENCH_S:-180}"
   [sweep]="${GPU_SWEEP_S:-240}" [train]="${GPU_TRAIN_S:-480}")
 for name in "${stages[@]}"; do
   stage "$name" "${LIMIT[$name]}"

