@@ -166,10 +166,13 @@ def synthetic_prompt(eng, context: int) -> list[int]:
     return [(100 + i % 1000) % vocab for i in range(context)]
 
 
-def fill_cache(eng, context: int, room: int) -> None:
-    """Reset the engine's cache to `context` synthetic entries, with room for `room` more."""
+def fill_cache(eng, context: int, room: int) -> list[int]:
+    """Reset the engine's cache to `context` synthetic entries, with room for `room` more; returns their
+    token ids (a draft that reads the prompt starts from them)."""
+    prompt = synthetic_prompt(eng, context)
     eng.reset(context + room)
-    eng.prefill(synthetic_prompt(eng, context))
+    eng.prefill(prompt)
+    return prompt
 
 
 def step_times(eng, context: int, rows: int, reps: int) -> list[float]:

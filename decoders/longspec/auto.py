@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from core.cost_curve import CostFn, synchronize, synthetic_prompt
+from core.cost_curve import CostFn, fill_cache, synchronize
 
 
 class DraftCalibration:
@@ -120,10 +120,7 @@ def draft_step_seconds(draft, eng, context: int, rows: Sequence[int], reps: int 
     cache holding `context` entries (synthetic tokens: the cost does not depend on them). Leaves the
     engine's cache and the draft's window in an arbitrary state: generation resets both."""
     vocab = int(eng.model.config.vocab_size)
-    prompt = synthetic_prompt(eng, context)
-    eng.reset(context + 1)
-    eng.prefill(prompt)
-    draft.start(prompt)
+    draft.start(fill_cache(eng, context, 1))
     out: dict[int, float] = {}
     for n in sorted(set(rows)):
         tokens = torch.full((n,), 3 % vocab, dtype=torch.long)
