@@ -85,37 +85,36 @@ def greedy_verify(cands: Table, root_pred: int, cand_pred: Table) -> Verdict:
     with the step's one read) or nested lists: the walk is a few dozen integer comparisons, cheaper in
     Python than as tensor operators.
     """
-    root = int(root_pred)
-    best, n = -1, 0
     table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
     preds = cand_pred.tolist() if isinstance(cand_pred, torch.Tensor) else cand_pred
-    for j, (cand, pred) in enumerate(zip(table, preds, strict=True)):
-        if not cand or cand[0] != root:  # most candidates fail at once: no call for them
-            continue
-        m = prefix_match(cand, root, pred)
-        if m > n:  # the first maximum on ties
-            best, n = j, m
-    if n == 0:
-        return Verdict(-1, 0, [root])
-    return Verdict(best, n, [*table[best][:n], preds[best][n - 1]])
+    if len(table) != len(preds):
+        raise ValueError(f"greedy_verify: {len(table)} candidates but {len(preds)} rows of predictions")
+    return _longest_accepted(table, int(root_pred), preds.__getitem__)
 
 
 def greedy_verify_flat(cands: Sequence[Sequence[int]], picked: Sequence[int], first: int, k: int) -> Verdict:
     """`greedy_verify` over the usual layout (candidate j's token t at row `first + j*k + t`), reading
     `picked` (every row's argmax, the root's first) only for the candidates whose first token the root's
     argmax agrees with: most fail there, so their rows are never sliced."""
-    root = picked[0]
-    best, n = -1, 0
+    return _longest_accepted(cands, picked[0], lambda j: picked[first + j * k : first + (j + 1) * k])
+
+
+def _longest_accepted(
+    cands: Sequence[Sequence[int]], root: int, preds_of: Callable[[int], Sequence[int]]
+) -> Verdict:
+    """The walk of both greedy verifications: `preds_of(j)` (candidate j's argmax rows) is asked only for
+    candidates whose first token is the root's argmax; most fail there, so no call is made for them."""
+    best, n, best_preds = -1, 0, ()
     for j, cand in enumerate(cands):
         if not cand or cand[0] != root:
             continue
-        at = first + j * k
-        m = prefix_match(cand, root, picked[at : at + k])
+        preds = preds_of(j)
+        m = prefix_match(cand, root, preds)
         if m > n:  # the first maximum on ties
-            best, n = j, m
+            best, n, best_preds = j, m, preds
     if n == 0:
         return Verdict(-1, 0, [root])
-    return Verdict(best, n, [*cands[best][:n], picked[first + best * k + n - 1]])
+    return Verdict(best, n, [*cands[best][:n], best_preds[n - 1]])
 
 
 def sample_verify(
