@@ -93,7 +93,7 @@ class NGramPool:
         most = self.max_key_len
         last = dict.fromkeys(reversed(pairs if isinstance(pairs, list) else list(pairs)))
         if most == 1:  # single-token keys (Lookahead's): each pair under its context's last token
-            self._put_many((ctx if len(ctx) == 1 else ctx[-1:], v) for ctx, v in reversed(last) if ctx)
+            self._put_many((ctx[-1:], v) for ctx, v in reversed(last) if ctx)  # a 1-tuple's slice is itself
             return
         self._put_many(
             (ctx[len(ctx) - m :], v) for ctx, v in reversed(last) for m in range(1, min(most, len(ctx)) + 1)
