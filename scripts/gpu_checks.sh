@@ -131,33 +131,34 @@ sweep_stage() {  # Table 1's rows first (vanilla, FAFO-Stream, Lookahead, PLD), 
     "$PY" run.py -m experiment=fafo_figure1_lookahead "${rec[@]}"
 }
 
-graphs_stage() {  # graphed vanilla first (every speedup is over it, and it records the audit's references), FAFO next;
-  # one run per method, each on its own, so that one failing leaves the others' records
-  local rec=(scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}" run.cuda_graphs=true)
-  local rc=0 method
-  for method in "fafo_baselines decoder=vanilla" "fafo_table1 decoder=fafo" "fafo_baselines decoder=pld" \
-    "fafo_baselines decoder=lookahead" "fafo_table1 decoder=fafo_2forward"; do
-    [[ -z ${GPU_GRAPHS_ONLY:-} || " $GPU_GRAPHS_ONLY " == *" ${method#*decoder=} "* ]] || continue
-    # shellcheck disable=SC2086  # "experiment decoder=..." splits into its two overrides
-    "$PY" run.py task=mtbench experiment=$method "${rec[@]}" || rc=1
+run_each() {  # run_each ONLY METHOD...: run.py per method with the caller's rec=(...) after its overrides; ONLY
+  # (decoder names), when set, keeps those alone; one run failing leaves the others' records
+  local only=$1 rc=0 method name
+  shift
+  for method in "$@"; do
+    name=${method##*decoder=}
+    [[ -z $only || " $only " == *" ${name%% *} "* ]] || continue
+    # shellcheck disable=SC2086  # the method's overrides split into words
+    "$PY" run.py $method "${rec[@]}" || rc=1
   done
   return $rc
+}
+
+graphs_stage() {  # graphed vanilla first (every speedup is over it, and it records the audit's references), FAFO next
+  local rec=(task=mtbench scale=paper_slice8 "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}"
+    run.cuda_graphs=true)
+  run_each "${GPU_GRAPHS_ONLY:-}" "experiment=fafo_baselines decoder=vanilla" "experiment=fafo_table1 decoder=fafo" \
+    "experiment=fafo_baselines decoder=pld" "experiment=fafo_baselines decoder=lookahead" \
+    "experiment=fafo_table1 decoder=fafo_2forward"
 }
 
 long_stage() {  # graphed vanilla first (each speedup is over it, in the same environment and windows)
   local rec=(task=pg19 task.source=package task.context_length=4096 run.limit=2 run.max_new_tokens=256
     model.dtype=bfloat16 run.cuda_graphs=true "run.out_dir=$out/records" "run.warmup_s=${GPU_WARMUP_S:-20}")
-  local sliced=(kv.budget_frac=0.034 kv.backend=sliced)  # TriForce's Figure 6 / Table 8 budget at 4096
-  local rc=0 method
-  for method in "decoder=vanilla kv=full" "decoder=selfspec kv=retrieval ${sliced[*]}" \
-    "decoder=triforce kv=retrieval ${sliced[*]}" "decoder=sfi kv=sfi_ctx20 kv.backend=sliced" \
-    "decoder=longspec kv=full decoder.checkpoint=${GPU_LONGSPEC_DRAFT:-checkpoints/longspec/smollm2-135m}"; do
-    local name=${method#decoder=}
-    [[ -z ${GPU_LONG_ONLY:-} || " $GPU_LONG_ONLY " == *" ${name%% *} "* ]] || continue
-    # shellcheck disable=SC2086  # the method's overrides split into words
-    "$PY" run.py $method "${rec[@]}" || rc=1
-  done
-  return $rc
+  local sliced="kv.budget_frac=0.034 kv.backend=sliced"  # TriForce's Figure 6 / Table 8 budget at 4096
+  run_each "${GPU_LONG_ONLY:-}" "decoder=vanilla kv=full" "decoder=selfspec kv=retrieval $sliced" \
+    "decoder=triforce kv=retrieval $sliced" "decoder=sfi kv=sfi_ctx20 kv.backend=sliced" \
+    "decoder=longspec kv=full decoder.checkpoint=${GPU_LONGSPEC_DRAFT:-checkpoints/longspec/smollm2-135m}"
 }
 
 replay_stage() {  # the MT-Bench pairs (the long-context ones need PG-19, LongSpec its draft, kvpress its package)
@@ -196,7 +197,7 @@ train_stage() {  # the copy recipe (README, LongSpec): the shipped draft trained
     "stages=[{name: copy_mixed_gpu, sequences: 1280, labels: soft, lr: 5e-4, epochs: 4}]"
 }
 
-export -f cuda_pytest env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage long_stage \
+export -f cuda_pytest run_each env_stage test_stage smollm_stage replay_stage cost_stage kernels_stage graphs_stage long_stage \
   host_stage bench_stage sweep_stage train_stage
 declare -A LIMIT=([env]="${GPU_ENV_S:-60}" [test]="${GPU_TEST_S:-240}" [smollm]="${GPU_SMOLLM_S:-90}"
   [replay]="${GPU_REPLAY_S:-90}" [cost]="${GPU_COST_S:-90}" [kernels]="${GPU_KERNELS_S:-60}"
