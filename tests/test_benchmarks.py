@@ -295,15 +295,28 @@ def test_block_auto_share_ablation_builds_fafo_at_each_share_and_is_written_apar
     assert "vs pld auto" in capsys.readouterr().out
 
 
-def test_profile_decoder_splits_step_time_and_restores_the_engine(tiny_lm, capsys):
+@pytest.mark.parametrize("fixed_shape", [False, True])
+def test_profile_decoder_splits_step_time_and_restores_the_engine(tiny_lm, capsys, fixed_shape):
+    """The operator table and the Python table of the decode loop, whose model body (an eager step, or a
+    fixed-shape forward's graph) is left out of the Python one; the engine is left as it was."""
     from benchmarks.profile_decoder import profile_one
+    from core.decode_graph import StaticForward, StaticForwards
 
     eng = Engine(tiny_lm.model)
+    if fixed_shape:
+        eng.use_graphs(capture=False)
+    classes = StaticForwards.__call__, StaticForward.forward
     prompt = list(range(10, 40)) * 2
-    profile_one("lookahead", eng, [prompt[:20], prompt], 12, set(), top=5)
+    profile_one("lookahead", eng, [prompt[:20], prompt], 12, set(), top=40)
     out = capsys.readouterr().out
     assert "#### lookahead:" in out and "% inside Engine.step" in out and "aten::" in out
-    assert "step" not in vars(eng)  # the clock is gone: Engine.step again
+    python = out.split("Python and C calls")[1]
+    assert "decoders/lookahead.py" in python and "| all |" in python
+    assert ("decode_graph.py" in python) == fixed_shape  # the staging of a fixed-shape step
+    body = ("layers_forward", "lm_logits", "_nn.linear", "scaled_dot_product_attention", "rms_norm")
+    assert not [name for name in body if name in python]
+    assert "step" not in vars(eng)  # the clock and the switch are gone
+    assert (StaticForwards.__call__, StaticForward.forward) == classes
 
 
 def test_forward_kernels_profiles_fixed_shape_forwards_at_each_block_size(tiny_lm):
