@@ -32,6 +32,7 @@ HOST_COLUMNS = (
     "syncs_per_step",
     "host_ms_per_forward",
     "critical_ms_per_forward",
+    "graph_captures",
 )
 
 

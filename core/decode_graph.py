@@ -79,7 +79,11 @@ def fits(cache, n: int, view) -> bool:
 class Replay:
     """One fixed-shape forward `run()` -> output, run eagerly or captured once per `key` (the addresses
     and sizes it was captured on) and replayed. `state`: tensors `run` updates in place from their own
-    values (not idempotent), restored after the warm-up runs that precede a capture."""
+    values (not idempotent), restored after the warm-up runs that precede a capture. `total_captures`
+    counts the captures of every Replay of the process: a clock tells by it whether a timed generation
+    paid for some (`runners.timing.DecodeClocks`)."""
+
+    total_captures = 0
 
     def __init__(self, run: Callable[[], Any], capture: bool, device: torch.device, state=()) -> None:
         self.run, self.capture, self.device, self.state = run, capture, device, tuple(state)
@@ -93,6 +97,7 @@ class Replay:
             return self.run()
         if self.graph is None or key != self.key:
             self._capture()
+            Replay.total_captures += 1
             self.key = key
         self.graph.replay()
         return self.out

@@ -70,6 +70,9 @@ SAMPLE_COLUMNS = {
     "syncs_per_step": "float64",
     "host_ms_per_forward": "float64",
     "critical_ms_per_forward": "float64",
+    # CUDA graphs captured inside the timed decode (their eager warm-up runs and the capture are in its
+    # time; the runner's warm-up makes them for the block sizes it meets)
+    "graph_captures": "Int64",
     "output_digest": "string",
     "output_text": "string",
     "matches_vanilla": "boolean",
@@ -129,7 +132,7 @@ def measurements(
     }
 
 
-def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float]:
+def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float | int]:
     """The host-side columns of one (sample, turn) row of `decode_s` decode seconds, from the clocks of its
     generation (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
     prefill mark, with the share of each that took the fixed-shape path, and the reads of the device)."""
@@ -143,6 +146,7 @@ def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float
         "syncs_per_step": syncs,
         "host_ms_per_forward": host,
         "critical_ms_per_forward": clocks.critical_s / n * 1e3 if n else float("nan"),
+        "graph_captures": clocks.captures_since_mark,
     }
 
 

@@ -85,6 +85,21 @@ def divergence_note(runs: pd.Series, samples: pd.DataFrame) -> str | None:
     return line
 
 
+def capture_note(samples: pd.DataFrame) -> str | None:
+    """One line when CUDA graphs were captured inside timed decodes: those turns' decode time holds the
+    captures (a block size the warm-up did not meet)."""
+    if "graph_captures" not in samples.columns:
+        return None
+    captures = samples.loc[samples["error"].isna(), "graph_captures"].dropna()
+    if not (captures > 0).any():
+        return None
+    return (
+        f"note: {int(captures.sum())} CUDA graph capture(s) fell inside the timed decode of "
+        f"{int((captures > 0).sum())} turn(s) (samples.parquet: graph_captures), whose decode time holds "
+        "them; a longer run.warmup_s meets more block sizes before timing"
+    )
+
+
 CPU_BLOCK_HINT = 64  # rows per forward above which a CPU pays for a block row by row
 
 
@@ -178,6 +193,7 @@ def print_summary(run_path: Path) -> None:
     notes = [
         kv_note(runs, samples, s),
         divergence_note(runs, samples),
+        capture_note(samples),
         *comparison_lines(run_path, runs, samples),
     ]
     for note in notes:

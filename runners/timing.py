@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from core.decode_graph import Replay
 from core.types import Counts
 from runners.critical_path import ReadStamps, critical_host_s
 from runners.forwards import MethodPatch, draft_forwards
@@ -242,24 +243,34 @@ class DecodeClocks:
     def __init__(self, decoder) -> None:
         self.decoder = decoder
         self.decode_from = self.decode_to = 0.0
+        self.captures_from = self.captures_to = 0
 
     def __enter__(self) -> DecodeClocks:
         eng = self.decoder.engine
         self.forwards = StepClock(eng)
         self.drafts = DraftClock(self.decoder, eng.device)
         self.reads = ReadStamps().__enter__()
+        self.captures_from = self.captures_to = Replay.total_captures
         return self
 
     def mark(self) -> None:
         self.forwards.mark()
         self.drafts.mark()
         self.decode_from = time.perf_counter()
+        self.captures_from = Replay.total_captures
 
     def __exit__(self, *exc) -> None:
         self.decode_to = time.perf_counter()
+        self.captures_to = Replay.total_captures
         self.reads.__exit__(*exc)
         self.drafts.close()
         self.forwards.close()
+
+    @property
+    def captures_since_mark(self) -> int:
+        """CUDA graphs captured during the decode (target's, draft's): each costs a few eager forwards and
+        the capture inside the timed decode, which a warm-up that ran the same block sizes avoids."""
+        return self.captures_to - self.captures_from
 
     def host_s(self, decode_s: float) -> float:
         """Of `decode_s` decode seconds, those outside the target's and the draft model's forwards after

@@ -230,3 +230,29 @@ def test_a_run_on_replayed_forwards_records_what_an_eager_run_does(tmp_path):
     eager, graphed = records
     pd.testing.assert_frame_equal(eager[columns], graphed[columns])
     assert (graphed["static_frac"] == 1.0).all() and runner.engine.graphs.captures > 0
+
+
+def test_captures_inside_a_timed_decode_are_recorded_and_noted(tmp_path):
+    """Without a warm-up the first timed turn captures its block sizes: the records say how many
+    captures each turn's decode time holds (not those of the untimed generations: the sync count, the
+    vanilla audit), the end-of-run report notes them, and an eager run records none."""
+    import pandas as pd
+
+    from runners.report import capture_note
+    from runners.runner import Runner
+    from tests.test_runner import make_cfg
+
+    settings = ("decoder=fafo", "kv=streaming", "kv.budget=8", "run.warmup=false", "run.max_new_tokens=12")
+    for graphed in (False, True):
+        runner = Runner(make_cfg(tmp_path / str(graphed), *settings, "model.dtype=float32"))
+        with emulated_capture():
+            if graphed:
+                runner.engine.use_graphs(capture=True)
+            samples = pd.read_parquet(runner.run() / "samples.parquet")
+        captures = samples["graph_captures"]
+        if not graphed:
+            assert (captures == 0).all() and capture_note(samples) is None
+            continue
+        assert captures.iloc[0] > 0 and captures.sum() < runner.engine.graphs.captures
+        note = capture_note(samples)
+        assert note is not None and f"{captures.sum()} CUDA graph capture(s)" in note
