@@ -356,3 +356,34 @@ def test_block_attention_variants_compute_the_forwards_own_attention():
     lines = table([1, 400], 600, torch.float32, torch.device("cpu"), reps=1).splitlines()
     assert lines[0] == "| variant | 1 rows | 400 rows |" and len(lines) == 2 + len(calls)
     assert lines[2].startswith("| as run") and "n/a" not in lines[2]
+
+
+def test_warm_host_playback_takes_the_recorded_steps_without_the_model(tiny_lm):
+    """A generation on the fixed-shape forwards, recorded, plays back to the same tokens through the same
+    forwards (none of them run: the tape hands back what they returned); a playback that takes other
+    forwards fails; the Replay class is left as it was."""
+    from benchmarks.bench_warm_host import ForwardTape, PlaybackDiverged
+    from core.decode_graph import Replay
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.vanilla import Vanilla
+
+    eng = Engine(tiny_lm.model)
+    eng.use_graphs(capture=False)
+    prompt = list(range(10, 40)) * 2
+    run = Replay.__call__
+    for dec in (Vanilla(eng), FAFO(eng, k=3, n=4, m=3)):
+        tape = ForwardTape()
+        with tape.recording():
+            recorded = dec.generate(prompt, 12, set(), Counts())
+        assert len(tape.outputs) >= 4 and Replay.__call__ is run
+        ran = eng.fixed_shape_steps
+        with tape.playing():
+            played = dec.generate(prompt, 12, set(), Counts())
+        assert played == recorded and tape.at == len(tape.outputs)
+        assert eng.fixed_shape_steps == ran + tape.at  # staged as before, the bodies not run
+        with pytest.raises(PlaybackDiverged, match="not the recording's"), tape.playing():
+            dec.generate(prompt, 40, set(), Counts())  # steps past the recording's
+        assert Replay.__call__ is run
+    with pytest.raises(PlaybackDiverged, match="forward 1 is not"), tape.playing():
+        Vanilla(eng).generate(prompt, 12, set(), Counts())  # another forward in FAFO's block's place
