@@ -166,11 +166,7 @@ class SFI(KVPolicy):
         """`[hkv, >= length]` the key norm of every committed logical position of layer `layer`; each
         entry's norm is computed once per generation (a committed key never changes)."""
         cache = self.engine.cache
-        if self._norms is None or self._norms.shape[2] < length:
-            grown = torch.zeros(cache.n_layers, hkv, max(length, cache.k.shape[2]), device=cache.k.device)
-            if self._norms is not None:
-                grown[:, :, : self._norms.shape[2]] = self._norms
-            self._norms = grown
+        self._grown_norms(hkv, length)
         done = self._normed.get(layer, 0)
         if done < length:
             fresh = torch.arange(done, length, device=cache.k.device)
@@ -178,6 +174,16 @@ class SFI(KVPolicy):
             self._norms[layer, :, done:length] = keys.float().norm(dim=-1)
             self._normed[layer] = length
         return self._norms[layer]
+
+    def _grown_norms(self, hkv: int, length: int) -> torch.Tensor:
+        """The key norms of every layer, `[n_layers, hkv, >= length]`, grown to hold `length` entries."""
+        cache = self.engine.cache
+        if self._norms is None or self._norms.shape[2] < length:
+            grown = torch.zeros(cache.n_layers, hkv, max(length, cache.k.shape[2]), device=cache.k.device)
+            if self._norms is not None:
+                grown[:, :, : self._norms.shape[2]] = self._norms
+            self._norms = grown
+        return self._norms
 
     @torch.inference_mode()
     def _select_pending(self) -> None:
@@ -214,6 +220,51 @@ class SFI(KVPolicy):
     def observe(self, layer: int, q: torch.Tensor) -> None:
         if self.slow:
             self.gather_evidence(layer, q, self.engine.cache.length)
+
+    def observe_layers(self, queries: torch.Tensor) -> None:
+        """A slow step's queries of every layer at once (the fixed-shape forward keeps them stacked):
+        the evidence of all layers in one batch of operators where every layer keeps its entries in
+        place (no compressed region, slot == position), `observe` layer by layer otherwise."""
+        if not self.slow:
+            return
+        if self.region is not None or not self.in_order():
+            super().observe_layers(queries)
+            return
+        self.gather_evidence_layers(queries, self.engine.cache.length)
+
+    @torch.inference_mode()
+    def gather_evidence_layers(self, queries: torch.Tensor, length: int) -> None:
+        """`gather_evidence` of layers `0..L-1` from their queries `[L, H, n, d]`, as one batch: the same
+        products per layer and KV head (so the same numbers), with no operator per layer."""
+        eng = self.engine
+        n_layers, h, n, d = queries.shape
+        j = self.candidates(length, eng.device)
+        self._pending_j = j
+        if j.numel() == 0:
+            self._pending.update(dict.fromkeys(range(n_layers)))
+            return
+        hkv = eng.cache.n_kv_heads
+        keys = eng.cache.k[:n_layers, :, :length].float()  # [L, hkv, length, d]; slot == position
+        rows = queries.float().reshape(n_layers, hkv, (h // hkv) * n, d)
+        logits = (keys @ rows.transpose(-1, -2)).transpose(-1, -2) * eng.scale  # [L, hkv, R, length]
+        picked = logits.gather(3, j.view(1, 1, 1, -1).expand(n_layers, hkv, logits.shape[2], -1))
+        norms = self._key_norms_layers(n_layers, hkv, length)[:n_layers, :, j]
+        self._pending.update(enumerate(zip(picked.unbind(0), norms.unbind(0), strict=True)))
+
+    def _key_norms_layers(self, n_layers: int, hkv: int, length: int) -> torch.Tensor:
+        """`_key_norms` of layers `0..n_layers-1` in one operator where they are all computed up to the
+        same position (layer by layer otherwise): `[n_layers, hkv, >= length]`. Slot == position."""
+        done = {self._normed.get(layer, 0) for layer in range(n_layers)}
+        if len(done) != 1:
+            return torch.stack([self._key_norms(layer, hkv, length) for layer in range(n_layers)])
+        first = done.pop()
+        norms = self._grown_norms(hkv, length)
+        if first < length:
+            norms[:n_layers, :, first:length] = (
+                self.engine.cache.k[:n_layers, :, first:length].float().norm(dim=-1)
+            )
+            self._normed.update(dict.fromkeys(range(n_layers), length))
+        return norms[:n_layers]
 
     def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
         first = self.prompt_len - self.window  # the first window query's position

@@ -120,6 +120,44 @@ def test_slow_step_selector_sees_the_exact_logits(setup):
     assert torch.equal(kv._sel[1], want)
 
 
+def test_slow_steps_of_every_layer_at_once_select_what_layer_by_layer_does(setup):
+    """A slow step shown every layer's queries at once (the fixed-shape forward's `observe_layers`)
+    gathers the evidence in one batch; its selections, and the key norms it keeps, are those of the
+    same queries shown layer by layer, slow step after slow step as the cache grows."""
+    from core.attention import CausalView
+
+    eng, cases = setup
+    prompt = cases[1][0]
+    n_layers, heads, d = eng.cache.n_layers, eng.w.n_heads, eng.w.head_dim
+    batched, by_layer = SFI(k=6, sinks=2, recent=5, window=2), SFI(k=6, sinks=2, recent=5, window=2)
+    eng.reset(len(prompt) + 8)
+    for kv in (batched, by_layer):  # both over the one cache
+        kv.attach(eng)
+        kv.reset(len(prompt), len(prompt) + 8)
+    eng.prefill(prompt, hooks=batched.prefill_hooks() + by_layer.prefill_hooks())
+    for kv in (batched, by_layer):
+        kv.after_prefill(eng)
+    batched.gather_evidence = None  # the batch, not a layer at a time
+    gen = torch.Generator().manual_seed(5)
+    for step in range(4):
+        queries = torch.randn(n_layers, heads, 2, d, generator=gen)
+        batched.begin_slow()
+        batched.observe_layers(queries)
+        batched.end_slow()
+        by_layer.begin_slow()
+        for layer in range(n_layers):
+            by_layer.observe(layer, queries[layer])
+        by_layer.end_slow()
+        assert batched._sel.keys() == by_layer._sel.keys() == set(range(n_layers))
+        for layer in range(n_layers):
+            assert torch.equal(batched._sel[layer], by_layer._sel[layer]), (step, layer)
+        n = eng.length
+        assert torch.equal(batched._norms[:, :, :n], by_layer._norms[:, :, :n])
+        for _ in range(step + 1):  # the cache grows between slow steps
+            eng.step(torch.tensor([7]), torch.tensor([eng.length]), CausalView(eng.scale))
+            eng.commit([0])
+
+
 def test_sliced_backend_equals_the_dense_reference(setup):
     eng, cases = setup
     for prompt, _ in cases:
