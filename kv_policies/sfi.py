@@ -84,6 +84,7 @@ class SFI(KVPolicy):
         self._sel: dict[int, torch.Tensor] = {}
         self._q: dict[int, list[torch.Tensor]] = {}
         self._chosen: dict[int, int] = {}  # layer -> how many times its set was chosen
+        self._passes = 0  # `_select_pending` passes that chose some layer's set (any change of `_sel`)
         self._packed: dict[int, int] = {}  # layer -> that count when its long-range set was packed
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}  # layer -> Selector inputs
         self._pending_j = torch.empty(0, dtype=torch.long)
@@ -116,7 +117,7 @@ class SFI(KVPolicy):
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
-        self._sel, self._q, self._chosen, self._packed = {}, {}, {}, {}
+        self._sel, self._q, self._chosen, self._packed, self._passes = {}, {}, {}, {}, 0
         self._pending, self._norms, self._normed = {}, None, {}
         self.__dict__.pop("_long_key", None)  # `layer_selections`' stack belongs to one generation
         super().reset(prompt_len, context_len)
@@ -202,6 +203,7 @@ class SFI(KVPolicy):
         for layer, sel in chosen.items():
             self._sel[layer] = sel
             self._chosen[layer] = self._chosen.get(layer, 0) + 1
+        self._passes += 1
         self._pending = {}
         self._pack_all_layers(len(layers))
 
@@ -317,7 +319,7 @@ class SFI(KVPolicy):
         cache = self.engine.cache
         if self.keeps_all(0, cache_len):
             return super().layer_selections(cache_len)
-        key = (cache.capacity, tuple(self._chosen.get(layer, 0) for layer in range(cache.n_layers)))
+        key = (cache.capacity, self._passes)
         if self.__dict__.get("_long_key") != key:
             stack = torch.zeros(
                 cache.n_layers, cache.n_kv_heads, cache.capacity, dtype=torch.bool, device=cache.device
