@@ -209,7 +209,9 @@ class StaticForward:
         dev = engine.device
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
+        self.selected_to = 0  # `selection` is True from here on (what a shorter selection left is reset)
         self.restricted = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.staged_restricted: tuple | None = None  # (the view's `restricted`, rows) in `restricted` now
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
         self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered or observed else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
@@ -290,13 +292,22 @@ class StaticForward:
         layers, hkv, sel_len = view.chosen.shape
         if self.selection.shape != (layers, hkv, capacity):
             self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
+            self.selected_to = 0
         self.selection[:, :, :sel_len].copy_(view.chosen)
-        self.selection[:, :, sel_len:] = True  # a draft's tail, the block and the free slots
+        if sel_len < self.selected_to:  # True past the selection: a draft's tail, the block, free slots
+            self.selection[:, :, sel_len : self.selected_to] = True
+        self.selected_to = sel_len
         self._stage_restricted(view, n)
 
     def _stage_restricted(self, view, n: int) -> None:
+        """The restricted rows; staged again only for another tensor or row count than the last one
+        (a layout's or a block size's shared mask comes back step after step)."""
+        staged = self.staged_restricted
+        if staged is not None and staged[0] is view.restricted and staged[1] == n:
+            return
         self.restricted[:n].copy_(view.restricted)
         self.restricted[n:] = False
+        self.staged_restricted = (view.restricted, n)
 
     def _narrowed(self, sel: torch.Tensor, heads: int) -> torch.Tensor:
         """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to the

@@ -302,6 +302,35 @@ def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(t
         torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
 
 
+def test_staged_selections_and_restricted_rows_are_those_of_the_step_staged_last(tiny_lm):
+    """A selection forward stages a view's selection and restricted rows; it skips what is unchanged
+    (the same restricted mask and row count; slots past the selection still True), so after any
+    sequence of views its buffers hold exactly what staging the last view alone would."""
+    from types import SimpleNamespace
+
+    from core.decode_graph import StaticForward
+
+    eng = Engine(tiny_lm.model)
+    eng.reset(40)
+    layers, hkv, rows, capacity = eng.cache.n_layers, eng.cache.n_kv_heads, 4, eng.cache.capacity
+    gen = torch.Generator().manual_seed(0)
+    masks = [torch.tensor([True, False, True, True]), torch.tensor([False, True])]
+
+    def view(sel_len: int, mask: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=mask)
+
+    def staged(fwd: StaticForward, v: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
+        fwd._stage_selection(v, v.restricted.numel(), 20, capacity)
+        return fwd.selection.clone(), fwd.restricted.clone()
+
+    fwd = StaticForward(eng, rows, capture=False, layered=True)
+    shared = masks[0]
+    for v in [view(18, shared), view(9, shared), view(12, masks[1]), view(5, shared), view(15, shared)]:
+        fresh = StaticForward(eng, rows, capture=False, layered=True)
+        assert all(torch.equal(a, b) for a, b in zip(staged(fwd, v), staged(fresh, v), strict=True))
+        assert fwd.selection[:, :, v.chosen.shape[2] :].all()
+
+
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
     """The prefill, per-head masks, hooks and a block whose padded size overflows the cache take the
     regular forward; CUDA graphs are refused off a CUDA device."""
