@@ -250,7 +250,7 @@ class SFI(KVPolicy):
         rows = queries.float().reshape(n_layers, hkv, (h // hkv) * n, d)
         logits = (keys @ rows.transpose(-1, -2)).transpose(-1, -2) * eng.scale  # [L, hkv, R, length]
         picked = logits.gather(3, j.view(1, 1, 1, -1).expand(n_layers, hkv, logits.shape[2], -1))
-        norms = self._key_norms_layers(n_layers, hkv, length)[:n_layers, :, j]
+        norms = self._key_norms_layers(n_layers, hkv, length)[:, :, j]
         self._pending.update(enumerate(zip(picked.unbind(0), norms.unbind(0), strict=True)))
 
     def _key_norms_layers(self, n_layers: int, hkv: int, length: int) -> torch.Tensor:
