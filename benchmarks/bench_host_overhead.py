@@ -131,6 +131,37 @@ def make_decoder(
     return factory(engine=eng, kv=build(cfg.kv, "kv"), sampler=Sampler(), **extra)
 
 
+def pair_options(ap: argparse.ArgumentParser) -> None:
+    """The options that choose the pairs and the prompts, shared with `bench_warm_host`."""
+    ap.add_argument("--questions", type=int, default=2, help="MT-Bench questions (turn 1)")
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument(
+        "--scale", default="cpu", choices=("cpu", "paper"), help="cpu: FAFO at its CPU size, budgets at 10%%"
+    )
+    ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
+
+
+def chosen_combos(
+    every: tuple[tuple[str, str, tuple[str, ...]], ...], only: list[str] | None, scale: str
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The `--only` pairs of `every` (its first, vanilla, always), with the experiments' own decoder
+    settings (FAFO's CPU size dropped) at a scale other than `cpu`."""
+    combos = [c for c in every if only is None or c == every[0] or f"{c[0]}+{c[1]}" in only]
+    if scale != "cpu":
+        combos = [(d, k, tuple(e for e in extra if e not in FAFO_CPU)) for d, k, extra in combos]
+    return combos
+
+
+def warm_up(decoders: list[BaseDecoder], prompts: list[list[int]], new: int, stop: set[int]) -> None:
+    """Their engine's cache reserved for the longest prompt, then a short generation of each decoder
+    (layouts, allocator, kernels) before anything is timed."""
+    decoders[0].engine.reserve(max(len(p) for p in prompts) + new + 512)
+    for dec in decoders:
+        dec.generate(prompts[0], 8, stop, Counts(keep_steps=False))
+
+
 def backend_of(overrides: tuple[str, ...]) -> str:
     """The KV backend an override sets (empty: the policy's configured one)."""
     return next((o.split("=", 1)[1] for o in overrides if o.startswith("kv.backend=")), "")
@@ -233,13 +264,10 @@ def print_sites(methods: list[Method], top: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=int, default=2, help="MT-Bench questions (turn 1)")
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    pair_options(ap)
     ap.add_argument(
         "--count-new", type=int, default=32, help="new tokens of the sync-counting runs (run.count_syncs)"
     )
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--cuda-graphs", action="store_true", help="graphs for fixed-shape forwards")
@@ -248,10 +276,6 @@ def main() -> None:
         action="store_true",
         help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
     )
-    ap.add_argument(
-        "--scale", default="cpu", choices=("cpu", "paper"), help="cpu: FAFO at its CPU size, budgets at 10%%"
-    )
-    ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
     ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
     ap.add_argument("--long", action="store_true", help="the long-context experiments (LONG_COMBOS)")
     ap.add_argument("--context", type=int, default=2048, help="--long: prompt tokens (PG-19 windows)")
@@ -269,10 +293,7 @@ def main() -> None:
     )
     samples = task.load()
     prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in samples]
-    every = LONG_COMBOS if args.long else COMBOS
-    combos = [c for c in every if args.only is None or c == every[0] or f"{c[0]}+{c[1]}" in args.only]
-    if args.scale != "cpu":  # the experiments' own decoder settings
-        combos = [(d, k, tuple(e for e in extra if e not in FAFO_CPU)) for d, k, extra in combos]
+    combos = chosen_combos(LONG_COMBOS if args.long else COMBOS, args.only, args.scale)
     methods = [
         Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale), backend=backend_of(extra))
         for d, k, extra in combos
@@ -286,9 +307,7 @@ def main() -> None:
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
         f"threads={args.threads}, torch {torch.__version__}\n"
     )
-    eng.reserve(max(len(p) for p in prompts) + args.new + 512)
-    for m in methods:  # warm-up: layouts, allocator, kernels
-        m.dec.generate(prompts[0], 8, stop, Counts(keep_steps=False))
+    warm_up([m.dec for m in methods], prompts, args.new, stop)
     for _ in range(args.repeats):
         time_repeat(methods, prompts, args.new, stop)
     for m in methods:

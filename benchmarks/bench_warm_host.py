@@ -43,11 +43,17 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from benchmarks.bench_host_overhead import COMBOS, FAFO_CPU, backend_of, make_decoder
+from benchmarks.bench_host_overhead import (
+    COMBOS,
+    backend_of,
+    chosen_combos,
+    make_decoder,
+    pair_options,
+    warm_up,
+)
 from core.decode_graph import Replay
 from core.engine import Engine
 from core.models import load_model
-from core.types import Counts
 from decoders.base import BaseDecoder
 from runners.config import resolve_linear, stop_ids_for
 from runners.timing import DecodeClocks, timed_generate
@@ -222,15 +228,8 @@ def print_table(methods: list[Method], repeats: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=int, default=2, help="MT-Bench questions (turn 1)")
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    pair_options(ap)
     ap.add_argument("--plays", type=int, default=5, help="playbacks per recording (the fastest counts)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument(
-        "--scale", default="cpu", choices=("cpu", "paper"), help="cpu: FAFO at its CPU size, budgets at 10%%"
-    )
-    ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
@@ -239,9 +238,7 @@ def main() -> None:
     stop = stop_ids_for(lm.tokenizer, lm.model)
     task = MTBench(limit=args.questions)
     prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in task.load()]
-    combos = [c for c in COMBOS if args.only is None or c == COMBOS[0] or f"{c[0]}+{c[1]}" in args.only]
-    if args.scale != "cpu":  # the experiments' own decoder settings
-        combos = [(d, k, tuple(e for e in extra if e not in FAFO_CPU)) for d, k, extra in combos]
+    combos = chosen_combos(COMBOS, args.only, args.scale)
     methods = [
         Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale), backend=backend_of(extra))
         for d, k, extra in combos
@@ -252,9 +249,7 @@ def main() -> None:
         f"{args.new} new tokens, {args.plays} playbacks per recording, threads={args.threads}, "
         f"torch {torch.__version__}\n"
     )
-    eng.reserve(max(len(p) for p in prompts) + args.new + 512)
-    for m in methods:  # warm-up: layouts, allocator, kernels
-        m.dec.generate(prompts[0], 8, stop, Counts(keep_steps=False))
+    warm_up([m.dec for m in methods], prompts, args.new, stop)
     for _ in range(args.repeats):
         time_repeat(methods, prompts, args.new, stop, args.plays)
     print_table(methods, args.repeats)
