@@ -104,9 +104,7 @@ def profile_python(
     staging, body = StaticForwards.__call__, StaticForward.forward  # class attributes (a call's lookup)
     StaticForwards.__call__ = switch.around(staging, on=True)  # type: ignore[method-assign]
     StaticForward.forward = switch.around(body, on=False)  # type: ignore[method-assign]
-    counts = Counts(
-        keep_steps=False, on_prefill_done=lambda: switch.set(True), on_decode_done=lambda: switch.set(False)
-    )
+    counts = decode_only(lambda: switch.set(True), lambda: switch.set(False))
     try:
         dec.generate(prompt, new, stop, counts)
     finally:
