@@ -86,17 +86,16 @@ class ForwardTape:
     @contextlib.contextmanager
     def _patched(self, mode: str) -> Iterator[ForwardTape]:
         run = Replay.__call__
-        tape = self
 
         def call(replay: Replay, key: tuple) -> Any:
-            if tape.mode == "record":
+            if self.mode == "record":
                 out = run(replay, key)
-                tape.outputs.append((replay, tree_map(tape._keep, out)))
+                self.outputs.append((replay, tree_map(self._keep, out)))
                 return out
-            if tape.at >= len(tape.outputs) or tape.outputs[tape.at][0] is not replay:
-                raise PlaybackDiverged(f"forward {tape.at + 1} is not the recording's")
-            tape.at += 1
-            return tape.outputs[tape.at - 1][1]
+            if self.at >= len(self.outputs) or self.outputs[self.at][0] is not replay:
+                raise PlaybackDiverged(f"forward {self.at + 1} is not the recording's")
+            self.at += 1
+            return self.outputs[self.at - 1][1]
 
         self.mode, self.at = mode, 0
         Replay.__call__ = call  # type: ignore[method-assign]
