@@ -1,7 +1,7 @@
 """Where a decoder's step time goes: inside the engine's forward or outside it, and which operators.
 
     python -m benchmarks.profile_decoder [--device cpu] [--dtype float32] [--decoders vanilla lookahead]
-        [--threads 1 16] [--questions 1] [--new 64] [--top 12] [--cuda-graphs]
+        [--threads 1 16] [--questions 1] [--new 64] [--top 12] [--cuda-graphs | --fixed-shape]
 
 For each intra-op thread count and decoder: one untimed warm-up, then one MT-Bench turn-2 generation
 timed per step (ms per forward, and the share spent inside `Engine.step`), then the same generation
@@ -181,13 +181,20 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--cuda-graphs", action="store_true", help="fixed-shape forwards replayed as CUDA graphs")
+    ap.add_argument(
+        "--fixed-shape",
+        action="store_true",
+        help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
+    )
     args = ap.parse_args()
     prompts, stop = build_prompts(args.questions, args.new)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, cuda_graphs=args.cuda_graphs)
+    if args.fixed_shape and not args.cuda_graphs:
+        eng.use_graphs(capture=False)
     for threads in args.threads:
         torch.set_num_threads(threads)
-        graphs = " CUDA graphs" if args.cuda_graphs else ""
+        graphs = " CUDA graphs" if args.cuda_graphs else " fixed-shape forwards" if args.fixed_shape else ""
         where = f"{args.device} {args.dtype}{graphs}, {threads} intra-op threads"
         print(f"\n### {where}, MT-Bench turn 2, {args.new} tokens")
         for name in args.decoders:

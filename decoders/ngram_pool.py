@@ -16,7 +16,8 @@ can hand them over at once and have them stored later, while the device runs the
 the host's dictionary work does not keep the device waiting. Deferred n-grams are already visible to
 `lookup` and `get`, exactly as if they had been stored: a key's entries are its `capacity` most recently
 inserted distinct continuations, so the deferred ones that match a key go first and the stored ones
-follow.
+follow. A decoder may defer a `DeferredPairs` that makes its pairs only when they are read: a lookup
+reads only the pairs whose context ends with its own last token, the flush all of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 Gram = tuple[int, ...]
+Pair = tuple[Gram, Gram]  # (context, value)
+
+
+class DeferredPairs:
+    """(context, value) pairs handed to `NGramPool.defer`, in insertion order."""
+
+    def __init__(self, pairs: Iterable[Pair]) -> None:
+        self._pairs = list(pairs)
+
+    def pairs(self) -> list[Pair]:
+        """Every pair, in order."""
+        return self._pairs
+
+    def ending_with(self, token: int) -> list[Pair]:
+        """The pairs whose (non-empty) context ends with `token`, in order."""
+        return [(ctx, v) for ctx, v in self._pairs if ctx and ctx[-1] == token]
 
 
 class NGramPool:
@@ -38,7 +55,7 @@ class NGramPool:
         self.max_key_len = max_key_len
         # a plain dict per key keeps insertion order, least recently used first (cheaper than OrderedDict)
         self._store: dict[Gram, dict[Gram, None]] = {}
-        self._pending: list[tuple[Gram, Gram]] = []  # deferred (context, value), stored under every suffix
+        self._pending: list[DeferredPairs] = []  # deferred (context, value) pairs, stored under every suffix
 
     def __len__(self) -> int:
         """Number of keys holding at least one continuation."""
@@ -62,7 +79,7 @@ class NGramPool:
         self.flush()
         self._put_many(((k, tuple(value)),))
 
-    def _put_many(self, items: Iterable[tuple[Gram, Gram]]) -> None:
+    def _put_many(self, items: Iterable[Pair]) -> None:
         """`(key, value)` insertions in order, each as its key's most recent entry (a loop the host runs
         n * k times a step for FAFO, so the store and capacity are read once)."""
         store, capacity = self._store, self.capacity
@@ -80,13 +97,13 @@ class NGramPool:
         """Store `value` under every suffix of `context` of length 1..max_key_len (FAFO's Alg. 2)."""
         self.add_under_suffixes([(tuple(context), tuple(value))])
 
-    def add_under_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+    def add_under_suffixes(self, pairs: DeferredPairs | Iterable[Pair]) -> None:
         """`add_suffix_keys` for many `(context, value)` tuples, in order (every fumble stream of a step in
         one call; the suffixes are valid keys by construction, so `add`'s check is skipped)."""
         self.flush()  # deferred pairs were inserted first
-        self._put_suffixes(pairs)
+        self._put_suffixes(pairs.pairs() if isinstance(pairs, DeferredPairs) else pairs)
 
-    def _put_suffixes(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+    def _put_suffixes(self, pairs: Iterable[Pair]) -> None:
         """Each pair under its context's suffixes, in order. A pair repeated later in `pairs` is stored at
         its last occurrence only: a key holds the `capacity` values inserted most recently, in that order,
         so an insertion repeated later changes nothing (FAFO's streams often yield the same pair)."""
@@ -111,15 +128,15 @@ class NGramPool:
             for m in range(1, min(self.max_key_len, i) + 1):
                 self.add(tokens[i - m : i], value)
 
-    def defer(self, pairs: Iterable[tuple[Gram, Gram]]) -> None:
+    def defer(self, pairs: DeferredPairs | Iterable[Pair]) -> None:
         """`add_under_suffixes(pairs)` later: at the next `flush` or insertion. Lookups see them now."""
-        self._pending.extend(pairs)
+        self._pending.append(pairs if isinstance(pairs, DeferredPairs) else DeferredPairs(pairs))
 
     def flush(self) -> None:
         """Store the deferred pairs (a decoder calls this while the device runs its next forward)."""
         if self._pending:
             pending, self._pending = self._pending, []
-            self._put_suffixes(pending)
+            self._put_suffixes([pair for batch in pending for pair in batch.pairs()])
 
     # --- retrieval -------------------------------------------------------------------------------
     def get(self, key: Iterable[int]) -> list[Gram]:
@@ -149,9 +166,7 @@ class NGramPool:
             return []
         last, most = context[-1], min(self.max_key_len, len(context))
         out = []
-        for ctx, v in self._pending:
-            if not ctx or ctx[-1] != last:
-                continue
+        for ctx, v in (pair for batch in self._pending for pair in batch.ending_with(last)):
             cap, m = min(most, len(ctx)), 1
             while m < cap and ctx[-1 - m] == context[-1 - m]:
                 m += 1
@@ -164,14 +179,10 @@ class NGramPool:
         For m = min(max_key_len, len(context)) down to 1, the entries under `context[-m:]` are
         taken most recently used first, skipping continuations already taken.
         """
-        out: list[Gram] = []
-        seen: set[Gram] = set()
+        taken: dict[Gram, None] = {}  # a dict keeps the first insertion of each value, in order
         deferred = self._shared_suffixes(context)
         for m in range(min(self.max_key_len, len(context)), 0, -1):
-            for v in self._entries(tuple(context[len(context) - m :]), deferred):
-                if v not in seen:
-                    seen.add(v)
-                    out.append(v)
-                    if len(out) >= limit:
-                        return out
-        return out
+            if len(taken) >= limit:
+                break
+            taken.update(dict.fromkeys(self._entries(tuple(context[len(context) - m :]), deferred)))
+        return list(taken)[: max(limit, 0)]

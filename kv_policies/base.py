@@ -152,6 +152,9 @@ class KVPolicy:
     # the prefill or earlier steps): the selections of every layer can be read before the forward, which
     # then takes the fixed-shape path (`kv_policies.view.LayerSelectionView`)
     query_free: bool = False
+    # True: `keeps_all` gives one answer for every layer from `dense_layers` on, so the last layer's answer
+    # is every layer's. A subclass with its own `keeps_all` is asked layer by layer unless it says True.
+    keeps_alike: bool = True
 
     engine: Any = None
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
@@ -246,10 +249,15 @@ class KVPolicy:
 
     def keeps_every_layer(self, n_layers: int, cache_len: int) -> bool:
         """`keeps_all` for layers `0..n_layers-1`. The last layer is asked first: dense layers come
-        first, so a restricting policy answers in one call."""
+        first, so a restricting policy, and one whose layers answer alike, answer in one call."""
         if not self.keeps_all(n_layers - 1, cache_len):
             return False
-        return all(self.keeps_all(li, cache_len) for li in range(n_layers - 1))
+        return self.keeps_alike or all(self.keeps_all(li, cache_len) for li in range(n_layers - 1))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "keeps_all" in vars(cls) and "keeps_alike" not in vars(cls):
+            cls.keeps_alike = False  # its own rule may tell layers apart: asked layer by layer
 
     def fixed_selection(self, cache_len: int) -> tuple[torch.Tensor, int] | None:
         """`(bool [cache_len] over physical slots, entries it keeps)` when this generation's selection

@@ -43,6 +43,7 @@ def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float, first_row: in
 
 class H2O(KVPolicy):
     name = "h2o"
+    keeps_alike = True  # `keeps_all`: one answer for every layer past the dense ones
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
     def __init__(

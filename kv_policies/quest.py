@@ -50,6 +50,7 @@ def page_minmax(k: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Te
 
 class Quest(KVPolicy):
     name = "quest"
+    keeps_alike = True  # `keeps_all`: one answer for every layer past the dense ones
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ def _nonneg_int(name: str, value: Any) -> int:
 
 class SFI(KVPolicy):
     name = "sfi"
+    keeps_alike = True  # `keeps_all`: one answer for every layer
     query_free = True  # a fast step's set was chosen at the last slow step (slow steps have their own view)
 
     def __init__(

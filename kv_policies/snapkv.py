@@ -45,6 +45,7 @@ def snapkv_scores(
 
 class SnapKV(KVPolicy):
     name = "snapkv"
+    keeps_alike = True  # `keeps_all`: one answer for every layer
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
     def __init__(

@@ -159,8 +159,9 @@ def test_positions_are_views_of_one_arange_and_a_chain_steps_like_fresh_tensors(
 
 
 def test_staged_values_keep_their_values_dtype_and_memory(tiny_lm):
-    """`Engine.stage` of Python values: integers through an array and `frombuffer`, other dtypes and
-    empty blocks through `torch.tensor`; each tensor owns what it reads after its source list is gone."""
+    """`Engine.stage` of Python values: integers packed by `struct` and wrapped by `frombuffer`, other
+    dtypes and empty blocks through `torch.tensor`; each tensor owns what it reads after its source list
+    is gone."""
     import gc
 
     eng = Engine(tiny_lm.model)

@@ -3,10 +3,11 @@ windows and discard buffers, and the block layout (App. E, Fig. 4) against a bru
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from decoders.fafo.decoder import FumbleStreams
 from decoders.fafo.layout import LayoutCache, build_layout, build_tree_layout
+from decoders.fafo.streams import FumbleStreams
 from decoders.ngram_pool import NGramPool
 
 
@@ -49,14 +50,50 @@ def test_streams_slide_and_buffer_discards():
     init = torch.tensor([[1, 2, 3], [4, 5, 6]])
     s = FumbleStreams(init)
     assert s.flat_columns() == [1, 4, 2, 5, 3, 6]  # column-wise (App. E)
-    disc, grams = s.advance(torch.tensor([7, 8]))
+
+    def advance(new: list[int]) -> tuple[list, list]:
+        pairs = s.advance(torch.tensor(new)).pairs()
+        return [d for d, _ in pairs], [g for _, g in pairs]
+
+    disc, grams = advance([7, 8])
     assert disc == [(1,), (4,)] and grams == [(2, 3, 7), (5, 6, 8)]
-    disc, grams = s.advance(torch.tensor([9, 10]))
+    assert s.flat_columns() == [2, 5, 3, 6, 7, 8]
+    disc, grams = advance([9, 10])
     assert disc == [(1, 2), (4, 5)] and grams == [(3, 7, 9), (6, 8, 10)]
     for t in range(5):
-        disc, grams = s.advance(torch.tensor([20 + t, 30 + t]))
+        disc, grams = advance([20 + t, 30 + t])
     assert disc == [(9, 20, 21), (10, 30, 31)]  # the last k discarded tokens, oldest first
     assert grams == [(22, 23, 24), (32, 33, 34)]
+    assert s.flat_columns() == [22, 32, 23, 33, 24, 34]
+
+
+def test_stream_pairs_are_the_per_stream_windows_of_a_reference_and_stay_as_made():
+    """The column list against per-stream lists (the paper's description), over many steps: each advance's
+    pairs, all of them and those ending with a token, and an earlier advance's pairs read late."""
+    import random
+
+    rng = random.Random(3)
+    n, k = 5, 3
+    rows = [[rng.randrange(4) for _ in range(k)] for _ in range(n)]
+    s = FumbleStreams(rows)
+    win, disc = [list(r) for r in rows], [[] for _ in rows]
+    earlier = []
+    for _ in range(12):
+        new = [rng.randrange(4) for _ in range(n)]
+        grams = s.advance(new)
+        for w, d, t in zip(win, disc, new, strict=True):
+            d.append(w.pop(0))
+            del d[:-k]
+            w.append(t)
+        want = [(tuple(d), tuple(w)) for d, w in zip(disc, win, strict=True)]
+        assert grams.pairs() == want
+        assert s.flat_columns() == [w[r] for r in range(k) for w in win]
+        for token in range(4):
+            assert grams.ending_with(token) == [p for p in want if p[0][-1] == token]
+        earlier.append((grams, want))
+    assert all(g.pairs() == want for g, want in earlier)
+    with pytest.raises(ValueError, match="3 new tokens for 5 streams"):
+        s.advance([1, 2, 3])
 
 
 def test_streams_feed_pool_like_the_paper():
@@ -64,10 +101,17 @@ def test_streams_feed_pool_like_the_paper():
     pool = NGramPool(capacity=4, max_key_len=2)
     s = FumbleStreams(torch.tensor([[1, 2]]))
     for new in (3, 4):
-        for disc, gram in zip(*s.advance(torch.tensor([new]))):
+        for disc, gram in s.advance(torch.tensor([new])).pairs():
             pool.add_suffix_keys(disc, gram)
     assert pool.get((1,)) == [(2, 3)] and pool.get((2,)) == [(3, 4)] and pool.get((1, 2)) == [(3, 4)]
     assert pool.lookup([9, 1, 2], 4) == [(3, 4)]
+    deferred = NGramPool(capacity=4, max_key_len=2)
+    s = FumbleStreams(torch.tensor([[1, 2]]))
+    for new in (3, 4):
+        deferred.defer(s.advance([new]))  # the pairs made only when read
+    assert deferred.lookup([9, 1, 2], 4) == [(3, 4)] and deferred.get((1,)) == [(2, 3)]
+    deferred.flush()
+    assert deferred._store == pool._store
 
 
 def brute_force_visible(k: int, g: int, n: int, sees_last: bool, q: int, c: int) -> bool:

@@ -56,3 +56,23 @@ def test_every_layer_is_asked_as_each_layer_would_answer(tiny_lm, make, by_lengt
         assert policy.keeps_every_layer(n_layers, cache_len) == expected, cache_len
         answers.add(expected)
     assert answers == ({True, False} if by_length else {False})  # restricted, and not (by length)
+
+
+def test_a_policy_whose_layers_answer_alike_is_asked_once_and_one_with_its_own_rule_layer_by_layer():
+    """`keeps_alike`: the one-call answer is taken only where `keeps_all` is one rule past the dense
+    layers; a subclass with its own `keeps_all` is asked layer by layer unless it declares otherwise."""
+    from kv_policies.retrieval import Retrieval
+
+    assert not OneLayerRestricts.keeps_alike and not Retrieval.keeps_alike
+    alike = [build_policy(n, budget=40) for n in ("streaming", "quest", "snapkv", "h2o")]
+    assert all(p.keeps_alike for p in alike)
+    asked: list[int] = []
+
+    class Counted(StreamingLLM):
+        keeps_alike = True
+
+        def keeps_all(self, layer: int, cache_len: int) -> bool:
+            asked.append(layer)
+            return super().keeps_all(layer, cache_len)
+
+    assert Counted(budget=8, sinks=2).keeps_every_layer(30, 5) and asked == [29]

@@ -54,6 +54,7 @@ from decoders.block_size import (
     generator_plan,
 )
 from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
+from decoders.fafo.streams import FumbleStreams
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import Gram, NGramPool
 from decoders.verify import (
@@ -67,31 +68,6 @@ from decoders.verify import (
 
 RANKS = 7  # block=auto: candidates ranked past this share one acceptance estimate
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
-
-
-class FumbleStreams:
-    """n sliding windows of k tokens plus each stream's buffer of its last k discarded tokens, as Python
-    lists: the host walks them every step, so no tensor operator is spent on them."""
-
-    def __init__(self, init: torch.Tensor | Sequence[Sequence[int]]) -> None:
-        rows = init.tolist() if isinstance(init, torch.Tensor) else init
-        self.win = [list(r) for r in rows]  # [n][k]
-        self.k = len(self.win[0]) if self.win else 0
-        self.disc: list[list[int]] = [[] for _ in self.win]  # oldest first, at most k
-
-    def flat_columns(self) -> list[int]:
-        """Column-wise token order: token r of every stream, then token r + 1, ... (App. E)."""
-        return [w[r] for r in range(self.k) for w in self.win]
-
-    def advance(self, new_tokens: Sequence[int]) -> tuple[list[Gram], list[Gram]]:
-        """Append each stream's new token, drop its oldest; return (discard buffers, new k-grams)."""
-        k = self.k
-        for w, d, t in zip(self.win, self.disc, new_tokens, strict=True):
-            d.append(w.pop(0))
-            if len(d) > k:
-                del d[0]
-            w.append(int(t))
-        return [tuple(d) for d in self.disc], [tuple(w) for w in self.win]
 
 
 class FAFO(BaseDecoder):
@@ -251,8 +227,9 @@ class FAFO(BaseDecoder):
     def _grow_pool(self, pool: NGramPool, streams: FumbleStreams, new_tokens: Sequence[int]) -> None:
         """The streams' new k-grams, under their discard buffers' suffixes: visible to the next lookup at
         once, stored by the `flush` after the next forward's launch (the host's n x k dictionary updates
-        then run while the device computes, not while it waits for the next block)."""
-        pool.defer(zip(*streams.advance(new_tokens), strict=True))
+        then run while the device computes, not while it waits for the next block; the pairs' tuples are
+        made then too, but for the few a lookup reads)."""
+        pool.defer(streams.advance(new_tokens))
 
     def _next_base(self, base: int, p_new: int) -> int:
         return p_new if self.stream_positions == "rebase" else base + 1
