@@ -64,7 +64,7 @@ class Sweep:
             f"+task.n={N_SAMPLES}",
             "+task.ignore_eos=true",
             "run.limit=null",
-            "run.max_new_tokens=600",
+            "run.max_new_tokens=300",
             "run.warmup=false",
             "run.audit=false",
             "decoder=vanilla,pld",
