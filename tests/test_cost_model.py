@@ -170,15 +170,18 @@ def test_a_run_is_priced_on_the_curve_of_its_own_forwards():
     assert curve_for_run([eager], {**run, "cuda_graphs": True}) is None
 
 
-def test_a_grid_measured_on_fixed_shape_forwards_takes_them(tiny_lm):
+def test_a_grid_measured_on_fixed_shape_forwards_takes_them(tiny_lm, monkeypatch):
     """`measure_grid` on an engine with fixed-shape forwards (here their eager twin) times those
-    forwards, each row count in the block it is padded to."""
+    forwards, each row count in the block it is padded to. The noise check is tests/test_cost_curve_checks'
+    subject: off here, so that the other test worker's load cannot fail this one."""
+    from core import cost_curve
     from core.cost_curve import measure_grid
     from core.engine import Engine
 
+    monkeypatch.setattr(cost_curve, "suspect_points", lambda line: [])
     eng = Engine(tiny_lm.model)
     eng.use_graphs(capture=False)
     grid = measure_grid(eng, [1, 2, 4], [16], reps=2)
     assert len(grid) == 1 and len(grid[0]) == 3 and all(t > 0 for t in grid[0])
-    # two passes of 3 row counts x 2 repeats (more when a busy moment makes a point be measured again)
-    assert eng.fixed_shape_steps >= 2 * 3 * 2 and sorted(eng.graphs.by_rows) == [1, 2, 4]
+    # two passes of 3 row counts x 2 repeats
+    assert eng.fixed_shape_steps == 2 * 3 * 2 and sorted(eng.graphs.by_rows) == [1, 2, 4]
