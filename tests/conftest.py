@@ -11,7 +11,10 @@ import torch
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# at most 2 intra-op threads, and the cores shared among the test workers (`make test` runs one per core):
+# more threads than cores make every small op wait for a scheduler slice
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 # HARNESS_TEST_DEVICE=cuda runs the model fixtures on the GPU (exactness needs TF32 off there)
 TEST_DEVICE = os.environ.get("HARNESS_TEST_DEVICE", "cpu")
 if TEST_DEVICE.startswith("cuda"):
