@@ -67,7 +67,6 @@ from kv_policies.view import (
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("dense", "flex", "sliced", "flash")
 _WARNED_UNGRAPHED: set[str] = set()  # region backends warned about under CUDA graphs (once per process)
 
 # name -> "module:Class"; `build_policy` gives the one-line error for anything else
@@ -92,41 +91,6 @@ def build_policy(name: str, **params: Any) -> KVPolicy:
     return getattr(importlib.import_module(module), cls)(**params)
 
 
-def check_budget(name: str, budget: int, fixed: int, fixed_what: str) -> int:
-    """Validate a token budget against the part of it that is always kept (sinks, recent, window)."""
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
-        raise HarnessError(f"kv={name}: budget must be a positive integer, got {budget!r}")
-    if budget <= fixed:
-        raise HarnessError(
-            f"kv={name}: budget ({budget}) must exceed {fixed_what} ({fixed}) so that something is left "
-            "to select"
-        )
-    return budget
-
-
-def check_budget_frac(name: str, budget_frac: float | None) -> float | None:
-    """Validate `kv.budget_frac` (null, or a fraction of the context in (0, 1])."""
-    if budget_frac is None:
-        return None
-    if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float)) or not 0 < budget_frac <= 1:
-        raise HarnessError(f"kv={name}: budget_frac must be in (0, 1] (or null), got {budget_frac!r}")
-    return float(budget_frac)
-
-
-def check_dense_layers(name: str, dense_layers: int) -> int:
-    """Validate `kv.dense_layers` (the first layers that see the whole cache; TriForce Table 1 and Quest
-    keep 2)."""
-    if isinstance(dense_layers, bool) or not isinstance(dense_layers, int) or dense_layers < 0:
-        raise HarnessError(f"kv={name}: dense_layers must be a non-negative integer, got {dense_layers!r}")
-    return dense_layers
-
-
-def check_backend(name: str, backend: str) -> str:
-    if backend not in BACKENDS:
-        raise HarnessError(f"kv={name}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    return backend
-
-
 class KVPolicy:
     """Base of every KV policy (the module docstring explains the layout it reasons in).
 
@@ -137,16 +101,16 @@ class KVPolicy:
     `after_commit`, `rebuild` (what each is for: the module docstring), plus `params()` for what the
     records show. `fixed_selection` may give a selection shared by every layer and head without reading
     the cache. Its constructor takes only its config's keys, checked with `core.checks` or the `check_*`
-    helpers above; state that depends on a prompt is created in `reset`, never in the constructor, so one
-    policy object serves every generation of a run. Decoders use it only through `decode_view`,
-    `draft_view`, `restricted_view` and `after_commit`.
+    helpers of `kv_policies.checks`; state that depends on a prompt is created in `reset`, never in the
+    constructor, so one policy object serves every generation of a run. Decoders use it only through
+    `decode_view`, `draft_view`, `restricted_view` and `after_commit`.
     """
 
     name: str = "base"
     lossless: bool = False  # True only when every entry stays visible (FullKV)
     shared: bool = False  # True: the same selection for every layer and KV head (StreamingLLM)
     budget: int | None = None  # cached entries per KV head (None = unbounded)
-    backend: str = "dense"  # decode_view's attention backend (see BACKENDS)
+    backend: str = "dense"  # decode_view's attention backend (see `kv_policies.checks.BACKENDS`)
     dense_layers: int = 0  # the first layers keep every entry (TriForce Table 1's "first two layers full")
     # True: `select` reads neither the forward's queries nor its keys (the choice was made before it, from
     # the prefill or earlier steps): the selections of every layer can be read before the forward, which

@@ -23,7 +23,8 @@ import torch
 
 from core.attention import softmax_lastdim
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
 
 PREFILL_TILE = 256
 

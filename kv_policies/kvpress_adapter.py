@@ -36,7 +36,8 @@ import torch
 
 from core.hf_compat import attention_module, rope_cos_sin
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend
 
 REFUSED = {"ThinKPress": "ThinK prunes key channels, not cached entries: it is not a selection of the cache"}
 VALUE_SCORERS = {"LagKVPress"}

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget, check_budget_frac
 
 REGION_BLOCK = 128
 

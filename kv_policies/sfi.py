@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget_frac
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget_frac
 from kv_policies.sfi_selector import PAPER, REPO, SelectorConfig, sfi_select
 
 PRESETS = {"paper": PAPER, "repo": REPO}

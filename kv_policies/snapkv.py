@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget, check_budget_frac
 
 
 def snapkv_scores(

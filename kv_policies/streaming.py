@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from core.types import HarnessError
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
 
 
 class StreamingLLM(KVPolicy):

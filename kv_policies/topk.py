@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from kv_policies.base import KVPolicy, check_backend, check_budget, check_budget_frac, check_dense_layers
+from kv_policies.base import KVPolicy
+from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
 
 
 class TopK(KVPolicy):

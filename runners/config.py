@@ -132,7 +132,7 @@ def check_model(model: Any, device: torch.device) -> None:
 def check_backends(cfg: Any, device: torch.device) -> None:
     """`decoder.backend` / `kv.backend`: one of the attention backends, flash only on a CUDA device."""
     from core.sparse_attention import flash_available
-    from kv_policies.base import BACKENDS
+    from kv_policies.checks import BACKENDS
 
     for group in ("decoder", "kv"):
         node = cfg.get(group) or {}

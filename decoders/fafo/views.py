@@ -19,7 +19,7 @@ from typing import Any
 from core.attention import BlockView
 from core.checks import choice
 from decoders.fafo.layout import FafoLayout
-from kv_policies.base import BACKENDS
+from kv_policies.checks import BACKENDS
 from kv_policies.full import FullKV
 from kv_policies.view import causal_block
 
