@@ -143,6 +143,27 @@ def pair_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names (vanilla+full always runs)")
 
 
+def forward_options(ap: argparse.ArgumentParser) -> None:
+    """Which forwards a decode step takes, shared with `profile_decoder`."""
+    ap.add_argument("--cuda-graphs", action="store_true", help="fixed-shape forwards replayed as CUDA graphs")
+    ap.add_argument(
+        "--fixed-shape",
+        action="store_true",
+        help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
+    )
+
+
+def take_fixed_shape(eng: Engine, args: argparse.Namespace) -> None:
+    """`--fixed-shape` without `--cuda-graphs` (which the engine was built with): the eager twin."""
+    if args.fixed_shape and not args.cuda_graphs:
+        eng.use_graphs(capture=False)
+
+
+def forward_mode(args: argparse.Namespace) -> str:
+    """The forwards `forward_options` chose, for a table's header (empty: the eager path)."""
+    return "CUDA graphs" if args.cuda_graphs else "fixed-shape forwards" if args.fixed_shape else ""
+
+
 def chosen_combos(
     every: tuple[tuple[str, str, tuple[str, ...]], ...], only: list[str] | None, scale: str
 ) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -270,12 +291,7 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--cuda-graphs", action="store_true", help="graphs for fixed-shape forwards")
-    ap.add_argument(
-        "--fixed-shape",
-        action="store_true",
-        help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
-    )
+    forward_options(ap)
     ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
     ap.add_argument("--long", action="store_true", help="the long-context experiments (LONG_COMBOS)")
     ap.add_argument("--context", type=int, default=2048, help="--long: prompt tokens (PG-19 windows)")
@@ -283,8 +299,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, linear=resolve_linear("auto", lm), cuda_graphs=args.cuda_graphs)
-    if args.fixed_shape and not args.cuda_graphs:
-        eng.use_graphs(capture=False)
+    take_fixed_shape(eng, args)
     stop = stop_ids_for(lm.tokenizer, lm.model)
     task = (
         PG19(limit=args.questions, context_length=args.context)
@@ -301,8 +316,8 @@ def main() -> None:
     source = samples[0].meta.get("source", "?") if samples else "?"
     prompt_set = f"PG-19 windows ({source}) x" if args.long else "MT-Bench turn 1 x"
     print(
-        f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} ({eng.linear}"
-        f"{', CUDA graphs' if args.cuda_graphs else ', fixed-shape forwards' if args.fixed_shape else ''}), "
+        f"# bench_host_overhead: SmolLM2-135M {args.dtype} on {args.device} "
+        f"({', '.join(filter(None, (eng.linear, forward_mode(args))))}), "
         f"scale={args.scale}, {prompt_set} "
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
         f"threads={args.threads}, torch {torch.__version__}\n"

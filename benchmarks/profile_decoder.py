@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.bench_host_overhead import forward_mode, forward_options, take_fixed_shape
 from benchmarks.bench_lookahead import build_prompts
 from benchmarks.timing import StepClock, timed_generate
 from core.decode_graph import StaticForward, StaticForwards
@@ -180,22 +181,16 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=1)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--cuda-graphs", action="store_true", help="fixed-shape forwards replayed as CUDA graphs")
-    ap.add_argument(
-        "--fixed-shape",
-        action="store_true",
-        help="the fixed-shape forwards run eagerly (the views a run with graphs takes, on any device)",
-    )
+    forward_options(ap)
     args = ap.parse_args()
     prompts, stop = build_prompts(args.questions, args.new)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
     eng = Engine(lm.model, cuda_graphs=args.cuda_graphs)
-    if args.fixed_shape and not args.cuda_graphs:
-        eng.use_graphs(capture=False)
+    take_fixed_shape(eng, args)
     for threads in args.threads:
         torch.set_num_threads(threads)
-        graphs = " CUDA graphs" if args.cuda_graphs else " fixed-shape forwards" if args.fixed_shape else ""
-        where = f"{args.device} {args.dtype}{graphs}, {threads} intra-op threads"
+        where = " ".join(filter(None, (args.device, args.dtype, forward_mode(args))))
+        where += f", {threads} intra-op threads"
         print(f"\n### {where}, MT-Bench turn 2, {args.new} tokens")
         for name in args.decoders:
             profile_one(name, eng, prompts, args.new, stop, args.top)
