@@ -1,12 +1,14 @@
 """Bad input ends in one `error:` line, no traceback, and nothing written anywhere: every case of
-tests/bad_inputs.py that the pre-flight check can see (in process: fast), a few end to end through
-run.py started from an empty folder (which must stay empty), and the same for the summary's figure."""
+tests/bad_inputs.py, those the pre-flight check can see in process (fast) and those only the runner
+can refuse through run.py; a few end to end through run.py started from an empty folder (which must
+stay empty); a model folder without a model; and the same for the summary's figure."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import run as entry
-from tests.bad_inputs import CASES, Case, expand
+from tests.bad_inputs import CASES, Case, expand, run_case
 from tests.test_analysis import write_synthetic_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +35,36 @@ def test_preflight_refuses_before_anything_is_loaded_or_written(case: Case, tmp_
     assert problem is not None and case.message in problem, problem
     assert "\n" not in problem
     assert not out.exists()
+
+
+# refused once the runner has built the model (a subprocess each: the runner's refusal, printed by
+# run.py); run.limit=100000 is the end-to-end case below
+AFTER_LOADING = [c for c in CASES if c.model and c.args != ("run.limit=100000",)]
+
+
+@pytest.mark.parametrize("case", AFTER_LOADING, ids=[c.id for c in AFTER_LOADING])
+def test_bad_input_the_runner_refuses_is_one_line_through_run_py(case: Case, tmp_path):
+    outcome, last = run_case(case, tmp_path)
+    assert outcome == "clean", last
+    assert last.startswith("error:") and case.message in last, last
+
+
+def test_model_folder_without_a_model_is_one_line(tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    case = Case(("model=hf", f"model.name={empty}"), "holds no model (no config.json)", model=True)
+    outcome, last = run_case(case, tmp_path)
+    assert outcome == "clean" and case.message in last, last
+    assert not any(empty.iterdir())
+
+
+def test_offline_hints_name_commands_that_exist():
+    """Every `task=<name>` an error message or docstring of tasks/ suggests is a real option."""
+    options = {p.stem for p in (REPO / "conf" / "task").glob("*.yaml")}
+    named = set()
+    for path in (REPO / "tasks").glob("*.py"):
+        named |= set(re.findall(r"task=([A-Za-z0-9_]+)", path.read_text()))
+    assert named and named <= options, sorted(named - options)
 
 
 def _run_from_empty_folder(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
