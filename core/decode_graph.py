@@ -130,10 +130,18 @@ class StaticForwards:
         self.by_rows_selected: dict[tuple, StaticForward] = {}
         self.by_rows_observed: dict[int, StaticForward] = {}  # causal forwards whose queries a policy sees
         self.by_rows_in_forward: dict[tuple, StaticForward] = {}  # (rows, selector) forwards
+        self.by_rows_masked: dict[int, StaticForward] = {}  # a `MaskView`'s whole visibility, staged
+        self.last: StaticForward | None = None  # the forward that ran last (tests read its buffers)
 
     @property
     def captures(self) -> int:
-        every = (self.by_rows, self.by_rows_selected, self.by_rows_observed, self.by_rows_in_forward)
+        every = (
+            self.by_rows,
+            self.by_rows_selected,
+            self.by_rows_observed,
+            self.by_rows_in_forward,
+            self.by_rows_masked,
+        )
         return sum(f.replay.captures for forwards in every for f in forwards.values())
 
     def applies(self, n: int, view) -> bool:
@@ -148,7 +156,11 @@ class StaticForwards:
         argmax: bool = False,
         with_logits: bool = True,
     ) -> Any:
-        rows = padded_rows(tokens.numel())
+        fwd = self.last = self.forward_for(padded_rows(tokens.numel()), view)
+        return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
+
+    def forward_for(self, rows: int, view) -> StaticForward:
+        """The fixed-shape forward of `rows` padded rows that serves `view` (made on first use)."""
         if getattr(view, "selects_in_forward", False):
             key = (rows, view.selector_key)
             fwd = self.by_rows_in_forward.get(key)
@@ -156,7 +168,7 @@ class StaticForwards:
                 fwd = self.by_rows_in_forward[key] = StaticForward(self.engine, rows, self.capture)
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
-            return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
+            return fwd
         if getattr(view, "layer_selection", False):
             key = (rows, *self.gathered(view, rows))
             fwd = self.by_rows_selected.get(key)
@@ -164,12 +176,13 @@ class StaticForwards:
                 fwd = self.by_rows_selected[key] = StaticForward(
                     self.engine, rows, self.capture, layered=True, gather=key[1], whole_layers=key[2]
                 )
-            return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
+            return fwd
         observed = getattr(view, "observes_queries", False)
-        forwards = self.by_rows_observed if observed else self.by_rows
+        masked = isinstance(view, MaskView) and getattr(view, "cache_hole", None) is None
+        forwards = self.by_rows_observed if observed else self.by_rows_masked if masked else self.by_rows
         if rows not in forwards:
-            forwards[rows] = StaticForward(self.engine, rows, self.capture, observed=observed)
-        return forwards[rows](tokens, position_ids, view, logits_rows, argmax, with_logits)
+            forwards[rows] = StaticForward(self.engine, rows, self.capture, observed=observed, masked=masked)
+        return forwards[rows]
 
     def gathered(self, view, rows: int) -> tuple[int | None, frozenset[int]]:
         """A per-layer selection view with a `gather_budget` (every row restricted): the slots each KV
@@ -192,7 +205,9 @@ class StaticForward:
     policy that owns fixed-shape buffers, stages them each step (`stage(view, n, length)`, outside the
     graph) and chooses each layer's slots from the layer's queries inside it (`select(layer, q,
     restricted, slots)` -> bool `[n_kv_heads, capacity]`), noting what it chose in its `reads`; the
-    view gets them after the forward (`take_reads`)."""
+    view gets them after the forward (`take_reads`). `masked`: a `MaskView`'s own visibility of every
+    slot, staged before the forward; every other forward builds its visibility inside itself from the
+    cache length, the block's square and a cache hole, so that what a step stages is what changed."""
 
     def __init__(
         self,
@@ -203,9 +218,10 @@ class StaticForward:
         observed: bool = False,
         gather: int | None = None,
         whole_layers: frozenset[int] = frozenset(),
+        masked: bool = False,
     ) -> None:
         self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
-        self.gather, self.whole_layers = gather, whole_layers
+        self.gather, self.whole_layers, self.masked = gather, whole_layers, masked
         dev = engine.device
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
@@ -220,7 +236,13 @@ class StaticForward:
         self.row = torch.arange(rows, device=dev)
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
-        self.back: torch.Tensor | None = None  # [rows, capacity]: slot - row, for causal views
+        # what the forward builds `visible` from (unless `masked`): the block's own visibility, pad rows
+        # seeing their own slot, and the cache hole `[lo, hi)` the `hole_rows` do not see
+        self.block = torch.zeros(rows, rows, dtype=torch.bool, device=dev)
+        self.hole = torch.zeros(2, dtype=torch.long, device=dev)
+        self.hole_rows = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.staged_block: tuple | None = None  # what `block` holds: (source, its version, rows)
+        self.staged_hole: tuple | None = None  # what `hole` and `hole_rows` hold (None: no hole)
         self.selector = None
         # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
         # and the capture write the staged slots only, which the replay that follows writes again.
@@ -236,7 +258,7 @@ class StaticForward:
         with_logits: bool = True,
     ) -> Any:
         eng, cache, n = self.engine, self.engine.cache, tokens.numel()
-        tokens, position_ids = tokens.to(eng.device).reshape(n), position_ids.to(eng.device).reshape(n)
+        tokens, position_ids = _flat(tokens, eng.device), _flat(position_ids, eng.device)
         self.token[:n].copy_(tokens)
         self.position[:n].copy_(position_ids)
         if n < self.rows:
@@ -260,32 +282,77 @@ class StaticForward:
         return (returned(logits) if with_logits else None, returned(ids))
 
     def _stage_visibility(self, view, n: int, length: int, capacity: int) -> None:
-        """Which slots each row sees: the view's visibility over [cache | block] (block row j is slot
-        `length + j`) and nothing past the block. A pad row sees the cache and its own slot, so none of
-        its layers attends to nothing (its K/V, written past the block, stays finite)."""
+        """Stage which slots each row sees. A `masked` forward takes the view's whole visibility over
+        [cache | block] (block row j is slot `length + j`) into `visible`; every other forward builds
+        `visible` itself from the cache length, the block's own visibility and the cache hole
+        (`_build_visibility`), so a step whose block and hole are those of the step before stages
+        neither. A pad row sees the cache and its own slot, so none of its layers attends to nothing
+        (its K/V, written past the block, stays finite)."""
         if self.visible.shape != (self.rows, capacity):
             self.visible = torch.zeros(self.rows, capacity, dtype=torch.bool, device=self.engine.device)
             self.slots = torch.arange(capacity, device=self.engine.device)
-        if isinstance(view, CausalView):  # a pad row sees the rows before it too: it is never read
-            if self.back is None or self.back.shape != self.visible.shape:
-                self.back = self.slots[None, :] - self.row[:, None]  # row r sees slots <= length + r
-            torch.le(self.back, length, out=self.visible)
-            return
-        torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)  # every cached slot
-        hole = getattr(view, "cache_hole", None) is not None
-        if isinstance(view, MaskView) and not hole:
+        if self.masked:
+            torch.lt(self.slots[None, :].expand(self.rows, -1), length, out=self.visible)  # every cached slot
             self.visible[:n, : length + n].copy_(view.mask)
-        else:  # the block's own visibility
-            self.visible[:n, length : length + n] = view.block_mask
-            if hole:
-                view.write_hole(self.visible[:n])
-            if self.layered:
-                self._stage_selection(view, n, length, capacity)
-            if self.selector is not None:
-                self._stage_restricted(view, n)
-                self.selector.stage(view, n, length)
-        if n < self.rows:  # one write: the pad rows' slots are the diagonal of their square
-            self.visible[n:, length + n : length + self.rows].diagonal().fill_(True)
+            if n < self.rows:  # one write: the pad rows' slots are the diagonal of their square
+                self.visible[n:, length + n : length + self.rows].diagonal().fill_(True)
+            return
+        self._stage_block(view, n)
+        self._stage_hole(view, n)
+        if self.layered:
+            self._stage_selection(view, n, length, capacity)
+        if self.selector is not None:
+            self._stage_restricted(view, n)
+            self.selector.stage(view, n, length)
+
+    def _stage_block(self, view, n: int) -> None:
+        """The block's visibility `[rows, rows]`: the view's `block_mask` (a causal view's is the lower
+        triangle), the pad rows their own slot. Staged again only for another mask, a mask written in
+        place since (its version), or another row count."""
+        causal = isinstance(view, CausalView)
+        source = None if causal else view.block_mask
+        key = (source, None if causal else _version(source), n)
+        staged = self.staged_block
+        if staged is not None and staged[0] is key[0] and staged[1:] == key[1:]:
+            return
+        self.block.zero_()
+        if causal:
+            self.block[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=self.block.device).tril_()
+        else:
+            self.block[:n, :n].copy_(source)
+        if n < self.rows:
+            self.block[n:, n:].diagonal().fill_(True)
+        self.staged_block = key
+
+    def _stage_hole(self, view, n: int) -> None:
+        """A `HoleView`'s hole `[lo, hi)` and the rows it is hidden from (its `rows` slice, or its
+        `restricted` rows); an empty hole for every other view. Staged again only when it changes."""
+        hole = getattr(view, "cache_hole", None)
+        if hole is None or hole[1] <= hole[0]:
+            if self.staged_hole is not None:
+                self.hole.zero_()
+                self.staged_hole = None
+            return
+        rows, flags = view.rows, view.restricted
+        which = (rows.start, rows.stop, rows.step) if rows is not None else (flags, _version(flags))
+        staged = self.staged_hole
+        if staged is None or staged[0] != tuple(hole):
+            self.hole.copy_(self.engine.stage(list(hole)))
+        if staged is None or staged[1] != n or not _same(staged[2], which):
+            self.hole_rows.zero_()
+            if rows is not None:
+                self.hole_rows[:n][rows] = True
+            else:
+                self.hole_rows[:n].copy_(view.restricted)
+        self.staged_hole = (tuple(hole), n, which)
+
+    def _build_visibility(self) -> None:
+        """`visible` from the device buffers, inside the forward (so inside its graph): every slot before
+        `length`, the block's square at slots `length + row`, the hole hidden from its rows."""
+        torch.lt(self.slots[None, :].expand(self.rows, -1), self.length, out=self.visible)
+        self.visible.index_copy_(1, self.length + self.row, self.block)
+        gap = (self.slots >= self.hole[0]) & (self.slots < self.hole[1])
+        self.visible &= ~(self.hole_rows[:, None] & gap[None, :])
 
     def _stage_selection(self, view, n: int, length: int, capacity: int) -> None:
         """Each layer's selection over the cached slots (True from `length` on) and the restricted rows."""
@@ -301,13 +368,14 @@ class StaticForward:
 
     def _stage_restricted(self, view, n: int) -> None:
         """The restricted rows; staged again only for another tensor or row count than the last one
-        (a layout's or a block size's shared mask comes back step after step)."""
-        staged = self.staged_restricted
-        if staged is not None and staged[0] is view.restricted and staged[1] == n:
+        (a layout's or a block size's shared mask comes back step after step); one written in place since
+        it was staged (its version moved) is staged again."""
+        staged, version = self.staged_restricted, _version(view.restricted)
+        if staged is not None and staged[0] is view.restricted and staged[1:] == (version, n):
             return
         self.restricted[:n].copy_(view.restricted)
         self.restricted[n:] = False
-        self.staged_restricted = (view.restricted, n)
+        self.staged_restricted = (view.restricted, version, n)
 
     def _narrowed(self, sel: torch.Tensor, heads: int) -> torch.Tensor:
         """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to the
@@ -321,6 +389,8 @@ class StaticForward:
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
         cache.slot_pos.index_copy_(0, slots, self.position)  # as `KVCache.stage_positions` does
+        if not self.masked:
+            self._build_visibility()
         visible = self.visible.view(1, 1, self.rows, -1)
         if self.gather is not None:
             order, valid = self._gather_order()
@@ -368,3 +438,22 @@ class StaticForward:
         heads = q.shape[0]
         mask = seen.repeat_interleave(heads // order.shape[0], dim=0, output_size=heads).unsqueeze(0)
         return sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, self.engine.scale)
+
+
+def _flat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` as a 1-D tensor on `device`, with no operator when it already is one."""
+    if t.device != device:
+        t = t.to(device)
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """How often `t` (or a view sharing its data) was written in place; None for an inference tensor,
+    which keeps no count: one written in place under `torch.inference_mode` is staged again only as a
+    new tensor (a decoder's per-step masks are new tensors or slices)."""
+    return None if t.is_inference() else t._version
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Equal staging keys, tensors compared by identity (a tensor's `==` would compare its data)."""
+    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))

@@ -90,10 +90,11 @@ def test_static_block_equals_the_regular_block(tiny_lm, kind):
         assert got.shape == ref.shape
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
         n = plain.length
-        assert static.length == n == len(prompt) + 3 and set(static.graphs.by_rows) == {8}
+        forwards = static.graphs.by_rows_masked if kind not in ("causal", "block") else static.graphs.by_rows
+        assert static.length == n == len(prompt) + 3 and set(forwards) == {8}
         torch.testing.assert_close(static.cache.k[:, :, :n], plain.cache.k[:, :, :n], atol=1e-6, rtol=1e-6)
         assert torch.equal(static.cache.slot_pos[:n], plain.cache.slot_pos[:n])
-        seen = static.graphs.by_rows[8].visible[:, : len(prompt) + 8]  # as staged for the block
+        seen = forwards[8].visible[:, : len(prompt) + 8]  # as the forward saw it
         assert not seen[:5, len(prompt) + 5 :].any()  # no real row sees a pad row
         for pad in range(5, 8):  # a pad row sees the cache and its own slot, never nothing
             assert seen[pad, : len(prompt)].all() and seen[pad, len(prompt) + pad]
@@ -300,6 +301,41 @@ def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(t
         assert torch.equal(staged[:n, : 40 + n], view.mask) and not staged[:n, 40 + n :].any()
         assert not view.mask[2:].all() and view.mask[:2, :40].all() == (rows is not None)
         torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_visibility_built_in_the_forward_follows_a_mask_written_in_place_and_a_moving_hole(tiny_lm):
+    """The fixed-shape forward builds its visibility from what was staged last: the same block mask
+    object comes back step after step unstaged, one written in place since is staged again (its
+    version), and each step's hole, block or causal triangle is the one that step's logits see."""
+    from kv_policies.view import HoleView
+
+    prompt = list(range(3, 43))
+    n = 5
+    block = torch.ones(n, n, dtype=torch.bool).tril()
+    restricted = torch.tensor([False, True, False, True, True])
+    steps = []  # (view maker, rows kept) in order; the same block object throughout
+    steps.append(lambda e: BlockView(block, e.scale))
+    steps.append(lambda e: BlockView(block, e.scale))  # unchanged: not staged again
+    steps.append(lambda e: HoleView(block, restricted, None, (4, 20), e.length, e, 0))
+    steps.append(lambda e: HoleView(block, restricted, slice(1, n), (9, 30), e.length, e, 0))
+    steps.append(lambda e: BlockView(block, e.scale))  # the hole gone again
+    steps.append(lambda e: CausalView(e.scale))
+    out = []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        block[:] = torch.ones(n, n, dtype=torch.bool).tril()
+        eng.reset(64)
+        eng.prefill(prompt)
+        logits = []
+        for i, make in enumerate(steps):
+            if i == 1:
+                block[4, 2] = False  # written in place between two steps
+            p = eng.length
+            tokens, pos = torch.arange(5, 5 + n), torch.arange(p, p + n)
+            logits.append(eng.step(tokens, pos, make(eng)))
+            eng.commit([0])
+        out.append(torch.stack(logits))
+    assert eng.fixed_shape_steps == len(steps)
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-5)
 
 
 def test_staged_selections_and_restricted_rows_are_those_of_the_step_staged_last(tiny_lm):
