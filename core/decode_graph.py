@@ -131,6 +131,7 @@ class StaticForwards:
         self.by_rows_observed: dict[int, StaticForward] = {}  # causal forwards whose queries a policy sees
         self.by_rows_in_forward: dict[tuple, StaticForward] = {}  # (rows, selector) forwards
         self.by_rows_masked: dict[int, StaticForward] = {}  # a `MaskView`'s whole visibility, staged
+        self.by_rows_holed: dict[int, StaticForward] = {}  # a `HoleView`'s: the cache but a hole
         self.last: StaticForward | None = None  # the forward that ran last (tests read its buffers)
 
     @property
@@ -141,6 +142,7 @@ class StaticForwards:
             self.by_rows_observed,
             self.by_rows_in_forward,
             self.by_rows_masked,
+            self.by_rows_holed,
         )
         return sum(f.replay.captures for forwards in every for f in forwards.values())
 
@@ -160,28 +162,45 @@ class StaticForwards:
         return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
 
     def forward_for(self, rows: int, view) -> StaticForward:
-        """The fixed-shape forward of `rows` padded rows that serves `view` (made on first use)."""
+        """The fixed-shape forward of `rows` padded rows that serves `view` (made on first use): one per
+        kind of visibility, since each builds its own inside the graph."""
+        holed = getattr(view, "cache_hole", None) is not None  # a `HoleView`: the cache but a hole
         if getattr(view, "selects_in_forward", False):
-            key = (rows, view.selector_key)
+            key = (rows, view.selector_key, holed)
             fwd = self.by_rows_in_forward.get(key)
             if fwd is None:
-                fwd = self.by_rows_in_forward[key] = StaticForward(self.engine, rows, self.capture)
+                fwd = StaticForward(self.engine, rows, self.capture, holed=holed)
+                self.by_rows_in_forward[key] = fwd
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
             return fwd
         if getattr(view, "layer_selection", False):
-            key = (rows, *self.gathered(view, rows))
+            key = (rows, *self.gathered(view, rows), holed)
             fwd = self.by_rows_selected.get(key)
             if fwd is None:
-                fwd = self.by_rows_selected[key] = StaticForward(
-                    self.engine, rows, self.capture, layered=True, gather=key[1], whole_layers=key[2]
+                fwd = StaticForward(
+                    self.engine,
+                    rows,
+                    self.capture,
+                    layered=True,
+                    gather=key[1],
+                    whole_layers=key[2],
+                    holed=holed,
                 )
+                self.by_rows_selected[key] = fwd
             return fwd
         observed = getattr(view, "observes_queries", False)
-        masked = isinstance(view, MaskView) and getattr(view, "cache_hole", None) is None
-        forwards = self.by_rows_observed if observed else self.by_rows_masked if masked else self.by_rows
+        masked = isinstance(view, MaskView) and not holed
+        if observed:
+            forwards = self.by_rows_observed
+        elif masked:
+            forwards = self.by_rows_masked
+        else:
+            forwards = self.by_rows_holed if holed else self.by_rows
         if rows not in forwards:
-            forwards[rows] = StaticForward(self.engine, rows, self.capture, observed=observed, masked=masked)
+            forwards[rows] = StaticForward(
+                self.engine, rows, self.capture, observed=observed, masked=masked, holed=holed
+            )
         return forwards[rows]
 
     def gathered(self, view, rows: int) -> tuple[int | None, frozenset[int]]:
@@ -207,7 +226,8 @@ class StaticForward:
     restricted, slots)` -> bool `[n_kv_heads, capacity]`), noting what it chose in its `reads`; the
     view gets them after the forward (`take_reads`). `masked`: a `MaskView`'s own visibility of every
     slot, staged before the forward; every other forward builds its visibility inside itself from the
-    cache length, the block's square and a cache hole, so that what a step stages is what changed."""
+    cache length and the block's square (and, `holed`, a `HoleView`'s hole), so that what a step stages
+    is what changed, at two small kernels inside the graph (a hole adds five)."""
 
     def __init__(
         self,
@@ -219,9 +239,10 @@ class StaticForward:
         gather: int | None = None,
         whole_layers: frozenset[int] = frozenset(),
         masked: bool = False,
+        holed: bool = False,
     ) -> None:
         self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
-        self.gather, self.whole_layers, self.masked = gather, whole_layers, masked
+        self.gather, self.whole_layers, self.masked, self.holed = gather, whole_layers, masked, holed
         dev = engine.device
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
@@ -237,7 +258,7 @@ class StaticForward:
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
         # what the forward builds `visible` from (unless `masked`): the block's own visibility, pad rows
-        # seeing their own slot, and the cache hole `[lo, hi)` the `hole_rows` do not see
+        # seeing their own slot, and (`holed`) the cache hole `[lo, hi)` the `hole_rows` do not see
         self.block = torch.zeros(rows, rows, dtype=torch.bool, device=dev)
         self.hole = torch.zeros(2, dtype=torch.long, device=dev)
         self.hole_rows = torch.zeros(rows, dtype=torch.bool, device=dev)
@@ -298,7 +319,8 @@ class StaticForward:
                 self.visible[n:, length + n : length + self.rows].diagonal().fill_(True)
             return
         self._stage_block(view, n)
-        self._stage_hole(view, n)
+        if self.holed:
+            self._stage_hole(view, n)
         if self.layered:
             self._stage_selection(view, n, length, capacity)
         if self.selector is not None:
@@ -326,9 +348,9 @@ class StaticForward:
 
     def _stage_hole(self, view, n: int) -> None:
         """A `HoleView`'s hole `[lo, hi)` and the rows it is hidden from (its `rows` slice, or its
-        `restricted` rows); an empty hole for every other view. Staged again only when it changes."""
-        hole = getattr(view, "cache_hole", None)
-        if hole is None or hole[1] <= hole[0]:
+        `restricted` rows); staged again only when it changes."""
+        hole = view.cache_hole
+        if hole[1] <= hole[0]:
             if self.staged_hole is not None:
                 self.hole.zero_()
                 self.staged_hole = None
@@ -346,13 +368,15 @@ class StaticForward:
                 self.hole_rows[:n].copy_(view.restricted)
         self.staged_hole = (tuple(hole), n, which)
 
-    def _build_visibility(self) -> None:
+    def _build_visibility(self, block_slots: torch.Tensor) -> None:
         """`visible` from the device buffers, inside the forward (so inside its graph): every slot before
-        `length`, the block's square at slots `length + row`, the hole hidden from its rows."""
+        `length`, the block's square at its slots `length + row` (`block_slots`), the hole hidden from
+        its rows."""
         torch.lt(self.slots[None, :].expand(self.rows, -1), self.length, out=self.visible)
-        self.visible.index_copy_(1, self.length + self.row, self.block)
-        gap = (self.slots >= self.hole[0]) & (self.slots < self.hole[1])
-        self.visible &= ~(self.hole_rows[:, None] & gap[None, :])
+        self.visible.index_copy_(1, block_slots, self.block)
+        if self.holed:
+            gap = (self.slots >= self.hole[0]) & (self.slots < self.hole[1])
+            self.visible &= ~(self.hole_rows[:, None] & gap[None, :])
 
     def _stage_selection(self, view, n: int, length: int, capacity: int) -> None:
         """Each layer's selection over the cached slots (True from `length` on) and the restricted rows."""
@@ -390,7 +414,7 @@ class StaticForward:
         slots = self.length + self.row
         cache.slot_pos.index_copy_(0, slots, self.position)  # as `KVCache.stage_positions` does
         if not self.masked:
-            self._build_visibility()
+            self._build_visibility(slots)
         visible = self.visible.view(1, 1, self.rows, -1)
         if self.gather is not None:
             order, valid = self._gather_order()

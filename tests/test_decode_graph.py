@@ -296,7 +296,7 @@ def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(t
             assert isinstance(view, HoleView) and view.cache_hole == (4, 32)
             tokens, pos = torch.arange(5, 5 + n, device=dev), torch.arange(40, 40 + n, device=dev)
             logits.append(eng.step(tokens, pos, view))
-        staged = eng.graphs.by_rows[8].visible
+        staged = eng.graphs.by_rows_holed[8].visible
         assert view._mask is None and eng.fixed_shape_steps == 1  # staged without the view's mask
         assert torch.equal(staged[:n, : 40 + n], view.mask) and not staged[:n, 40 + n :].any()
         assert not view.mask[2:].all() and view.mask[:2, :40].all() == (rows is not None)
