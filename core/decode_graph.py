@@ -12,7 +12,7 @@ allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last 
 cache and their own slot, are never committed, and their logits are dropped.
 `Engine(cuda_graphs=True)` sends here every decode step under a plain `CausalView`, a `BlockView`,
 a two-dimensional `MaskView` (a KV policy's one selection for every layer among them;
-StreamingLLM's window as a `cache_hole` in the whole cache, written into the staged visibility
+StreamingLLM's window as a `cache_hole` in the whole cache, built into the forward's own visibility
 without a mask), a per-layer selection (a view with
 `layer_selection`: `selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
 inside the block, `observe_layers(queries)`) or a causal view whose policy watches the queries

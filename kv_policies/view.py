@@ -244,9 +244,9 @@ def _selection_mask(
 class HoleView(SelectionView):
     """A `SelectionView` whose restricted rows see every cached slot but the hole `[lo, hi)` (StreamingLLM
     over slots that hold their positions). Its `[n, L + n]` mask is written when the forward's first
-    layer reads it, as `BlockView`'s is; the fixed-shape forward never builds it: it stages the whole
-    cache and the block, then writes the hole into its own visibility (`write_hole`), so a restricted
-    block costs the step no mask of its own."""
+    layer reads it, as `BlockView`'s is; the fixed-shape forward never builds it: it stages the hole
+    and the block when they change and builds the whole cache, the block and the hole into its own
+    visibility inside the graph, so a restricted block costs the step no mask of its own."""
 
     def __init__(
         self,
