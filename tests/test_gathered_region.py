@@ -62,7 +62,7 @@ def test_region_backend_blocks_take_the_fixed_shape_forward_by_gather(tiny_lm, c
     assert results[0] == results[1] and results[0][-1].restricted_frac > 0.3
     assert kv.region is None and static == [True, True]  # the region's run counts what it would take
     gathered = [key for key in eng.graphs.by_rows_selected if key[1] is not None]
-    assert gathered and all(size < eng.cache.capacity for _, size, _ in gathered)
+    assert gathered and all(size < eng.cache.capacity for _, size, *_ in gathered)
 
 
 def test_gathered_forward_reads_exactly_the_selection_tail_and_block(tiny_lm):
