@@ -132,7 +132,6 @@ class StaticForwards:
         self.by_rows_in_forward: dict[tuple, StaticForward] = {}  # (rows, selector) forwards
         self.by_rows_masked: dict[int, StaticForward] = {}  # a `MaskView`'s whole visibility, staged
         self.by_rows_holed: dict[int, StaticForward] = {}  # a `HoleView`'s: the cache but a hole
-        self.last: StaticForward | None = None  # the forward that ran last (tests read its buffers)
 
     @property
     def captures(self) -> int:
@@ -158,7 +157,7 @@ class StaticForwards:
         argmax: bool = False,
         with_logits: bool = True,
     ) -> Any:
-        fwd = self.last = self.forward_for(padded_rows(tokens.numel()), view)
+        fwd = self.forward_for(padded_rows(tokens.numel()), view)
         return fwd(tokens, position_ids, view, logits_rows, argmax, with_logits)
 
     def forward_for(self, rows: int, view) -> StaticForward:
@@ -248,7 +247,7 @@ class StaticForward:
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
         self.selected_to = 0  # `selection` is True from here on (what a shorter selection left is reset)
         self.restricted = torch.zeros(rows, dtype=torch.bool, device=dev)
-        self.staged_restricted: tuple | None = None  # (the view's `restricted`, rows) in `restricted` now
+        self.staged_restricted: tuple | None = None  # (rows, the view's `restricted`, its version) staged
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
         self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered or observed else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
@@ -262,7 +261,7 @@ class StaticForward:
         self.block = torch.zeros(rows, rows, dtype=torch.bool, device=dev)
         self.hole = torch.zeros(2, dtype=torch.long, device=dev)
         self.hole_rows = torch.zeros(rows, dtype=torch.bool, device=dev)
-        self.staged_block: tuple | None = None  # what `block` holds: (source, its version, rows)
+        self.staged_block: tuple | None = None  # what `block` holds: (rows, the mask and its version)
         self.staged_hole: tuple | None = None  # what `hole` and `hole_rows` hold (None: no hole)
         self.selector = None
         # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
@@ -333,9 +332,8 @@ class StaticForward:
         place since (its version), or another row count."""
         causal = isinstance(view, CausalView)
         source = None if causal else view.block_mask
-        key = (source, None if causal else _version(source), n)
-        staged = self.staged_block
-        if staged is not None and staged[0] is key[0] and staged[1:] == key[1:]:
+        key = (n,) if causal else (n, source, _version(source))
+        if self.staged_block is not None and _same(self.staged_block, key):
             return
         self.block.zero_()
         if causal:
@@ -356,17 +354,17 @@ class StaticForward:
                 self.staged_hole = None
             return
         rows, flags = view.rows, view.restricted
-        which = (rows.start, rows.stop, rows.step) if rows is not None else (flags, _version(flags))
-        staged = self.staged_hole
-        if staged is None or staged[0] != tuple(hole):
+        hidden = (n, rows) if rows is not None else (n, flags, _version(flags))  # the rows it is hidden from
+        staged, hole = self.staged_hole, tuple(hole)
+        if staged is None or staged[0] != hole:
             self.hole.copy_(self.engine.stage(list(hole)))
-        if staged is None or staged[1] != n or not _same(staged[2], which):
+        if staged is None or not _same(staged[1], hidden):
             self.hole_rows.zero_()
             if rows is not None:
                 self.hole_rows[:n][rows] = True
             else:
-                self.hole_rows[:n].copy_(view.restricted)
-        self.staged_hole = (tuple(hole), n, which)
+                self.hole_rows[:n].copy_(flags)
+        self.staged_hole = (hole, hidden)
 
     def _build_visibility(self, block_slots: torch.Tensor) -> None:
         """`visible` from the device buffers, inside the forward (so inside its graph): every slot before
@@ -394,12 +392,12 @@ class StaticForward:
         """The restricted rows; staged again only for another tensor or row count than the last one
         (a layout's or a block size's shared mask comes back step after step); one written in place since
         it was staged (its version moved) is staged again."""
-        staged, version = self.staged_restricted, _version(view.restricted)
-        if staged is not None and staged[0] is view.restricted and staged[1:] == (version, n):
+        key = (n, view.restricted, _version(view.restricted))
+        if self.staged_restricted is not None and _same(self.staged_restricted, key):
             return
         self.restricted[:n].copy_(view.restricted)
         self.restricted[n:] = False
-        self.staged_restricted = (view.restricted, version, n)
+        self.staged_restricted = key
 
     def _narrowed(self, sel: torch.Tensor, heads: int) -> torch.Tensor:
         """`[1, heads, rows, capacity]`: the staged visibility, the restricted rows narrowed to the
