@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView, MaskView, sdpa
+from core.positions import StagedPositions, flat_on, same_key, version_of
 
 
 def padded_rows(n: int) -> int:
@@ -251,7 +252,7 @@ class StaticForward:
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
         self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered or observed else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
-        self.position = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.positions = StagedPositions(rows, dev)  # relative to the cache length where they can be
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
         self.row = torch.arange(rows, device=dev)
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
@@ -278,11 +279,8 @@ class StaticForward:
         with_logits: bool = True,
     ) -> Any:
         eng, cache, n = self.engine, self.engine.cache, tokens.numel()
-        tokens, position_ids = _flat(tokens, eng.device), _flat(position_ids, eng.device)
-        self.token[:n].copy_(tokens)
-        self.position[:n].copy_(position_ids)
-        if n < self.rows:
-            self.position[n:].copy_(position_ids[-1:].expand(self.rows - n))
+        self.token[:n].copy_(flat_on(tokens, eng.device))
+        self.positions.stage(position_ids, n, eng, cache.length)
         cache.stage_block(self.rows)  # the capacity check; the forward writes the slots' positions
         self.length.fill_(cache.length)
         self._stage_visibility(view, n, cache.length, cache.capacity)
@@ -332,8 +330,8 @@ class StaticForward:
         place since (its version), or another row count."""
         causal = isinstance(view, CausalView)
         source = None if causal else view.block_mask
-        key = (n,) if causal else (n, source, _version(source))
-        if self.staged_block is not None and _same(self.staged_block, key):
+        key = (n,) if causal else (n, source, version_of(source))
+        if self.staged_block is not None and same_key(self.staged_block, key):
             return
         self.block.zero_()
         if causal:
@@ -354,11 +352,12 @@ class StaticForward:
                 self.staged_hole = None
             return
         rows, flags = view.rows, view.restricted
-        hidden = (n, rows) if rows is not None else (n, flags, _version(flags))  # the rows it is hidden from
+        # the rows it is hidden from
+        hidden = (n, rows) if rows is not None else (n, flags, version_of(flags))
         staged, hole = self.staged_hole, tuple(hole)
         if staged is None or staged[0] != hole:
             self.hole.copy_(self.engine.stage(list(hole)))
-        if staged is None or not _same(staged[1], hidden):
+        if staged is None or not same_key(staged[1], hidden):
             self.hole_rows.zero_()
             if rows is not None:
                 self.hole_rows[:n][rows] = True
@@ -392,8 +391,8 @@ class StaticForward:
         """The restricted rows; staged again only for another tensor or row count than the last one
         (a layout's or a block size's shared mask comes back step after step); one written in place since
         it was staged (its version moved) is staged again."""
-        key = (n, view.restricted, _version(view.restricted))
-        if self.staged_restricted is not None and _same(self.staged_restricted, key):
+        key = (n, view.restricted, version_of(view.restricted))
+        if self.staged_restricted is not None and same_key(self.staged_restricted, key):
             return
         self.restricted[:n].copy_(view.restricted)
         self.restricted[n:] = False
@@ -410,7 +409,8 @@ class StaticForward:
         in slots `length + row`."""
         eng, cache = self.engine, self.engine.cache
         slots = self.length + self.row
-        cache.slot_pos.index_copy_(0, slots, self.position)  # as `KVCache.stage_positions` does
+        position = self.positions.of(self.length)
+        cache.slot_pos.index_copy_(0, slots, position)  # as `KVCache.stage_positions` does
         if not self.masked:
             self._build_visibility(slots)
         visible = self.visible.view(1, 1, self.rows, -1)
@@ -433,7 +433,7 @@ class StaticForward:
                 mask = self._narrowed(self.selector.select(li, q, self.restricted, self.slots), q.shape[0])
             return sdpa(q.unsqueeze(0), cache.k[li].unsqueeze(0), cache.v[li].unsqueeze(0), mask, eng.scale)
 
-        h = eng.layers_forward(self.token, self.position, attend)
+        h = eng.layers_forward(self.token, position, attend)
         logits = eng.lm_logits(eng.w.final_norm(h))
         return logits, logits.argmax(dim=-1)
 
@@ -460,22 +460,3 @@ class StaticForward:
         heads = q.shape[0]
         mask = seen.repeat_interleave(heads // order.shape[0], dim=0, output_size=heads).unsqueeze(0)
         return sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, self.engine.scale)
-
-
-def _flat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` as a 1-D tensor on `device`, with no operator when it already is one."""
-    if t.device != device:
-        t = t.to(device)
-    return t if t.dim() == 1 else t.reshape(-1)
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """How often `t` (or a view sharing its data) was written in place; None for an inference tensor,
-    which keeps no count: one written in place under `torch.inference_mode` is staged again only as a
-    new tensor (a decoder's per-step masks are new tensors or slices)."""
-    return None if t.is_inference() else t._version
-
-
-def _same(a: tuple, b: tuple) -> bool:
-    """Equal staging keys, tensors compared by identity (a tensor's `==` would compare its data)."""
-    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))

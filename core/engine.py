@@ -31,6 +31,7 @@ from core.attention import CausalView
 from core.decode_graph import fits, has_room
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
+from core.positions import RelativePositions, absolute
 
 
 def onednn_applies(model: torch.nn.Module) -> bool:
@@ -133,7 +134,7 @@ class Engine:
     def step(
         self,
         tokens: torch.Tensor,
-        position_ids: torch.Tensor,
+        position_ids: torch.Tensor | RelativePositions,
         view,
         logits_rows: Sequence[int] | torch.Tensor | None = None,
         hooks: Sequence = (),
@@ -150,7 +151,9 @@ class Engine:
         then copies none out; an eager step frees them as part of the forward, not at the caller's next
         assignment).
         With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
-        `replay=False` (the prefill: its chunks have every size)."""
+        `replay=False` (the prefill: its chunks have every size). `position_ids` may be a
+        `RelativePositions` (a layout's offsets after the cache), which such a graph adds to the cache
+        length itself."""
         if replay and not hooks and fits(self.cache, tokens.numel(), view):
             self.fixed_shape_steps += 1
             if self.graphs is not None:
@@ -160,7 +163,8 @@ class Engine:
             # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
             self.fixed_shape_steps += has_room(self.cache, tokens.numel())
         cache = self.cache
-        tokens, position_ids = tokens.to(self.device), position_ids.to(self.device)  # no-op when there
+        # no-op when there
+        tokens, position_ids = tokens.to(self.device), absolute(position_ids).to(self.device)
         cache.stage_positions(position_ids)
         cache_len = cache.length
 

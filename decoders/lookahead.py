@@ -57,6 +57,7 @@ import torch
 
 from core.attention import BlockView
 from core.checks import flag, integer, number
+from core.positions import RelativePositions
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
@@ -269,7 +270,7 @@ class Lookahead(BaseDecoder):
             tokens = eng.stage(block)
             view = self._view(lay.block_mask)
             logits, preds = step_with_argmax(
-                self.sampler, eng, tokens, lay.offsets + p, view, lay.logits_rows
+                self.sampler, eng, tokens, RelativePositions(lay.offsets, p), view, lay.logits_rows
             )
             pool.flush()  # the last window's n-grams, while the device runs this forward
             picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not

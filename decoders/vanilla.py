@@ -6,10 +6,9 @@ attend only to what the policy selects.
 
 from __future__ import annotations
 
-import torch
-
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
+from decoders.verify import step_for
 
 
 class Vanilla(BaseDecoder):
@@ -23,13 +22,17 @@ class Vanilla(BaseDecoder):
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> None:
         eng = self.engine
-        tok = torch.empty(1, dtype=torch.long, device=eng.device)
+        tok = eng.stage([out[-1]])
         position = len(prompt)
         done = False
         while not done:
-            tok[0] = out[-1]
             view = self.kv.decode_view(eng, 1)
-            token = self.step_and_pick(tok, eng.positions(position, 1), view)
+            logits, ids = step_for(self.sampler, eng, tok, eng.positions(position, 1), view)
+            if ids is not None:  # greedy: the step's own argmax is the next step's token, on the device
+                token, tok = int(ids[0]), ids
+            else:
+                token = self.sampler.pick(logits[0])
+                tok = eng.stage([token])
             eng.commit([0])
             self.kv.after_commit(eng, 1)
             position += 1

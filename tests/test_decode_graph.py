@@ -306,3 +306,47 @@ def test_graph_launches_count_each_replay_once_and_the_staging_around_it(tiny_lm
         per_step[apart] = syncs.launches_since_mark / counts.forwards
     assert 2 <= per_step[True] <= 10 and per_step[False] > 5 * per_step[True]
     assert Replay.__call__ is original and eng.fixed_shape_steps == 2 * counts.forwards  # both runs
+
+
+def test_positions_after_the_cache_are_staged_once_and_the_length_added_in_the_forward(tiny_lm):
+    """A block right after the cache (a chain of `Engine.positions`, or a `RelativePositions` starting at
+    the cache length) keeps its positions relative to the length, staged only when they change (the
+    same offsets object comes back unstaged; one written in place is staged again); any other block's
+    positions are taken as absolute. Every step, pad rows included, gives the regular forward's logits."""
+    from core.positions import RelativePositions
+
+    prompt, n = list(range(3, 40)), 5
+    offsets = torch.tensor([0, 1, 1, 2, 2])  # a layout's: a root, then two two-token candidates
+    view = lambda e: BlockView(torch.ones(n, n, dtype=torch.bool).tril(), e.scale)  # noqa: E731
+    steps = [  # (positions for a cache of length p, taken relative to p)
+        (lambda e, p: e.positions(p, n), True),
+        (lambda e, p: e.positions(p, n), True),  # the same relative positions: not staged again
+        (lambda e, p: RelativePositions(offsets, p), True),
+        (lambda e, p: RelativePositions(offsets, p), True),  # offsets written in place before it
+        (lambda e, p: torch.arange(p, p + n), False),  # a fresh tensor: absolute
+        (lambda e, p: RelativePositions(offsets, p + 2), False),  # not after the cache: absolute
+        (lambda e, p: e.positions(p, n), True),
+    ]
+    out, relative, unstaged, slot_pos = [], [], [], []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        offsets[4] = 2
+        eng.reset(64)
+        eng.prefill(prompt)
+        logits = []
+        for i, (positions, _) in enumerate(steps):
+            if i == 3:
+                offsets[4] = 3
+            staged = eng.graphs.forward_for(8, view(eng)).positions.staged if eng.graphs else None
+            logits.append(eng.step(torch.arange(5, 5 + n), positions(eng, eng.length), view(eng)))
+            eng.commit([0])
+            if eng.graphs is not None:
+                fwd = eng.graphs.forward_for(8, view(eng))
+                relative.append(fwd.positions.relative)
+                unstaged.append(staged is not None and fwd.positions.staged is staged)
+        out.append(torch.stack(logits))
+        slot_pos.append(eng.cache.slot_pos[: eng.length].clone())
+    assert eng.fixed_shape_steps == len(steps)
+    assert relative == [rel for _, rel in steps]
+    assert unstaged == [False, True, False, False, False, False, False]
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(slot_pos[1], slot_pos[0])  # the committed roots' positions

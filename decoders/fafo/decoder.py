@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from core.checks import choice, flag, integer, number
+from core.positions import RelativePositions
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import (
@@ -175,12 +176,13 @@ class FAFO(BaseDecoder):
 
     def _block(
         self, lay: FafoLayout, root: int, streams: FumbleStreams | None, p: int, base: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | RelativePositions]:
         flat = lay.tokens(root, streams.flat_columns() if streams is not None and lay.n else None)
         tokens = self.engine.stage(flat)
+        if base == p or lay.stream_row >= lay.size:  # the layout's offsets after p, added in the forward
+            return tokens, RelativePositions(lay.offsets, p)
         pos = lay.offsets + p
-        if base != p and lay.stream_row < pos.numel():  # the stream rows (`is_stream`) count from `base`
-            pos[lay.stream_row :] += base - p
+        pos[lay.stream_row :] += base - p  # the stream rows (`is_stream`) count from `base`
         return tokens, pos
 
     def _verify(

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from core.checks import choice, integer, number
+from core.positions import RelativePositions
 from core.sampling import Sampler
 from core.tree_attention import BACKENDS, HybridTreeView
 from core.types import Counts, HarnessError
@@ -388,7 +389,7 @@ class LongSpec(BaseDecoder):
                     tree = self._cut(tree, length, spent, cost)
                 n = len(tree.tokens)
                 view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
-                tokens, positions = eng.stage(tree.tokens), length + eng.stage(tree.depth)
+                tokens, positions = eng.stage(tree.tokens), RelativePositions(eng.stage(tree.depth), length)
                 logits, on_device = step_for(self.sampler, eng, tokens, positions, view)
                 preds = on_device.tolist() if on_device is not None else None
             else:  # the drafted tree as it stands on the device; one read-back after the forward
@@ -396,7 +397,7 @@ class LongSpec(BaseDecoder):
                 mask = drafted.ancestors[:n, :n]
                 view = HybridTreeView(mask, eng.scale, self.tree_attention, check_diagonal=False)
                 logits, on_device = step_for(
-                    self.sampler, eng, drafted.tokens[:n], length + drafted.depths[:n], view
+                    self.sampler, eng, drafted.tokens[:n], RelativePositions(drafted.depths[:n], length), view
                 )
                 tree, preds = drafted.host(on_device)
             path, new = self._accept(tree, logits, preds)
