@@ -252,9 +252,9 @@ class StaticForward:
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
         self.queries = torch.zeros(shape, dtype=engine.dtype, device=dev) if layered or observed else None
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
-        self.positions = StagedPositions(rows, dev)  # relative to the cache length where they can be
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
         self.row = torch.arange(rows, device=dev)
+        self.positions = StagedPositions(self.row)  # relative to the cache length where they can be
         self.visible = torch.zeros(0, dtype=torch.bool, device=dev)  # [rows, capacity], per allocation
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)  # 0..capacity-1
         # what the forward builds `visible` from (unless `masked`): the block's own visibility, pad rows

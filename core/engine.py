@@ -163,7 +163,7 @@ class Engine:
             # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
             self.fixed_shape_steps += has_room(self.cache, tokens.numel())
         cache = self.cache
-        # no-op when there
+        # `.to` is a no-op for tensors already on the device
         tokens, position_ids = tokens.to(self.device), absolute(position_ids).to(self.device)
         cache.stage_positions(position_ids)
         cache_len = cache.length
@@ -284,6 +284,12 @@ class Engine:
         if self._arange.numel() < end:
             self._arange = torch.arange(max(end, 2 * self._arange.numel(), 1024), device=self.device)
         return self._arange[start:end]
+
+    def chain_start(self, positions: torch.Tensor) -> int | None:
+        """Where `positions` starts when it is a slice of `positions()` (a chain), else None."""
+        if positions._base is not self._arange or positions.dim() != 1 or positions.stride(0) != 1:
+            return None
+        return positions.storage_offset()
 
     def chain(self, tokens: Sequence[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A chain block's token ids (one host-to-device copy, `stage`) and their positions `start,

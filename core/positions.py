@@ -52,15 +52,7 @@ def after_cache(positions: Any, engine: Any, length: int) -> tuple[tuple, torch.
             return None
         offsets = positions.offsets
         return (offsets.numel(), offsets, version_of(offsets)), offsets
-    arange = getattr(engine, "_arange", None)
-    if (
-        isinstance(positions, torch.Tensor)
-        and arange is not None
-        and positions._base is arange
-        and positions.dim() == 1
-        and positions.stride(0) == 1
-        and positions.storage_offset() == length
-    ):
+    if isinstance(positions, torch.Tensor) and engine.chain_start(positions) == length:
         return (positions.numel(),), None
     return None
 
@@ -70,13 +62,13 @@ class StagedPositions:
     (`of`), with `values` relative to the cache length for a block after the cache (staged only when they
     change) and absolute otherwise (copied every step). Pad rows repeat the last row's position."""
 
-    def __init__(self, rows: int, device: torch.device) -> None:
-        self.rows = rows
-        self.values = torch.zeros(rows, dtype=torch.long, device=device)
-        self.from_length = torch.zeros(1, dtype=torch.long, device=device)  # 1: `values` are relative
+    def __init__(self, row: torch.Tensor) -> None:
+        """`row`: the forward's row indices, `arange(rows)` on its device (a chain's relative positions)."""
+        self.rows, self.row = row.numel(), row
+        self.values = torch.zeros_like(row)
+        self.from_length = torch.zeros(1, dtype=torch.long, device=row.device)  # 1: `values` are relative
         self.relative = False  # what `from_length` holds
         self.staged: tuple | None = None  # the key of the relative values staged (None: absolute ones)
-        self.row = torch.arange(rows, device=device)
 
     def stage(self, positions: torch.Tensor | RelativePositions, n: int, engine: Any, length: int) -> None:
         found = after_cache(positions, engine, length)
