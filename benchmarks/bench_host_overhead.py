@@ -234,8 +234,8 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
             with DecodeClocks(m.dec) as clocks:
                 timed = timed_generate(m.dec, prompt, new, stop, on_prefill_done=clocks.mark)
             clock, drafts = clocks.forwards, clocks.drafts
-            host[m.name] += clocks.host_s(timed.decode_s)
-            critical[m.name] += clocks.critical_s
+            host[m.name] += clocks.host_s(timed)
+            critical[m.name] += clocks.critical_s(timed)
             fwd_s[m.name] += clock.seconds_since_mark
             n_fwd[m.name] += clock.forwards_since_mark
             m.static.append(clock.static_frac_since_mark)

@@ -166,11 +166,11 @@ def record_and_play(m: Method, prompt: list[int], new: int, stop: set[int], play
             again = timed_generate(m.dec, prompt, new, stop, on_prefill_done=played.mark, keep_steps=False)
         if again.output != recorded.output or tape.at != len(tape.outputs):
             raise PlaybackDiverged("the playback's tokens or forwards differ from the recording's")
-        outside = played.host_s(again.decode_s)
-        plays_s.append((again.decode_s, outside, played.critical_s, again.decode_s - outside))
+        outside = played.host_s(again)
+        plays_s.append((again.decode_s, outside, played.critical_s(again), again.decode_s - outside))
     _, warm, critical, staging = min(plays_s)
     n = clocks.forwards.forwards_since_mark
-    return Seconds(clocks.host_s(recorded.decode_s), warm, critical, staging, n)
+    return Seconds(clocks.host_s(recorded), warm, critical, staging, n)
 
 
 def time_repeat(

@@ -132,20 +132,20 @@ def measurements(
     }
 
 
-def host_counters(decode_s: float, clocks: Any, syncs: float) -> dict[str, float | int]:
-    """The host-side columns of one (sample, turn) row of `decode_s` decode seconds, from the clocks of its
-    generation (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
+def host_counters(timed: Any, clocks: Any, syncs: float) -> dict[str, float | int]:
+    """The host-side columns of one (sample, turn) row, from its generation (`runners.timing.Timed`)
+    and the clocks of it (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
     prefill mark, with the share of each that took the fixed-shape path, and the reads of the device)."""
     forwards, drafts = clocks.forwards, clocks.drafts
     n = forwards.forwards_since_mark
-    host = clocks.host_s(decode_s) / n * 1e3 if n else float("nan")
+    host = clocks.host_s(timed) / n * 1e3 if n else float("nan")
     return {
         "draft_forward_s": drafts.seconds_since_mark,
         "static_frac": forwards.static_frac_since_mark,
         "draft_static_frac": drafts.static_frac_since_mark,
         "syncs_per_step": syncs,
         "host_ms_per_forward": host,
-        "critical_ms_per_forward": clocks.critical_s / n * 1e3 if n else float("nan"),
+        "critical_ms_per_forward": clocks.critical_s(timed) / n * 1e3 if n else float("nan"),
         "graph_captures": clocks.captures_since_mark,
     }
 

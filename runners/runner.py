@@ -437,7 +437,7 @@ class Runner:
         cache, forward_s = eng.cache, clocks.forwards.seconds_since_mark
         row = {
             **measurements(len(prompt), timed, forward_s, cache.bytes_per_entry(), cache.capacity, peak),
-            **host_counters(timed.decode_s, clocks, syncs),
+            **host_counters(timed, clocks, syncs),
             "output_digest": digest(out),
             "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
             "output_ids": out,

@@ -238,11 +238,14 @@ class DecodeClocks:
     """The clocks of one timed generation, as a `with` block: the target's forwards (`forwards`, a
     `StepClock`), the draft model's (`drafts`, a `DraftClock`) and the reads of the device
     (`runners.critical_path.ReadStamps`). `mark()` at the prefill's end (`timed_generate`'s
-    `on_prefill_done`); after the block, `critical_s` is the decode host time a GPU would wait for."""
+    `on_prefill_done`); after the block, `host_s(timed)` is the decoder's own decode host time and
+    `critical_s(timed)` the part of it a GPU would wait for. Both take the decode window from the
+    generation's clock (`Timed.decode_window`), not from the block's edges: time spent after the clock
+    stopped (returning, building the `Timed`) is in neither `decode_s` nor the critical time, so the
+    critical time never exceeds the host time it is a part of."""
 
     def __init__(self, decoder) -> None:
         self.decoder = decoder
-        self.decode_from = self.decode_to = 0.0
         self.captures_from = self.captures_to = 0
 
     def __enter__(self) -> DecodeClocks:
@@ -256,11 +259,9 @@ class DecodeClocks:
     def mark(self) -> None:
         self.forwards.mark()
         self.drafts.mark()
-        self.decode_from = time.perf_counter()
         self.captures_from = Replay.total_captures
 
     def __exit__(self, *exc) -> None:
-        self.decode_to = time.perf_counter()
         self.captures_to = Replay.total_captures
         self.reads.__exit__(*exc)
         self.drafts.close()
@@ -272,27 +273,28 @@ class DecodeClocks:
         the capture inside the timed decode, which a warm-up that ran the same block sizes avoids."""
         return self.captures_to - self.captures_from
 
-    def host_s(self, decode_s: float) -> float:
-        """Of `decode_s` decode seconds, those outside the target's and the draft model's forwards after
-        the mark: the decoder's own host time."""
-        return decode_s - self.forwards.seconds_since_mark - self.drafts.seconds_since_mark
+    def host_s(self, timed: Timed) -> float:
+        """Of the generation's decode seconds, those outside the target's and the draft model's forwards
+        after the mark: the decoder's own host time."""
+        return timed.decode_s - self.forwards.seconds_since_mark - self.drafts.seconds_since_mark
 
-    @property
-    def critical_s(self) -> float:
+    def critical_s(self, timed: Timed) -> float:
         f, d = self.forwards, self.drafts
         spans = f.spans[f.marked_at :] + d.spans[d.marked_at :]
-        return critical_host_s(spans, self.reads.spans, self.decode_from, self.decode_to)
+        return critical_host_s(spans, self.reads.spans, *timed.decode_window)
 
 
 @dataclass
 class Timed:
     """One generation: its output ids, its counts, and its wall-clock seconds before and after the end
-    of the prefill."""
+    of the prefill; `decode_window`: the `time.perf_counter` stamps of that end and of the generation's
+    end, which `decode_s` spans."""
 
     output: list[int]
     counts: Counts
     prefill_s: float
     decode_s: float
+    decode_window: tuple[float, float]
 
     @property
     def wall_s(self) -> float:
@@ -332,7 +334,7 @@ def timed_generate(
             on_finish()
     if not marked:
         raise RuntimeError(f"{type(dec).__name__}.generate never reported the end of its prefill")
-    return Timed(out, counts, clock.prefill_s, clock.decode_s)
+    return Timed(out, counts, clock.prefill_s, clock.decode_s, (clock.t_prefill, clock.t_end))
 
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")

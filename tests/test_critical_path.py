@@ -73,11 +73,23 @@ def test_host_work_before_the_read_is_not_waited_for(tiny_lm) -> None:
     eng = Engine(tiny_lm.model)
     dec = SleepyDecoder(eng)
     with DecodeClocks(dec) as clocks:
-        timed_generate(dec, list(range(3, 20)), 6, on_prefill_done=clocks.mark)
+        timed = timed_generate(dec, list(range(3, 20)), 6, on_prefill_done=clocks.mark)
     steps = clocks.forwards.forwards_since_mark
     assert steps == 5
-    assert steps * dec.critical <= clocks.critical_s < steps * (dec.critical + dec.overlapped / 2)
+    assert steps * dec.critical <= clocks.critical_s(timed) < steps * (dec.critical + dec.overlapped / 2)
     assert all(vars(torch.Tensor).get(name) is None for name in ("tolist", "item"))  # put back
+
+
+def test_the_critical_time_is_part_of_the_host_time_over_the_generations_own_window(tiny_lm) -> None:
+    """Work after the generation's clock stopped (here a read and a sleep still inside the block) is in
+    neither: the decode window is the clock's, not the block's."""
+    eng = Engine(tiny_lm.model)
+    dec = Vanilla(eng)
+    with DecodeClocks(dec) as clocks:
+        timed = timed_generate(dec, list(range(3, 20)), 6, on_prefill_done=clocks.mark)
+        torch.zeros(1).tolist()
+        time.sleep(0.05)
+    assert 0 < clocks.critical_s(timed) <= clocks.host_s(timed) < 0.05
 
 
 class FakeEvent:
