@@ -302,6 +302,8 @@ class Engine:
         caching host allocator keeps the pinned block until its copy is done), elsewhere the tensor. A
         tensor already on the device is returned as it is (in `dtype`)."""
         if isinstance(values, torch.Tensor):
+            if self.device.type == "cpu":  # itself (or in `dtype`); a move a sync counter sees as the upload
+                return values.to(self.device, dtype, non_blocking=True)
             if values.device == self.device:
                 return values if values.dtype == dtype else values.to(dtype)
             host = values

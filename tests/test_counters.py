@@ -161,10 +161,12 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
     assert syncs_per_step(dec, list(range(3, 20)), 12, set()) == 1.0
 
 
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed-shape"])
 @pytest.mark.parametrize("name", ["pld", "lookahead", "fafo", "selfspec", "longspec", "sfi"])
-def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, name):
-    """One sync per step: the step's read. A block's ids reach the device through `Engine.stage`; a
-    plain copy of host data to the device (a stream synchronisation on CUDA) would count here."""
+def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, name, fixed_shape):
+    """One sync per step: the step's read. A block's ids (and a tree's mask built on the host) reach the
+    device through `Engine.stage`; a plain copy of host data to the device (a stream synchronisation on
+    CUDA) would count here, also where a fixed-shape forward copies it into its buffers."""
     from decoders.fafo.decoder import FAFO
     from decoders.longspec.decoder import LongSpec
     from decoders.lookahead import Lookahead
@@ -174,6 +176,8 @@ def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, n
     from kv_policies.base import build_policy
 
     eng = Engine(tiny_lm.model)
+    if fixed_shape:
+        eng.use_graphs(capture=False)
     make = {
         "pld": lambda: PromptLookup(eng, max_matching_ngram_size=2, num_tokens=4),
         "lookahead": lambda: Lookahead(eng, N=3, W=3, G=3),

@@ -388,7 +388,8 @@ class LongSpec(BaseDecoder):
                 if cost is not None and depth > 0:
                     tree = self._cut(tree, length, spent, cost)
                 n = len(tree.tokens)
-                view = HybridTreeView(tree.ancestor_mask(), eng.scale, self.tree_attention)
+                mask = eng.stage(tree.ancestor_mask(), torch.bool)  # True diagonal by construction
+                view = HybridTreeView(mask, eng.scale, self.tree_attention, check_diagonal=False)
                 tokens, positions = eng.stage(tree.tokens), RelativePositions(eng.stage(tree.depth), length)
                 logits, on_device = step_for(self.sampler, eng, tokens, positions, view)
                 preds = on_device.tolist() if on_device is not None else None
