@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from core.types import Sample
 from tasks.base import Task
 
@@ -11,11 +13,20 @@ class FakeTask(Task):
     version = "1"
 
     def __init__(
-        self, n: int = 3, broken: str | None = None, pad: int = 0, ignore_eos: bool = False, **kw
+        self,
+        n: int = 3,
+        broken: str | None = None,
+        pad: int = 0,
+        ignore_eos: bool = False,
+        delay_s: float = 0.0,
+        **kw,
     ) -> None:
         super().__init__(**kw)
         self.n, self.broken, self.pad = n, broken, pad  # pad: filler words making prompts longer
         self.ignore_eos = ignore_eos  # True: every turn runs to max_new_tokens
+        # seconds scoring each sample takes (outside the timed generation): a job that a fast machine
+        # would otherwise finish before a cancel reaches it
+        self.delay_s = delay_s
 
     def _load(self) -> list[Sample]:
         filler = " ".join(["filler"] * self.pad)
@@ -30,4 +41,5 @@ class FakeTask(Task):
         return super().prompt_ids(sample, turn, history, tokenizer)
 
     def score(self, sample, outputs):
+        time.sleep(self.delay_s)
         return {"length": float(sum(len(o) for o in outputs))}

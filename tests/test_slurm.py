@@ -23,6 +23,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 N_SAMPLES = 16  # per job: the first job is cancelled once two are done, with enough left to cut it mid-run
+# scoring each sample waits this long, so that the samples a job finishes between the cancel and the
+# SIGKILL (KillWait, 2 s in scripts/slurm_local.sh, plus the polling) stay well short of N_SAMPLES on a
+# machine that generates a tiny model's sample in a fraction of a second
+SAMPLE_DELAY_S = 0.5
 SLACK = 6.0  # the deadline's multiple of the time the measured pace predicts
 FLOOR_S = 120.0  # never less than this (job start-up, the launcher's polling)
 
@@ -62,6 +66,7 @@ class Sweep:
             "model=tiny_llama",
             "task._target_=tests.fake_task.FakeTask",
             f"+task.n={N_SAMPLES}",
+            f"+task.delay_s={SAMPLE_DELAY_S}",
             "+task.ignore_eos=true",
             "run.limit=null",
             "run.max_new_tokens=300",
