@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from core.engine import Engine
@@ -81,6 +82,23 @@ def test_chain_merges_with_drafted_nodes():
     empty = Tree([1])
     empty.add_chain([], key=0)
     assert empty.lookup_key == 0 and len(empty.tokens) == 1
+
+
+def test_the_ancestor_mask_is_each_rows_path_from_the_root():
+    """The verification's visibility over a host tree (drafted nodes, then a lookup chain hung off one):
+    row i sees row j exactly when j is on i's path from the root, itself included."""
+    tree = Tree([1])
+    a = tree.add(2, 0, -0.1)
+    tree.add(3, 0, -1.0)
+    b = tree.add(4, a, -0.5)
+    tree.add(5, b, -0.7)
+    tree.add_chain([3, 8, 9], key=1)
+    n = len(tree.tokens)
+    mask = tree.ancestor_mask()
+    assert mask.dtype == torch.bool and mask.shape == (n, n)
+    expected = [[j in tree.path(i) for j in range(n)] for i in range(n)]
+    assert mask.tolist() == expected
+    assert Tree([7]).ancestor_mask().tolist() == [[True]]
 
 
 @pytest.mark.parametrize("draft", ["random", "target"])

@@ -58,12 +58,15 @@ class Tree:
     def ancestor_mask(self) -> torch.Tensor:
         """bool `[n, n]`: row i may attend to row j iff j is i or one of its ancestors."""
         n = len(self.tokens)
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        if not n:
+            return torch.zeros(0, 0, dtype=torch.bool)
+        rows = bytearray(n * n)  # built as bytes and wrapped once: a tensor write per row costs an operator
         for i in range(n):
-            if i:
-                mask[i] = mask[self.parent[i]]
-            mask[i, i] = True
-        return mask
+            if i:  # a parent's row comes before its children's
+                p = self.parent[i]
+                rows[i * n : (i + 1) * n] = rows[p * n : (p + 1) * n]
+            rows[i * n + i] = 1
+        return torch.frombuffer(rows, dtype=torch.bool).view(n, n)
 
 
 class DraftedTree:
