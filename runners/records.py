@@ -132,7 +132,7 @@ def measurements(
     }
 
 
-def host_counters(timed: Any, clocks: Any, syncs: float) -> dict[str, float | int]:
+def host_counters(timed: Timed, clocks: Any, syncs: float) -> dict[str, float | int]:
     """The host-side columns of one (sample, turn) row, from its generation (`runners.timing.Timed`)
     and the clocks of it (`runners.timing.DecodeClocks`: the target's and the draft model's forwards after the
     prefill mark, with the share of each that took the fixed-shape path, and the reads of the device)."""

@@ -293,8 +293,11 @@ class Timed:
     output: list[int]
     counts: Counts
     prefill_s: float
-    decode_s: float
     decode_window: tuple[float, float]
+
+    @property
+    def decode_s(self) -> float:
+        return self.decode_window[1] - self.decode_window[0]
 
     @property
     def wall_s(self) -> float:
@@ -334,7 +337,7 @@ def timed_generate(
             on_finish()
     if not marked:
         raise RuntimeError(f"{type(dec).__name__}.generate never reported the end of its prefill")
-    return Timed(out, counts, clock.prefill_s, clock.decode_s, (clock.t_prefill, clock.t_end))
+    return Timed(out, counts, clock.prefill_s, (clock.t_prefill, clock.t_end))
 
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
