@@ -21,25 +21,14 @@ from typing import Any
 
 import torch
 
-from core.attention import softmax_lastdim
+from core.decode_graph import padded_rows
 from core.types import HarnessError
+from kv_policies.attention_mass import attention_mass, attention_mass_layers
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
+from kv_policies.h2o_steady import SteadyUpdate
 
 PREFILL_TILE = 256
-
-
-def attention_mass(q: torch.Tensor, k: torch.Tensor, scale: float, first_row: int | None) -> torch.Tensor:
-    """Attention each key receives, summed over the query rows and the query heads of each KV head:
-    q `[H, r, d]`, k `[n_kv_heads, m, d]` -> `[n_kv_heads, m]`. `first_row` (absolute position of
-    q's first row, keys at positions 0..m-1) applies the causal mask; None = every key visible."""
-    h, r, d = q.shape
-    hkv, m, _ = k.shape
-    logits = (q.float().reshape(hkv, (h // hkv) * r, d) @ k.float().transpose(1, 2)) * scale
-    if first_row is not None:
-        rows = (first_row + torch.arange(r, device=k.device)).repeat(h // hkv).view(-1, 1)
-        logits = logits.masked_fill(torch.arange(m, device=k.device).view(1, -1) > rows, float("-inf"))
-    return softmax_lastdim(logits).sum(1)
 
 
 class H2O(KVPolicy):
@@ -69,6 +58,9 @@ class H2O(KVPolicy):
         self._qbuf: torch.Tensor | None = None
         self._starts: tuple | None = None
         self._evicted = False
+        self._S = self._A = self._P = None
+        self._P_valid = False
+        self._steady: SteadyUpdate | None = None
 
     def min_budget(self) -> int:
         return 2 if self._recent_cfg is None else self._recent_cfg + 1
@@ -91,8 +83,13 @@ class H2O(KVPolicy):
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)
         # every layer's scores and alive flags in one tensor each, `[n_layers, n_kv_heads, capacity]`, so a
-        # step updates all layers in a few operators; `_layers` holds the layers that have state
-        self._S = self._A = None
+        # step updates all layers in a few operators; `_layers` holds the layers that have state. The
+        # buffers are zeroed, not dropped: the steady update's graph was captured on their addresses.
+        if self._S is not None and self._A is not None:
+            with torch.inference_mode():  # made under inference mode (`after_commit`, `on_prefill`)
+                self._S.zero_()
+                self._A.zero_()
+        self._P_valid = False  # `_P` holds the alive positions (the steady update keeps them)
         self._layers: set[int] = set()
         self._q = {}
         self._qbuf: torch.Tensor | None = None  # `observe`'s stacked copies
@@ -140,6 +137,7 @@ class H2O(KVPolicy):
 
     @torch.inference_mode()
     def after_prefill(self, engine: Any) -> None:
+        self._P_valid = False
         for layer in sorted(self._layers):
             self._evict(layer, engine.length)
 
@@ -169,12 +167,16 @@ class H2O(KVPolicy):
         for layer in range(layers):
             self._state(layer, cache.n_kv_heads, length, cache.device)
             self._count[layer] = self._count.get(layer, 0) + n_new
+        qs = [self._q.pop(layer, None) for layer in range(layers)]
+        counts = {self._count[layer] for layer in range(layers)}
+        if self._steady_applies(qs, counts, n_new):
+            self._update_steady(length, n_new, layers)
+            return
+        self._P_valid = False
         S, A = self._S[:layers], self._A[:layers]  # type: ignore[index]
         A[:, :, length:] = False
         A[:, :, length - n_new : length] = True
         S[:, :, length - n_new : length] = 0.0
-        qs = [self._q.pop(layer, None) for layer in range(layers)]
-        counts = {self._count[layer] for layer in range(layers)}
         if self._batched(qs, counts):
             self._score_all(S, A, qs, length, counts.pop())
         else:
@@ -186,6 +188,37 @@ class H2O(KVPolicy):
         else:
             for layer in range(layers):
                 self._evict(layer, length)
+
+    def _steady_applies(self, qs: list, counts: set[int], n_new: int) -> bool:
+        """Whether the commit takes the fixed-shape update (`kv_policies.h2o_steady`): evicting at every
+        step already, every layer holding `budget` entries before it and observing the same rows, their
+        queries in `observe`'s buffer, in the plain layout."""
+        buf = self._qbuf
+        return (
+            self._evicted
+            and n_new >= 1
+            and counts == {self.budget + n_new}
+            and self._batched(qs, counts)
+            and self.in_order()
+            and buf is not None
+            and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
+        )
+
+    def _update_steady(self, length: int, n_new: int, layers: int) -> None:
+        cache = self.engine.cache
+        shape = (layers, cache.n_kv_heads, self.budget)
+        if self._P is None or tuple(self._P.shape) != shape:
+            self._P = torch.zeros(shape, dtype=torch.long, device=cache.device)
+            self._P_valid = False
+        if not self._P_valid:  # the alive positions, found once when the steady state begins
+            self._P.copy_(self._positions(self._A[:layers], length - n_new, self.budget))  # type: ignore[index]
+            self._P_valid = True
+        steady = self._steady
+        if steady is None or not steady.fits(n_new):
+            steady = self._steady = SteadyUpdate(self, max(padded_rows(n_new), steady.pad if steady else 1))
+        steady(length, n_new, self._qbuf[:layers])  # type: ignore[index]
+        for layer in range(layers):
+            self._count[layer] = self.budget
 
     def _batched(self, qs: list, counts: set[int]) -> bool:
         """Every layer observed the same rows and keeps as many entries, in the plain layout."""
@@ -279,7 +312,8 @@ class H2O(KVPolicy):
         if self._A is None or len(self._layers) < layers:
             return super().layer_selections(cache_len)
         sel = self._A[:layers, :, :cache_len].clone()
-        sel[: self.dense_layers] = True
+        if self.dense_layers:  # (an empty slice's write is a launch all the same)
+            sel[: self.dense_layers] = True
         if not self._evicted and cache_len <= self.budget:
             sel[:] = True
         return self.physical_stack(sel)
@@ -291,16 +325,3 @@ def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int
     keep = cand.topk(heavy, dim=-1).indices
     alive[..., :older] = False
     alive[..., :older].scatter_(-1, keep, True)
-
-
-def attention_mass_layers(
-    q: torch.Tensor, k: torch.Tensor, scale: float, visible: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`attention_mass` of every layer at once: q `[L, H, r, d]`, k `[L, n_kv_heads, m, d]` ->
-    `[L, n_kv_heads, m]`; `visible [L, n_kv_heads, m]` (None: every key) masks keys out of the softmax."""
-    n_layers, h, r, d = q.shape
-    hkv = k.shape[1]
-    logits = (q.float().reshape(n_layers, hkv, (h // hkv) * r, d) @ k.float().transpose(-1, -2)) * scale
-    if visible is not None:
-        logits.masked_fill_(~visible[:, :, None, :], float("-inf"))
-    return softmax_lastdim(logits).sum(2)

@@ -1,0 +1,92 @@
+"""H2O's fixed-shape update once it evicts at every step (`kv_policies/h2o_steady.py`): the same
+selections, scores and tokens as the plain update, one launch per step with graphs on, and buffers kept
+across generations so that a captured update is replayed, not captured again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.engine import Engine
+from core.types import Counts
+from decoders.fafo.decoder import FAFO
+from decoders.vanilla import Vanilla
+from kv_policies.h2o import H2O
+from runners.host_syncs import HostSyncs, graph_bodies_apart
+
+
+class PlainH2O(H2O):
+    """H2O with the steady update turned off: every commit takes the plain update."""
+
+    def _steady_applies(self, qs, counts, n_new):
+        return False
+
+
+class CountedH2O(H2O):
+    steady_calls = 0
+
+    def _update_steady(self, length, n_new, layers):
+        self.steady_calls += 1
+        super()._update_steady(length, n_new, layers)
+
+
+def _engine(tiny_lm, fixed_shape: bool) -> Engine:
+    eng = Engine(tiny_lm.model)
+    if fixed_shape:
+        eng.use_graphs(capture=False)  # the fixed-shape forwards, eager: the CPU twin of the graphs
+    return eng
+
+
+DECODERS = {
+    "vanilla": lambda eng, pol: Vanilla(eng, pol),
+    "fafo": lambda eng, pol: FAFO(eng, pol, k=2, n=4),  # multi-row restricted blocks, 1..3 commits a step
+}
+PROMPT = [5, 6, 7, 5, 6, 7, 5, 6] * 3 + list(range(20, 60))
+
+
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed-shape"])
+@pytest.mark.parametrize("decoder", sorted(DECODERS))
+def test_steady_update_equals_the_plain_one(tiny_lm, decoder, fixed_shape):
+    results = []
+    for cls in (CountedH2O, PlainH2O):
+        eng = _engine(tiny_lm, fixed_shape)
+        pol = cls(budget=16, recent=4)
+        counts = Counts()
+        out = DECODERS[decoder](eng, pol).generate(PROMPT, 40, set(), counts)
+        results.append((out, counts.forwards, pol._A[:, :, : eng.length].clone(), pol._S[:, :, : eng.length]))
+        if cls is CountedH2O:  # the steady state began and served most steps
+            assert pol.steady_calls >= counts.forwards // 2, (pol.steady_calls, counts.forwards)
+    (out, fwd, alive, score), (plain_out, plain_fwd, plain_alive, plain_score) = results
+    assert out == plain_out and fwd == plain_fwd
+    assert torch.equal(alive, plain_alive) and not alive.all()
+    assert (alive.sum(-1) == 16).all()  # every layer and KV head keeps its budget
+    torch.testing.assert_close(score, plain_score, atol=1e-5, rtol=1e-5)
+
+
+def _launches_per_step(eng: Engine, pol: H2O) -> float:
+    probe = HostSyncs(eng.device)
+    counts = Counts(on_prefill_done=probe.mark, keep_steps=False, on_decode_done=probe.stop)
+    with probe, graph_bodies_apart(probe):
+        FAFO(eng, pol, k=2, n=4).generate(PROMPT, 40, set(), counts)
+    return probe.launches_since_mark / counts.forwards
+
+
+def test_steady_update_is_one_launch_with_graphs_on(tiny_lm):
+    """What a FAFO+H2O step launches with graphs on (counted on the eager twin): the steady update is one
+    replay and two staged scalars where the plain update launches each of its operators."""
+    steady = _launches_per_step(_engine(tiny_lm, True), H2O(budget=16, recent=4))
+    plain = _launches_per_step(_engine(tiny_lm, True), PlainH2O(budget=16, recent=4))
+    assert steady <= plain - 10, (steady, plain)
+
+
+def test_buffers_and_update_are_kept_across_generations(tiny_lm):
+    """A second generation zeroes the scores and flags in place and reuses the update: a captured graph
+    would be replayed on the same addresses, not captured again inside a timed decode."""
+    eng = _engine(tiny_lm, True)
+    pol = H2O(budget=16, recent=4)
+    dec = FAFO(eng, pol, k=2, n=4)
+    first = dec.generate(PROMPT, 40, set(), Counts())
+    kept = (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._steady)
+    assert dec.generate(PROMPT, 40, set(), Counts()) == first
+    assert (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._steady) == kept
+    assert pol._steady.replay.captures == 0  # eager here: nothing was captured
