@@ -190,12 +190,14 @@ class H2O(KVPolicy):
                 self._evict(layer, length)
 
     def _steady_applies(self, qs: list, counts: set[int], n_new: int) -> bool:
-        """Whether the commit takes the fixed-shape update (`kv_policies.h2o_steady`): evicting at every
-        step already, every layer holding `budget` entries before it and observing the same rows, their
-        queries in `observe`'s buffer, in the plain layout."""
+        """Whether the commit takes the fixed-shape update (`kv_policies.h2o_steady`): on an engine with
+        fixed-shape forwards (where it replays as a graph; run eagerly it is more operators than the
+        plain update), evicting at every step already, every layer holding `budget` entries before it
+        and observing the same rows, their queries in `observe`'s buffer, in the plain layout."""
         buf = self._qbuf
         return (
-            self._evicted
+            getattr(self.engine, "graphs", None) is not None
+            and self._evicted
             and n_new >= 1
             and counts == {self.budget + n_new}
             and self._batched(qs, counts)

@@ -8,9 +8,10 @@ host launches one by one. Here the alive positions are kept, in increasing order
 `budget` per layer and KV head, the new entries are padded to a power of two `M` (pads masked out of
 the softmax, their mass exactly zero) and the top-k runs over those `budget + M` candidates; the cache
 length and the entry count reach it as device scalars. So the update has one shape per `M` and runs
-as one CUDA graph replay where the engine's forwards are captured (`core.decode_graph.Replay`), and as
-the same operators elsewhere. It chooses what the plain update chooses (the same candidates in the
-same order; the softmax rows only carry the masked pads).
+as one CUDA graph replay where the engine's forwards are captured (`core.decode_graph.Replay`). Run
+eagerly (a CPU, or graphs off) it is the same operators without the pads, whose columns would cost
+their arithmetic there. It chooses what the plain update chooses (the same candidates in the same
+order; the softmax rows only carry the masked pads).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class SteadyUpdate:
         self.recent_rows = torch.arange(policy.recent, device=dev)
         self.alive_cols = torch.ones(policy.budget, dtype=torch.bool, device=dev)
         self.queries: torch.Tensor | None = None
+        self.n_new = 0
         self.engine = engine
         self.capture = captures(engine)
         self.replay = Replay(self.run, self.capture, dev)
@@ -62,6 +64,7 @@ class SteadyUpdate:
         self.replay.state = (pol._S, pol._A, pol._P)
         self.meta[0].fill_(length - n_new)
         self.meta[1].fill_(n_new)
+        self.n_new = n_new
         key = (
             queries.data_ptr(),
             tuple(queries.shape),
@@ -80,8 +83,10 @@ class SteadyUpdate:
         n_layers, hkv, budget = P.shape
         S, A = pol._S[:n_layers], pol._A[:n_layers]
         start, n = self.meta[0], self.meta[1]
-        real = self.new_rows < n  # [pad]
-        new = (start + torch.where(real, self.new_rows, 0)).expand(n_layers, hkv, -1)  # pads: the first
+        # run eagerly the host knows the count: no pads, whose columns would cost their arithmetic there
+        rows = self.new_rows if self.capture else self.new_rows[: self.n_new]
+        real = rows < n  # [pad]
+        new = (start + torch.where(real, rows, 0)).expand(n_layers, hkv, -1)  # pads: the first new entry
         cand = torch.cat([P, new], dim=2)  # [layers, hkv, budget + pad], increasing over the real ones
         visible = torch.cat([self.alive_cols, real]).expand(n_layers, hkv, -1)
         S.scatter_(2, new, 0.0)

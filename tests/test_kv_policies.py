@@ -4,6 +4,7 @@ compressed-region swap layout, bad input, and every policy end to end with vanil
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -283,9 +284,14 @@ class BruteH2O:
                 self.alive[j] = set(heavy) | {t for t in self.alive[j] if t >= n - self.recent}
 
 
-def test_h2o_selection_equals_brute_force():
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["plain", "steady"])
+def test_h2o_selection_equals_brute_force(fixed_shape):
+    """`steady`: on an engine with fixed-shape forwards, whose eager twin runs H2O's fixed-shape update
+    once it evicts at every step (`kv_policies/h2o_steady.py`)."""
     torch.manual_seed(0)
     eng = FakeEngine(layers=1, hkv=2, d=8, capacity=128)
+    if fixed_shape:
+        eng.graphs = SimpleNamespace(capture=False)
     pol = H2O(budget=24, recent=8)
     pol.attach(eng)
     assert pol.on_prefill in pol.prefill_hooks()
@@ -312,6 +318,7 @@ def test_h2o_selection_equals_brute_force():
         ref.alive = [a | {n} for a in ref.alive]
         ref.add(q, k[0], None)
         ref.evict(n + 1)
+    assert (pol._steady is not None) == fixed_shape
 
 
 def test_h2o_mass_softmax_pads_short_rows_and_equals_the_plain_softmax():
