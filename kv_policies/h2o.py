@@ -252,11 +252,16 @@ class H2O(KVPolicy):
             return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
         slots = self.physical(0, pos, cache.n_kv_heads)  # in-order slots: the positions themselves
-        # whole key rows by one index_select over the flattened cache (a gather over an index expanded
-        # along head_dim addresses each element)
-        flat = (slots + self._row_starts(n_layers)).view(-1)
-        k = cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
-        S.scatter_add_(2, pos, attention_mass_layers(queries, k, self._scale(d)))
+        S.scatter_add_(2, pos, attention_mass_layers(queries, self._keys_at(slots), self._scale(d)))
+
+    def _keys_at(self, slots: torch.Tensor) -> torch.Tensor:
+        """The cached keys `[n_layers, n_kv_heads, m, head_dim]` at `slots` `[n_layers, n_kv_heads, m]`:
+        whole key rows by one index_select over the flattened cache (a gather over an index expanded
+        along head_dim addresses each element)."""
+        cache = self.engine.cache
+        d = cache.k.shape[-1]
+        flat = (slots + self._row_starts(slots.shape[0])).view(-1)
+        return cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
 
     def _row_starts(self, n_layers: int) -> torch.Tensor:
         """long `[n_layers, n_kv_heads, 1]`: where each layer's and KV head's slots start in the cache

@@ -8,10 +8,11 @@ host launches one by one. Here the alive positions are kept, in increasing order
 `budget` per layer and KV head, the new entries are padded to a power of two `M` (pads masked out of
 the softmax, their mass exactly zero) and the top-k runs over those `budget + M` candidates; the cache
 length and the entry count reach it as device scalars. So the update has one shape per `M` and runs
-as one CUDA graph replay where the engine's forwards are captured (`core.decode_graph.Replay`). Run
-eagerly (a CPU, or graphs off) it is the same operators without the pads, whose columns would cost
-their arithmetic there. It chooses what the plain update chooses (the same candidates in the same
-order; the softmax rows only carry the masked pads).
+as one CUDA graph replay where the engine's forwards are captured (`core.decode_graph.Replay`). The
+fixed-shape forwards' eager twin (`capture=False`, a CPU) runs the same operators without the pads,
+whose columns would cost their arithmetic there; eager forwards keep the plain update. It chooses
+what the plain update chooses (the same candidates in the same order; the softmax rows only carry the
+masked pads).
 """
 
 from __future__ import annotations
@@ -90,10 +91,8 @@ class SteadyUpdate:
         cand = torch.cat([P, new], dim=2)  # [layers, hkv, budget + pad], increasing over the real ones
         visible = torch.cat([self.alive_cols, real]).expand(n_layers, hkv, -1)
         S.scatter_(2, new, 0.0)
-        d = cache.k.shape[-1]
-        flat = (cand + pol._row_starts(n_layers)).view(-1)
-        k = cache.k.view(-1, d).index_select(0, flat).view(*cand.shape, d)
-        S.scatter_add_(2, cand, attention_mass_layers(queries, k, pol._scale(d), visible))
+        scale = pol._scale(cache.k.shape[-1])
+        S.scatter_add_(2, cand, attention_mass_layers(queries, pol._keys_at(cand), scale, visible))
         older = start + n - pol.recent  # the recent window starts here
         score = S.gather(2, cand).masked_fill(~(visible & (cand < older)), float("-inf"))
         heavy = cand.gather(2, score.topk(pol.heavy, dim=-1).indices).sort(dim=-1).values
