@@ -26,6 +26,8 @@ run record carries (`runners.records.host_counters`):
   a step's read of the device until the next forward; work queued between a forward and its read runs
   while a GPU computes. On a CPU both are serial, so host ms is their sum with the overlapped part;
   `x vanilla` again within each repeat.
+`--temperature T` (with `--top-p`): every method samples, each from its own seeded sampler (the
+sampling verifications' reads are counted; `exact` is then not asked).
 Timed like the runner (`runners.timing`): every method runs on every prompt in turn within a repeat (so
 background load hits all alike); the medians over repeats are printed. `exact` counts outputs identical
 to vanilla's (expected for lossless methods only). `sites` lists where the syncs come from.
@@ -117,9 +119,16 @@ class Method:
 
 
 def make_decoder(
-    decoder: str, kv: str, extra_overrides: tuple[str, ...], lm, eng: Engine, scale: str = "cpu"
+    decoder: str,
+    kv: str,
+    extra_overrides: tuple[str, ...],
+    lm,
+    eng: Engine,
+    scale: str = "cpu",
+    sampler: Sampler | None = None,
 ) -> BaseDecoder:
-    """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=<scale> <extra_overrides>`."""
+    """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=<scale> <extra_overrides>`
+    (greedy unless `sampler` samples)."""
     overrides = [f"decoder={decoder}", f"kv={kv}", f"scale={scale}", "model=smollm2-135m", *extra_overrides]
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
@@ -128,7 +137,7 @@ def make_decoder(
     extra: dict = {"tokenizer": lm.tokenizer} if "tokenizer" in needs else {}
     if "draft" in needs:
         extra["draft"] = build_draft(cfg.get("draft"), lm, eng)
-    return factory(engine=eng, kv=build(cfg.kv, "kv"), sampler=Sampler(), **extra)
+    return factory(engine=eng, kv=build(cfg.kv, "kv"), sampler=sampler or Sampler(), **extra)
 
 
 def pair_options(ap: argparse.ArgumentParser) -> None:
@@ -250,7 +259,7 @@ def time_repeat(methods: list[Method], prompts: list[list[int]], new: int, stop:
         m.forward_ms.append(1e3 * fwd_s[m.name] / n_fwd[m.name])
 
 
-def print_table(methods: list[Method], repeats: int) -> None:
+def print_table(methods: list[Method], repeats: int, sampled: bool = False) -> None:
     base = methods[0]
     graphs = base.dec.engine.graphs is not None
     print(
@@ -271,7 +280,7 @@ def print_table(methods: list[Method], repeats: int) -> None:
             + (f"{m.graph_launches:.1f} | " if graphs else "")
             + f"{statistics.median(m.host_ms):.2f} | "
             f"{ratio:.2f} | {statistics.median(m.critical_ms):.2f} | {crit:.2f} | "
-            f"{statistics.median(m.forward_ms):.1f} | {m.exact}/{len(m.outputs)} |"
+            f"{statistics.median(m.forward_ms):.1f} | {'-' if sampled else f'{m.exact}/{len(m.outputs)}'} |"
         )
     print(f"\nmedians over {repeats} repeats; x vanilla: median of the per-repeat ratios")
 
@@ -281,6 +290,11 @@ def print_sites(methods: list[Method], top: int) -> None:
     for m in methods:
         sites = "; ".join(f"{n:.2f} {site}" for site, n in m.sites[:top]) or "none"
         print(f"- {m.name}: {sites}")
+
+
+def sampler_of(args: argparse.Namespace) -> Sampler | None:
+    """`--temperature > 0`: a sampler of each method's own (seed 0); else greedy (None)."""
+    return Sampler(args.temperature, args.top_p) if args.temperature > 0 else None
 
 
 def main() -> None:
@@ -295,6 +309,8 @@ def main() -> None:
     ap.add_argument("--sites", type=int, default=3, help="sync sites listed per method (0: none)")
     ap.add_argument("--long", action="store_true", help="the long-context experiments (LONG_COMBOS)")
     ap.add_argument("--context", type=int, default=2048, help="--long: prompt tokens (PG-19 windows)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: every method samples (seed 0)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", "smollm2-135m", dtype=args.dtype, device=args.device)
@@ -309,8 +325,11 @@ def main() -> None:
     samples = task.load()
     prompts = [task.prompt_ids(s, 0, [], lm.tokenizer) for s in samples]
     combos = chosen_combos(LONG_COMBOS if args.long else COMBOS, args.only, args.scale)
+    sampled = args.temperature > 0
     methods = [
-        Method(d, k, make_decoder(d, k, extra, lm, eng, args.scale), backend=backend_of(extra))
+        Method(
+            d, k, make_decoder(d, k, extra, lm, eng, args.scale, sampler_of(args)), backend=backend_of(extra)
+        )
         for d, k, extra in combos
     ]
     source = samples[0].meta.get("source", "?") if samples else "?"
@@ -320,14 +339,16 @@ def main() -> None:
         f"({', '.join(filter(None, (eng.linear, forward_mode(args))))}), "
         f"scale={args.scale}, {prompt_set} "
         f"{len(prompts)} (lengths {[len(p) for p in prompts]}), {args.new} new tokens, "
-        f"threads={args.threads}, torch {torch.__version__}\n"
+        f"threads={args.threads}, torch {torch.__version__}"
+        + (f", sampling (temperature {args.temperature}, top-p {args.top_p})" if sampled else "")
+        + "\n"
     )
     warm_up([m.dec for m in methods], prompts, args.new, stop)
     for _ in range(args.repeats):
         time_repeat(methods, prompts, args.new, stop)
     for m in methods:
         count_syncs(m, prompts, min(args.count_new, args.new), stop)
-    print_table(methods, args.repeats)
+    print_table(methods, args.repeats, sampled)
     print("overrides: " + "; ".join(f"{d}+{k}: {' '.join(e)}" for d, k, e in combos if e))
     if args.sites:
         print_sites(methods, args.sites)

@@ -20,14 +20,19 @@ class Sampler:
             if not number or not ok(value):
                 raise HarnessError(f"sampling.{field} must be {allowed}, got {value!r}")
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.seed = int(seed)
         self.generator = torch.Generator().manual_seed(seed)
+        self._on_device: dict[torch.device, torch.Generator] = {}  # `device_draw`'s, off the CPU
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def reseed(self, seed: int) -> None:
+        self.seed = int(seed)
         self.generator.manual_seed(seed)
+        for gen in self._on_device.values():
+            gen.manual_seed(seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution actually sampled from (after temperature, top-k, top-p); rows are [.., vocab]."""
@@ -47,6 +52,20 @@ class Sampler:
 
     def sample_from(self, p: torch.Tensor) -> int:
         return int(torch.multinomial(p.cpu(), 1, generator=self.generator).item())
+
+    def device_draw(self, p: torch.Tensor) -> torch.Tensor:
+        """A token from each row of `p [.., vocab]`, left on p's device (no read: a drafter feeds it to
+        its next step): the exponential race, argmax_x p(x) / E_x with E_x ~ Exp(1) independent, which
+        picks x with probability p(x) (as `torch.multinomial` draws one sample). Off the CPU from a
+        generator of that device, seeded as the sampler."""
+        if p.device.type == "cpu":
+            gen = self.generator
+        else:
+            gen = self._on_device.get(p.device)
+            if gen is None:
+                gen = self._on_device[p.device] = torch.Generator(p.device).manual_seed(self.seed)
+        race = torch.empty_like(p, dtype=torch.float32).exponential_(generator=gen)
+        return (p.float() / race).argmax(-1)
 
     def pick(self, logits: torch.Tensor) -> int:
         if self.greedy:

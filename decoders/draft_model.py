@@ -6,7 +6,7 @@ StreamingLLM "pos shift" the TriForce repository uses for JackFram/llama-68m, wh
 runs over contexts far longer than its own window. Entries are evicted in batches: the cache grows
 from `budget` entries to `budget + room` and is then cut back to the sinks plus the most recent
 entries (keys re-rotated by `Engine.evict`), so a draft row sees between `budget` and `budget + room`
-entries. The draft holds speculative tokens too; `propose` first rolls back whatever the target did
+entries. The draft holds speculative tokens too; a proposal first rolls back whatever the target did
 not keep (a common-prefix check against the sequence it is given), so the caller never manages the
 draft's cache.
 
@@ -134,30 +134,6 @@ class DraftModel:
         return torch.cat([logits, pad])
 
     @torch.inference_mode()
-    def propose(
-        self, seq: Sequence[int], committed: int, n: int, sampler: Sampler, counts: Counts
-    ) -> tuple[list[int], list[torch.Tensor]]:
-        """Draft `n` tokens after `seq` (whose first `committed` tokens are final). Greedy: argmax;
-        sampling: drawn from the sampler's distribution, returned with it."""
-        if sampler.greedy:
-            tokens = self.propose_chain(seq, committed, n, counts).tolist()
-            self.drafted(tokens)
-            return tokens, []
-        pending = self._sync(seq, committed)
-        logits = self._feed(pending, counts)
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for i in range(n):
-            assert logits is not None
-            p = sampler.probs(self._fit(logits))
-            probs.append(p)
-            tok = sampler.sample_from(p)
-            tokens.append(tok)
-            if i + 1 < n:
-                logits = self._feed([tok], counts)
-        return tokens, probs
-
-    @torch.inference_mode()
     def propose_chain(
         self, seq: Sequence[int], committed: int, n: int, counts: Counts, lead: int | None = None
     ) -> torch.Tensor:
@@ -173,6 +149,25 @@ class DraftModel:
         for i in range(first + 1, first + n):
             self._feed_ids(chain[i - 1 : i], counts, pick_into=chain[i])
         return chain
+
+    @torch.inference_mode()
+    def propose_sampled(
+        self, seq: Sequence[int], committed: int, n: int, sampler: Sampler, counts: Counts, lead: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose_chain` with each token drawn from the sampler's distribution on the device
+        (`Sampler.device_draw`): `[lead, d1..dn]` and those distributions `[n, vocab]`, which the
+        verifier's speculative sampling compares with its own."""
+        chain = torch.empty(1 + n, dtype=torch.long, device=self.engine.device)
+        chain[0] = lead
+        logits = self._feed(self._sync(seq, committed), counts)
+        probs = []
+        for i in range(1, 1 + n):
+            assert logits is not None
+            probs.append(sampler.probs(self._fit(logits)))
+            chain[i] = sampler.device_draw(probs[-1])
+            if i < n:
+                logits = self._feed_ids(chain[i : i + 1], counts)
+        return chain, torch.stack(probs)
 
     def drafted(self, tokens: list[int]) -> None:
         """The host values of `propose_chain`'s tokens: all but the last were fed to the draft."""

@@ -18,7 +18,7 @@ Every decode step is ONE target forward (`engine.step`) over the block
 - **Verification branch** (Sec. 3.2): the up-to-G (N-1)-grams stored under the root, each causal
   within itself at positions p+1..p+N-1, seeing the cache and the root. Greedy: the longest
   matching candidate plus the bonus token (`decoders.verify.greedy_verify`). Sampling: the paper's
-  multi-candidate verification of one-hot drafts (`decoders.verify.sample_verify`), lossless in
+  multi-candidate verification of one-hot drafts (`decoders.sampled_verify.CandidateCheck`), lossless in
   distribution.
 - **Commit**: the KV of the root and of the accepted candidate tokens is kept through
   `engine.commit`; the bonus token is the next root, its KV is computed by the next forward. The
@@ -62,12 +62,12 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
+from decoders.sampled_verify import flat_check, read_with
 from decoders.verify import (
     candidate_slices,
     greedy_verify_flat,
     prefix_match,
     step_with_argmax,
-    verify_logits,
 )
 from kv_policies.full import FullKV
 
@@ -273,12 +273,14 @@ class Lookahead(BaseDecoder):
                 self.sampler, eng, tokens, RelativePositions(lay.offsets, p), view, lay.logits_rows
             )
             pool.flush()  # the last window's n-grams, while the device runs this forward
-            picked = preds.tolist()  # the step's one read: the next Jacobi window needs it, sampled or not
             at = lay.guess_sel
             if self.sampler.greedy:
+                picked = preds.tolist()  # the step's one read: the next Jacobi window needs it too
                 verdict = greedy_verify_flat(guesses, picked, at, k)
-            else:
-                verdict = verify_logits(self.sampler, logits, guesses, at)
+            else:  # the argmax and the probabilities the walk needs in one read, then the last token's row
+                check = flat_check(self.sampler, eng, logits, guesses, at)
+                picked, values = read_with(preds, check.values)
+                verdict = check.verdict(values)
             before = len(seq)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, lay.guess_row, k)[:n_new]  # root + accepted tokens kept in `out`

@@ -7,7 +7,7 @@ and proposes up to `num_tokens` tokens that followed it (cut before the first st
 remaining length budget). One target forward verifies the chain
 `[last token | draft]` (causal, positions p..p+k) through our own engine; greedy verification keeps
 the matching prefix plus the bonus token, sampling uses the one-hot-draft rule of
-`decoders.verify.sample_verify` (lossless in distribution). The root's and the accepted draft
+`decoders.sampled_verify.CandidateCheck` (lossless in distribution). The root's and the accepted draft
 tokens' KV is committed; the bonus token is fed next step. With no match the step is a vanilla step.
 
 `block=auto` (ours): the draft is cut to the length that maximises expected committed
@@ -26,7 +26,8 @@ from core.checks import integer
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
-from decoders.verify import step_for, verify_logits
+from decoders.sampled_verify import verify_flat
+from decoders.verify import step_for
 
 
 def find_candidate(seq: Sequence[int], max_ngram: int, num_tokens: int) -> list[int]:
@@ -131,7 +132,7 @@ class PromptLookup(BaseDecoder):
             tokens, positions = eng.chain([seq[-1], *draft], p)
             view = self.kv.decode_view(eng, k + 1)
             logits, preds = step_for(self.sampler, eng, tokens, positions, view)
-            verdict = verify_logits(self.sampler, logits, [draft] if k else [], 1, preds)
+            verdict = verify_flat(self.sampler, eng, logits, [draft] if k else [], 1, preds)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
             rows = verdict.flat_rows(0, 1, k)[:n_new]  # root + accepted tokens kept in `out`
             eng.commit(rows)

@@ -9,7 +9,7 @@ One step, with the committed prefix of length P in the cache and the root r = th
 2. Roll back: `engine.crop(P)` forgets every drafted entry (their KV came from a restricted forward).
 3. Verify: one forward of `[r, d1..dγ]` over the full cache; greedy: accept while each draft equals
    the target's argmax; sampling: speculative sampling with the draft's real distributions
-   (`decoders.verify.speculative_verify`). Commit the root and the accepted drafts, plus the bonus.
+   (`decoders.sampled_verify.ChainCheck`). Commit the root and the accepted drafts, plus the bonus.
 One KV cache throughout: no private copy. Counts: `forwards` are the verification forwards (tau =
 committed tokens per verification forward, as in the papers); the draft forwards are counted apart
 (`Counts.draft_step`, `draft_forwards`), with the cache entries they read.
@@ -23,7 +23,8 @@ from core.attention import CausalView
 from core.checks import integer, number
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
-from decoders.verify import greedy_chain, speculative_verify, step_for
+from decoders.sampled_verify import ChainCheck
+from decoders.verify import greedy_chain, step_for
 
 
 class SelfSpeculative(BaseDecoder):
@@ -87,31 +88,34 @@ class SelfSpeculative(BaseDecoder):
     def max_block(self) -> int:
         return self.gamma + 1
 
-    def _draft(self, root: int, length: int, n: int, stop_ids: set[int], counts: Counts):
-        """Up to `n` draft tokens (stopping after a stop token) and, when sampling, their distributions.
-        Greedy drafts stay on the device (`torch.Tensor [n]`, all `n` drafted: a stop token among them
-        is cut by the verification's output) and are read with the verification's predictions."""
-        eng, kv = self.engine, self.kv
+    def _draft(
+        self, root: int, length: int, n: int, counts: Counts
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`[root, n draft tokens]` on the device and, when sampling, the draft's distributions `[n, vocab]`
+        at them. Every one of the `n` is drafted (a stop token among them is cut by the verification's
+        output) and read with the verification's numbers."""
         if self.sampler.greedy:
-            return self._draft_greedy(root, length, n, counts), []
-        tok = torch.empty(1, dtype=torch.long, device=eng.device)
-        drafts: list[int] = []
-        probs: list[torch.Tensor] = []
-        prev = root
+            return self._draft_greedy(root, length, n, counts), None
+        return self._draft_sampled(root, length, n, counts)
+
+    def _draft_sampled(
+        self, root: int, length: int, n: int, counts: Counts
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_draft_greedy` with each token drawn on the device from the sampler's distribution
+        (`Sampler.device_draw`), which the verification's speculative sampling needs beside it."""
+        eng, kv, sampler = self.engine, self.kv, self.sampler
+        chain = [eng.stage([root])]
+        positions = eng.positions(length, n)
+        probs = []
         for i in range(n):
-            tok[0] = prev
             view = kv.draft_view(eng, length)
-            logits = eng.step(tok, eng.positions(length + i, 1), view)
+            logits = eng.step(chain[-1], positions[i : i + 1], view)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
-            p = self.sampler.probs(logits[0])
-            probs.append(p)
-            prev = self.sampler.sample_from(p)
-            drafts.append(prev)
-            if prev in stop_ids:
-                break
+            probs.append(sampler.probs(logits[0]))
+            chain.append(sampler.device_draw(probs[-1]).view(1))
         eng.crop(length)
-        return drafts, probs
+        return torch.cat(chain), torch.stack(probs)
 
     def _draft_greedy(self, root: int, length: int, n: int, counts: Counts) -> torch.Tensor:
         """`[root, n greedy draft tokens]` on the device; each draft step feeds the last one's argmax
@@ -137,7 +141,7 @@ class SelfSpeculative(BaseDecoder):
         while not done:
             length = eng.length
             n = min(self.gamma, max_new_tokens - len(out) - 1)  # the bonus token comes on top
-            drafts, probs = self._draft(out[-1], length, n, stop_ids, counts) if n > 0 else ([], [])
+            drafts, probs = self._draft(out[-1], length, n, counts) if n > 0 else ([], None)
             done, accepted = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
             steps += 1
             drafted = drafts.numel() - 1 if isinstance(drafts, torch.Tensor) else len(drafts)
@@ -147,7 +151,7 @@ class SelfSpeculative(BaseDecoder):
         self,
         out: list[int],
         drafts: list[int] | torch.Tensor,
-        probs: list[torch.Tensor],
+        probs: list[torch.Tensor] | torch.Tensor | None,
         length: int,
         max_new_tokens: int,
         stop_ids: set[int],
@@ -155,8 +159,9 @@ class SelfSpeculative(BaseDecoder):
     ) -> tuple[bool, int]:
         """The final level: `[out[-1], *drafts]` in one forward over the full cache from cache length
         `length` (what the drafts wrote beyond it is overwritten), greedy or Leviathan acceptance against
-        the drafts' distributions `probs`, the accepted tokens and the bonus committed and appended to
-        `out`. Returns (generation done, drafts accepted)."""
+        the drafts' distributions `probs` (a list of rows or `[k, vocab]`), the accepted tokens and the
+        bonus committed and appended to `out`. Returns (generation done, drafts accepted). One read
+        (greedy: drafts and argmax; sampling: drafts and their probabilities, then the drawn token's row)."""
         eng = self.engine
         if isinstance(drafts, torch.Tensor):  # greedy: the chain [root, drafts] is on the device
             tokens, k = drafts, drafts.numel() - 1
@@ -168,8 +173,8 @@ class SelfSpeculative(BaseDecoder):
         if preds is not None:  # greedy: one read for the drafts and the predictions
             verdict = greedy_chain(tokens, preds)[1]
         else:
-            target = [self.sampler.probs(row) for row in logits]
-            verdict = speculative_verify(drafts, probs, target.__getitem__, self.sampler)
+            q = probs if isinstance(probs, torch.Tensor) or not probs else torch.stack(probs)
+            verdict = ChainCheck(tokens[1:], q, self.sampler.probs(logits), self.sampler).run()
         n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
         rows = verdict.flat_rows(0, 1, k)[:n_new]
         eng.commit(rows)

@@ -32,8 +32,9 @@ import torch
 from core.checks import integer
 from core.types import Counts
 from decoders.draft_model import DraftModel
+from decoders.sampled_verify import ChainCheck
 from decoders.selfspec import SelfSpeculative
-from decoders.verify import greedy_chain, speculative_verify, step_for
+from decoders.verify import greedy_chain, step_for
 
 
 class TriForce(SelfSpeculative):
@@ -89,28 +90,29 @@ class TriForce(SelfSpeculative):
         eng, kv, draft = self.engine, self.kv, self.draft
         assert draft is not None
         n1 = min(self.gamma1, room - 1)  # the middle's own correction/bonus token comes on top
-        if self.sampler.greedy:  # the drafts stay on the device until read with this level's predictions
-            k, q = max(n1, 0), []
-            # [root, drafts]: the root written in front of the draft's chain
-            lead = seq[-1]
-            tokens = draft.propose_chain(seq, committed, k, counts, lead=lead) if k else eng.stage([lead])
+        # [root, drafts] on the device (the root written in front of the draft's chain), read with this
+        # level's numbers: greedy, its argmax; sampling, the probabilities speculative sampling compares
+        k, lead, q = max(n1, 0), seq[-1], None
+        if not k:
+            tokens = eng.stage([lead])
+        elif self.sampler.greedy:
+            tokens = draft.propose_chain(seq, committed, k, counts, lead=lead)
         else:
-            xt, q = draft.propose(seq, committed, n1, self.sampler, counts) if n1 > 0 else ([], [])
-            k = len(xt)
-            tokens = eng.stage([seq[-1], *xt])
+            tokens, q = draft.propose_sampled(seq, committed, k, self.sampler, counts, lead=lead)
         cache_len = eng.length
         view = kv.draft_view(eng, length, k + 1)
         positions = eng.positions(cache_len, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, view)
+        probs: list[torch.Tensor] = []
         if preds is not None:  # greedy
             xt, verdict = greedy_chain(tokens, preds)  # one read: drafts and predictions
-            if k:
-                draft.drafted(xt)
-            probs: list[torch.Tensor] = []
         else:
-            phat = [self.sampler.probs(row) for row in logits]
-            verdict = speculative_verify(xt, q, phat.__getitem__, self.sampler)
-            probs = phat[: verdict.accepted + 1]
+            phat = self.sampler.probs(logits)
+            check = ChainCheck(tokens[1:], q, phat, self.sampler)
+            verdict, xt = check.run(), check.drafts
+            probs = list(phat[: verdict.accepted + 1])
+        if k:
+            draft.drafted(xt)
         eng.commit(verdict.flat_rows(0, 1, k))
         counts.draft_step(view.kv_read(cache_len), k + 1, k, verdict.accepted)
         return verdict.tokens, probs

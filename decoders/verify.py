@@ -9,15 +9,14 @@ target distribution after the prefix + a_j1..a_jt.
   keep the longest accepted prefix over all candidates (the first one on ties), then append the
   bonus token (argmax after the last accepted token). This is the usual greedy verification
   applied to every candidate; the output equals vanilla greedy token for token.
-- `sample_verify`: Lookahead's multi-candidate sampling verification (Fu et al. 2024, Sec. 3.3,
-  after SpecInfer): the candidates are one-hot drafts, so a token x is accepted with probability
-  p(x); on rejection p(x) is set to 0 and p renormalised, and the next candidate that shares the
-  accepted prefix (and proposes a different token) is tried. When no candidate survives, the bonus
-  token is sampled from the residual p. Lossless in distribution: with one-hot drafts, "accept x
-  w.p. p(x), else sample from p with x removed" draws exactly from p, at every depth.
-
-- `speculative_verify`: one drafted chain with the drafter's real distributions (self-speculative
-  decoding, TriForce): standard speculative sampling, exact in distribution.
+- Sampling (`decoders.sampled_verify`): Lookahead's multi-candidate verification of one-hot drafts
+  (Fu et al. 2024, Sec. 3.3, after SpecInfer): a token x is accepted with probability p(x); on
+  rejection p(x) is set to 0 and p renormalised, and the next candidate that shares the accepted
+  prefix (and proposes a different token) is tried. When no candidate survives, the bonus token is
+  sampled from the residual p. Lossless in distribution: with one-hot drafts, "accept x w.p. p(x),
+  else sample from p with x removed" draws exactly from p, at every depth. One drafted chain with the
+  drafter's real distributions (self-speculative decoding, TriForce): standard speculative sampling,
+  exact in distribution.
 
 All return a `Verdict`: the committed tokens (accepted + bonus), the winning candidate and how
 many of its tokens were accepted, from which `commit_rows` gives the block rows whose KV to keep
@@ -117,53 +116,6 @@ def _longest_accepted(
     return Verdict(best, n, [*cands[best][:n], best_preds[n - 1]])
 
 
-def sample_verify(
-    cands: torch.Tensor,
-    root_probs: torch.Tensor,
-    cand_probs: Callable[[int, int], torch.Tensor],
-    sampler: Sampler,
-) -> Verdict:
-    """Multi-candidate verification of one-hot drafts under sampling (lossless in distribution).
-
-    cands: long [g, k]; root_probs: the sampler's distribution at the root row ([vocab], after
-    temperature / top-k / top-p); `cand_probs(j, t)` gives that distribution at the row of
-    candidate j's token t (called lazily, only for the rows the walk reaches). Uniforms and the
-    bonus draw come from `sampler.generator`.
-    """
-    table = cands.tolist()
-    k = cands.shape[1] if cands.dim() == 2 else 0
-    alive = list(range(len(table)))
-    p = root_probs.float().clone()
-    accepted: list[int] = []
-    depth = 0
-    while alive and depth < k:
-        token = None
-        tried: set[int] = set()
-        for j in alive:
-            x = table[j][depth]
-            if x in tried:  # already rejected at this depth: p(x) is now 0
-                continue
-            tried.add(x)
-            px = float(p[x])
-            rest = float(p.sum()) - px
-            u = float(torch.rand((), generator=sampler.generator))
-            if u < px or rest <= 0.0:
-                token = x
-                break
-            p[x] = 0.0
-            p = p / p.sum()
-        if token is None:
-            break
-        accepted.append(token)
-        alive = [j for j in alive if table[j][depth] == token]
-        p = cand_probs(alive[0], depth).float().clone()  # never modify the caller's tensor
-        depth += 1
-    bonus = sampler.sample_from(p)
-    if not accepted:
-        return Verdict(-1, 0, [bonus])
-    return Verdict(alive[0], len(accepted), [*accepted, bonus])
-
-
 def greedy_chain(chain: torch.Tensor, preds: torch.Tensor) -> tuple[list[int], Verdict]:
     """Greedy verification of one drafted chain still on the device: `chain` `[root, d1..dk]` as the step
     took it, `preds` the step's argmax per row. One read for both; the walk runs on Python ints.
@@ -196,50 +148,16 @@ def step_with_argmax(
 
 
 def verify_logits(
-    sampler: Sampler, logits: torch.Tensor | None, cands: Table, first: int, preds: torch.Tensor | None = None
+    logits: torch.Tensor | None, cands: Table, first: int, preds: torch.Tensor | None = None
 ) -> Verdict:
-    """Verify `cands` [g, k] (a host tensor or nested lists) from one forward's logits rows: the root's at
-    row 0, candidate j token t's at row `first + j*k + t`. Greedy (argmax; `preds` = the argmax of every
-    row, as the step returns it, read here in one transfer; `logits` may then be None) or sampling
-    verification, following the sampler."""
+    """Greedy verification of `cands` [g, k] (a host tensor or nested lists) from one forward: the root's
+    row 0, candidate j token t's row `first + j*k + t`; `preds` is the argmax of every row as the step
+    returns it (else taken from `logits`), read here in one transfer. Sampling: `decoders.sampled_verify`."""
     if isinstance(cands, torch.Tensor):
-        g, k = cands.shape
+        k = cands.shape[1]
     else:
-        g, k = len(cands), len(cands[0]) if cands else 0
-    if sampler.greedy:
-        picked = (logits.argmax(dim=-1) if preds is None else preds).tolist()
-        table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
-        return greedy_verify_flat(table, picked, first, k)
-    table = cands if isinstance(cands, torch.Tensor) else torch.tensor(cands, dtype=torch.long).reshape(g, k)
-    return sample_verify(
-        table, sampler.probs(logits[0]), lambda j, t: sampler.probs(logits[first + j * k + t]), sampler
-    )
-
-
-def speculative_verify(
-    drafts: Sequence[int],
-    draft_probs: Sequence[torch.Tensor],
-    target_probs: Callable[[int], torch.Tensor],
-    sampler: Sampler,
-) -> Verdict:
-    """Speculative sampling of one drafted chain with real draft distributions (Leviathan et al. 2023,
-    Chen et al. 2023): draft token i, drawn from `draft_probs[i]`, is accepted with probability
-    min(1, p_i(x) / q_i(x)) where `target_probs(i)` is the target's distribution at its row; on the
-    first rejection the replacement is drawn from norm(max(0, p_i - q_i)), and when every draft is
-    accepted a bonus is drawn from `target_probs(len(drafts))`. The committed tokens are distributed
-    exactly as sampling from the target. Greedy drafts (one-hot q) reduce to accept-while-argmax."""
-    accepted: list[int] = []
-    for i, x in enumerate(drafts):
-        p = target_probs(i).float()
-        q = draft_probs[i].float().to(p.device)
-        px, qx = float(p[x]), float(q[x])
-        u = float(torch.rand((), generator=sampler.generator))
-        if qx > 0 and u < min(1.0, px / qx):
-            accepted.append(int(x))
-            continue
-        residual = (p - q).clamp(min=0)
-        total = float(residual.sum())
-        fix = sampler.sample_from(residual / total if total > 0 else p)
-        return Verdict(0 if accepted else -1, len(accepted), [*accepted, fix])
-    bonus = sampler.sample_from(target_probs(len(drafts)).float())
-    return Verdict(0 if accepted else -1, len(accepted), [*accepted, bonus])
+        k = len(cands[0]) if cands else 0
+    assert preds is not None or logits is not None
+    picked = (logits.argmax(dim=-1) if preds is None else preds).tolist()
+    table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+    return greedy_verify_flat(table, picked, first, k)

@@ -161,12 +161,16 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
     assert syncs_per_step(dec, list(range(3, 20)), 12, set()) == 1.0
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed-shape"])
 @pytest.mark.parametrize("name", ["pld", "lookahead", "fafo", "selfspec", "longspec", "sfi"])
-def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, name, fixed_shape):
+def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, name, fixed_shape, sampled):
     """One sync per step: the step's read. A block's ids (and a tree's mask built on the host) reach the
     device through `Engine.stage`; a plain copy of host data to the device (a stream synchronisation on
-    CUDA) would count here, also where a fixed-shape forward copies it into its buffers."""
+    CUDA) would count here, also where a fixed-shape forward copies it into its buffers. Sampling reads
+    the same once (`decoders.sampled_verify`: the walk's probabilities and its last token drawn in
+    advance, a self-draft's tokens drawn on the device), but for LongSpec's tree drafted on the device,
+    read before the verification's numbers: at most twice."""
     from decoders.fafo.decoder import FAFO
     from decoders.longspec.decoder import LongSpec
     from decoders.lookahead import Lookahead
@@ -178,18 +182,52 @@ def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(tiny_lm, n
     eng = Engine(tiny_lm.model)
     if fixed_shape:
         eng.use_graphs(capture=False)
+    sampler = Sampler(temperature=1.0, top_p=0.9, seed=0) if sampled else Sampler()
     make = {
-        "pld": lambda: PromptLookup(eng, max_matching_ngram_size=2, num_tokens=4),
-        "lookahead": lambda: Lookahead(eng, N=3, W=3, G=3),
-        "fafo": lambda: FAFO(eng, kv=StreamingLLM(budget=8, sinks=2), k=3, n=4),
-        "selfspec": lambda: SelfSpeculative(eng, kv=StreamingLLM(budget=8, sinks=2), gamma=3),
-        "longspec": lambda: LongSpec(eng, depth=2, widths=[1, 1], checkpoint="random", window=8),
+        "pld": lambda: PromptLookup(eng, max_matching_ngram_size=2, num_tokens=4, sampler=sampler),
+        "lookahead": lambda: Lookahead(eng, N=3, W=3, G=3, sampler=sampler),
+        "fafo": lambda: FAFO(eng, kv=StreamingLLM(budget=8, sinks=2), k=3, n=4, sampler=sampler),
+        "selfspec": lambda: SelfSpeculative(
+            eng, kv=StreamingLLM(budget=8, sinks=2), gamma=3, sampler=sampler
+        ),
+        "longspec": lambda: LongSpec(
+            eng, depth=2, widths=[1, 1], checkpoint="random", window=8, sampler=sampler
+        ),
         "sfi": lambda: SlowFast(
-            eng, kv=build_policy("sfi", k=6, sinks=2, recent=4, window=2), t_max=4, trigger_token_ids={7}
+            eng,
+            kv=build_policy("sfi", k=6, sinks=2, recent=4, window=2),
+            t_max=4,
+            trigger_token_ids={7},
+            sampler=sampler,
         ),
     }
     prompt = [5, 6, 7, 8] * 5
-    assert syncs_per_step(make[name](), prompt, 12, set()) == 1.0
+    got = syncs_per_step(make[name](), prompt, 12, set())
+    if sampled and name == "longspec":  # (a last step without a tree reads once)
+        assert 1.0 < got <= 2.0
+    else:
+        assert got == 1.0
+
+
+def test_sampled_checks_read_the_device_once():
+    """The sampling verifications gather before they walk: one read for a check (none after it)."""
+    from decoders.sampled_verify import CandidateCheck, ChainCheck
+
+    dev = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(9, 12, generator=g), -1)
+    sampler = Sampler(temperature=1.0, seed=2)
+    cands = [[1, 2], [1, 3], [4, 5], [1, 2]]
+    for _ in range(20):
+        with HostSyncs(dev) as syncs:
+            CandidateCheck(
+                cands, lambda j, t: 1 + 2 * j + t, lambda r: probs[r], sampler, lambda v: torch.tensor(v)
+            ).run()
+        assert syncs.count == 1
+        with HostSyncs(dev) as syncs:
+            drafts = sampler.device_draw(probs[1:4])
+            ChainCheck(drafts, probs[1:4], probs[4:8], sampler).run()
+        assert syncs.count == 1
 
 
 def test_reads_once_per_generation_after_the_decode_loop_are_not_per_step(tiny_lm):

@@ -6,6 +6,8 @@ checkpoints round-trip; bad input is one clear error."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -381,6 +383,7 @@ def test_tree_sampling_rule_draws_from_the_target():
         tree.add(tok, 0, 0.0)
     dec = object.__new__(LongSpec)
     dec.sampler = Sampler(temperature=1.0, seed=11)
+    dec.engine = SimpleNamespace(stage=lambda values: torch.tensor(list(values), dtype=torch.long))
     firsts = []
     for _ in range(6000):
         _, tokens = dec._accept(tree, logits)

@@ -11,9 +11,9 @@ import torch
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
+from decoders.sampled_verify import ChainCheck
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
-from decoders.verify import speculative_verify
 from kv_policies.base import KVPolicy, build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
 from tests.conftest import needs_smollm, prefill_under
@@ -173,7 +173,7 @@ def test_topk_keeps_the_most_attended_entries(refs):
 
 
 # --- sampling --------------------------------------------------------------------------------------
-def test_speculative_verify_is_exact_in_distribution():
+def test_chain_check_is_exact_in_distribution():
     """One draft token from q, verified against p: the committed first token is distributed as p."""
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(6, generator=g), 0)
@@ -181,8 +181,8 @@ def test_speculative_verify_is_exact_in_distribution():
     sampler = Sampler(temperature=1.0, seed=3)
     firsts = []
     for _ in range(6000):
-        x = sampler.sample_from(q)
-        verdict = speculative_verify([x], [q], lambda i: p, sampler)
+        x = sampler.device_draw(q).view(1)
+        verdict = ChainCheck(x, q[None], torch.stack([p, p]), sampler).run()
         firsts.append((verdict.tokens[0],))
     assert chi_square_pvalue(firsts, {(i,): float(p[i]) for i in range(6)}) > 1e-3
 

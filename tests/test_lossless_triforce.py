@@ -151,7 +151,7 @@ def test_self_draft_without_eviction_is_the_truncated_target(tiny_lm):
     want = Vanilla(one).generate(prompt, 6, set(), Counts())
     draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=200, sinks=4, room=8)
     draft.start(prompt, Counts())
-    got, _ = draft.propose(prompt + want[:1], len(prompt) + 1, 5, Sampler(), Counts())
+    got = draft.propose_chain(prompt + want[:1], len(prompt) + 1, 5, Counts()).tolist()
     assert got == want[1:]
 
 

@@ -9,13 +9,13 @@ import torch
 from lossless_check import chi_square_pvalue
 
 from core.sampling import Sampler
+from decoders.sampled_verify import CandidateCheck
 from decoders.verify import (
     Verdict,
     candidate_slices,
     greedy_chain,
     greedy_verify,
     greedy_verify_flat,
-    sample_verify,
     verify_logits,
 )
 
@@ -97,11 +97,21 @@ def test_verify_logits_uses_argmax_rows() -> None:
     logits = torch.full((5, 6), -1.0)
     for row, tok in enumerate([2, 3, 5, 1, 1]):  # root -> 2, after 2 -> 3, after 3 -> 5; candidate 1 -> 1, 1
         logits[row, tok] = 1.0
-    v = verify_logits(Sampler(), logits, _t([[2, 3], [4, 4]]), first=1)
+    v = verify_logits(logits, _t([[2, 3], [4, 4]]), first=1)
     assert v.tokens == [2, 3, 5] and v.flat_rows(0, 1, 2) == [0, 1, 2]
 
 
 # --- sampling: the output distribution is exactly the autoregressive one --------------------------
+def sample_verify(cands, root: torch.Tensor, cand_probs, sampler: Sampler) -> Verdict:
+    """`CandidateCheck` over explicit distributions: row 0 the root's, row 1 + j*k + t that of
+    candidate j's token t."""
+    table = cands.tolist() if isinstance(cands, torch.Tensor) else cands
+    k = len(table[0]) if table else 0
+    rows = torch.stack([root] + [cand_probs(j, t) for j in range(len(table)) for t in range(k)])
+    stage = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
+    return CandidateCheck(table, lambda j, t: 1 + j * k + t, lambda r: rows[r], sampler, stage).run()
+
+
 VOCAB, K = 5, 2
 CANDS = [[0, 1], [0, 2], [3, 3], [0, 1], [1, 4]]  # shared prefixes and a duplicate
 

@@ -58,12 +58,12 @@ from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.streams import FumbleStreams
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import Gram, NGramPool
+from decoders.sampled_verify import CandidateCheck, read_with
 from decoders.verify import (
     Verdict,
     greedy_verify,
     greedy_verify_flat,
     prefix_match,
-    sample_verify,
     step_with_argmax,
 )
 
@@ -185,24 +185,29 @@ class FAFO(BaseDecoder):
         pos[lay.stream_row :] += base - p  # the stream rows (`is_stream`) count from `base`
         return tokens, pos
 
-    def _verify(
-        self, lay: FafoLayout, logits: torch.Tensor, picked: list[int] | None, cands: list[Gram]
-    ) -> Verdict:
-        """Greedy (`picked`: every returned row's argmax, read back) or sampling verification of the real
-        candidates (padding rows are never read); logits row == block row over the verification part."""
+    def _read_and_verify(
+        self, lay: FafoLayout, logits: torch.Tensor | None, preds: torch.Tensor, cands: list[Gram]
+    ) -> tuple[list[int], Verdict]:
+        """The step's one read (every returned row's argmax: the streams' next tokens and, greedy, the
+        verification), then the verification of the real candidates (padding rows are never read);
+        logits row == block row over the verification part. Sampling reads the probabilities its walk
+        needs with the argmax, and its last token's row after (`decoders.sampled_verify`)."""
         g = len(cands)
-        if self.sampler.greedy:
-            assert picked is not None
-            first = lay.flat_first(g)
-            if first is not None:  # the rows of candidates rejected at their first token are never sliced
-                return greedy_verify_flat(cands, picked, first, self.k)
-            return greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
-        rows = lay.cand_rows[:g]
-        probs = self.sampler.probs
-        table = torch.tensor(cands, dtype=torch.long).reshape(g, self.k)
-        return sample_verify(
-            table, probs(logits[0]), lambda j, t: probs(logits[int(rows[j, t])]), self.sampler
-        )
+        if not self.sampler.greedy:
+            assert logits is not None
+            rows = lay.cand_row_ids
+            assert rows is not None
+            probs = self.sampler.probs
+            check = CandidateCheck(
+                cands, lambda j, t: rows[j][t], lambda r: probs(logits[r]), self.sampler, self.engine.stage
+            )
+            picked, values = read_with(preds, check.values)
+            return picked, check.verdict(values)
+        picked = preds.tolist()
+        first = lay.flat_first(g)
+        if first is not None:  # the rows of candidates rejected at their first token are never sliced
+            return picked, greedy_verify_flat(cands, picked, first, self.k)
+        return picked, greedy_verify(cands, picked[0], lay.candidate_rows(picked, g))
 
     def _finish_step(
         self,
@@ -261,8 +266,7 @@ class FAFO(BaseDecoder):
             view = self.views.fused(lay, cache_len)
             logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view, lay.logits_rows)
             pool.flush()  # the last step's stream k-grams, while the device runs this forward
-            picked = preds.tolist()  # the step's one read: verification and the streams' next tokens
-            verdict = self._verify(lay, logits, picked, cands)
+            picked, verdict = self._read_and_verify(lay, logits, preds, cands)
             n_new, done = self._finish_step(lay, verdict, seq, out, pool, max_new_tokens, stop_ids)
             # x_last and the candidates read the whole cache: the union read is the full cache
             counts.step(lay.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)
@@ -349,7 +353,7 @@ class FAFO2Forward(FAFO):
             view_b = self.views.fused(lay_b, cache_len)
             logits, preds = step_with_argmax(self.sampler, eng, tokens, pos, view_b, lay_b.logits_rows)
             pool.flush()  # forward A's stream k-grams, while the device runs forward B
-            verdict = self._verify(lay_b, logits, preds.tolist() if self.sampler.greedy else None, cands)
+            verdict = self._read_and_verify(lay_b, logits, preds, cands)[1]
             n_new, done = self._finish_step(lay_b, verdict, seq, out, pool, max_new_tokens, stop_ids)
             counts.step(lay_b.size, len(cands) * self.k, verdict.accepted, n_new, cache_len)
             base = self._next_base(base, len(seq) - 1)

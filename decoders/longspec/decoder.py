@@ -14,12 +14,11 @@ cached yet, as in `decoders.selfspec`):
    ancestor mask over the block and the whole cache visible (`HybridTreeView`).
 3. Accept: greedy = the longest root path whose every token is the target's argmax at its parent, plus
    the bonus argmax after it. Sampling = at each node along the path, its children x1..xm (one-hot,
-   deterministic top-k drafts) are tried in order with Lookahead's/SpecInfer's rule (`decoders.verify.
-   sample_verify`): accept x_i with probability p_i(x_i), p_1 = the target's distribution at the node,
-   p_{i+1} = p_i with x_i removed and renormalised; when none is accepted the next token is drawn from
-   p_{m+1} and the step ends. Exact in distribution. (The rule is `sample_verify`'s; that function
-   walks equal-length candidate rows, while a beam tree's root paths end at different depths, so the
-   walk over the tree is written out in `_accept`.)
+   deterministic top-k drafts) are tried in order with Lookahead's/SpecInfer's rule
+   (`decoders.sampled_verify.TreeCheck`): accept x_i with probability p_i(x_i), p_1 = the target's
+   distribution at the node, p_{i+1} = p_i with x_i removed and renormalised; when none is accepted
+   the next token is drawn from p_{m+1} and the step ends. Exact in distribution; the probabilities
+   and one token drawn in advance per node are read in one transfer.
 4. Commit the root and the accepted path's rows (`engine.commit`: their KV compacted in the one cache),
    then the same tokens enter the draft's window.
 A chain (gamma drafts) is the case widths = [1] * gamma.
@@ -67,6 +66,7 @@ from decoders.longspec.draft import DEFAULT_WINDOW, LongSpecDraft, check_window,
 from decoders.longspec.sail import is_sail, load_sail
 from decoders.longspec.tree import DraftedTree, Tree
 from decoders.pld import NGramIndex
+from decoders.sampled_verify import TreeCheck
 from decoders.verify import step_for
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
@@ -345,23 +345,17 @@ class LongSpec(BaseDecoder):
                     return rows, [tree.tokens[r] for r in rows] + [preds[node]]
                 rows.append(nxt)
                 node = nxt
-        gen = self.sampler.generator
-        while True:
-            p = self.sampler.probs(logits[node]).float().cpu().clone()
-            nxt = None
-            for child in tree.children[node]:
-                x = tree.tokens[child]
-                px = float(p[x])
-                u = float(torch.rand((), generator=gen))
-                if u < px or float(p.sum()) - px <= 0.0:
-                    nxt = child
-                    break
-                p[x] = 0.0
-                p = p / p.sum()
-            if nxt is None:
-                return rows, [tree.tokens[r] for r in rows] + [self.sampler.sample_from(p)]
-            rows.append(nxt)
-            node = nxt
+        tree_tokens = tree.tokens
+        check = TreeCheck(
+            range(len(tree_tokens)),
+            [[tree_tokens[c] for c in kids] for kids in tree.children],
+            tree.children,
+            lambda r: self.sampler.probs(logits[r]),
+            self.sampler,
+            self.engine.stage,
+        )
+        path, last = check.walk(check.values.tolist())  # the step's one read of the verification
+        return path, [tree_tokens[r] for r in path] + [last]
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
