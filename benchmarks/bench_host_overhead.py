@@ -26,8 +26,9 @@ run record carries (`runners.records.host_counters`):
   a step's read of the device until the next forward; work queued between a forward and its read runs
   while a GPU computes. On a CPU both are serial, so host ms is their sum with the overlapped part;
   `x vanilla` again within each repeat.
-`--temperature T` (with `--top-p`): every method samples, each from its own seeded sampler (the
-sampling verifications' reads are counted; `exact` is then not asked).
+`--temperature T` (with `--top-p`): every method samples, each from its own seeded sampler; `exact`
+is then not asked. Its syncs are counted with the sampled checks gathering as a GPU's do, its host ms
+timed as a CPU runs them (`decoders.sampled_verify.gathers`).
 Timed like the runner (`runners.timing`): every method runs on every prompt in turn within a repeat (so
 background load hits all alike); the medians over repeats are printed. `exact` counts outputs identical
 to vanilla's (expected for lossless methods only). `sites` lists where the syncs come from.
@@ -48,6 +49,7 @@ from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts
+from decoders import sampled_verify
 from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
@@ -199,7 +201,15 @@ def backend_of(overrides: tuple[str, ...]) -> str:
 
 def count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -> None:
     """Syncs per decode step over every prompt and where they come from, in untimed generations (the
-    counter slows every operator)."""
+    counter slows every operator); sampled checks gather as on a GPU (`sampled_verify.gathers`)."""
+    gather, sampled_verify.GATHER_ON_CPU = sampled_verify.GATHER_ON_CPU, True
+    try:
+        _count_syncs(m, prompts, new, stop)
+    finally:
+        sampled_verify.GATHER_ON_CPU = gather
+
+
+def _count_syncs(m: Method, prompts: list[list[int]], new: int, stop: set[int]) -> None:
     syncs = HostSyncs(m.dec.engine.device, trace=True)
     assert syncs.sites is not None
     decode_sites: Counter[str] = Counter()

@@ -62,7 +62,7 @@ from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, PrefixGain, best_prefix, check_block_mode, generator_plan
 from decoders.ngram_pool import NGramPool
-from decoders.sampled_verify import flat_check, read_with
+from decoders.sampled_verify import flat_check
 from decoders.verify import (
     candidate_slices,
     greedy_verify_flat,
@@ -279,7 +279,7 @@ class Lookahead(BaseDecoder):
                 verdict = greedy_verify_flat(guesses, picked, at, k)
             else:  # the argmax and the probabilities the walk needs in one read, then the last token's row
                 check = flat_check(self.sampler, eng, logits, guesses, at)
-                picked, values = read_with(preds, check.values)
+                picked, values = check.read(preds)
                 verdict = check.verdict(values)
             before = len(seq)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)

@@ -10,11 +10,12 @@ floats with the sampler's uniforms, in the order the rules draw them, and takes 
 place where it ends: that token is drawn from exactly the distribution the rule names there,
 independently of the walk, so the output's distribution is the rule's.
 
-- `TreeCheck`: one-hot drafts in a tree (Lookahead's and SpecInfer's rule; Fu et al. 2024, Sec. 3.3):
+- `TreeWalk`: one-hot drafts in a tree (Lookahead's and SpecInfer's rule; Fu et al. 2024, Sec. 3.3):
   at a node (an accepted prefix) its children's tokens are tried in order; token x is accepted with
   probability p(x) / (mass not yet rejected), else removed from p. A walk ends at a node whose children
   were all rejected (a token drawn from its row without them) or at a leaf (from its row): one token
-  drawn in advance per node. LongSpec's beam tree walks it as drafted.
+  drawn in advance per node. `TreeCheck` gathers for a tree the host holds; `drafted_values` for one
+  drafted on the device (LongSpec's beam tree), read with the tree itself.
 - `CandidateCheck`: several one-hot candidates (Lookahead, FAFO, prompt lookup) walked as their prefix
   trie: a node's children are the distinct next tokens of the candidates sharing its prefix, in
   candidate order, and its distribution is the row of the first of them (at most 1 + g k nodes).
@@ -51,12 +52,95 @@ def residual_draws(sampler: Sampler, rows: torch.Tensor, residual: torch.Tensor)
     return sampler.device_draw(torch.where(empty, rows, residual))
 
 
-class TreeCheck:
-    """The one-hot walk down a tree given node by node: `rows[i]`, the row (of what `probs_of` is given)
-    of node i's distribution, `children[i]`, its child nodes, `tokens[i]`, the tokens they propose (a
-    token proposed twice at one node is tried once: the first child keeps it). Node 0 is the root.
-    `values` is the device vector to read; `walk(values read)` gives the accepted nodes and the drawn
+class TreeWalk:
+    """The host half of a one-hot walk down a tree: `children[i]`, node i's child nodes (node 0 the root),
+    `tokens[i]`, the tokens they propose (a token proposed twice at one node is tried once: the first
+    child keeps it), `px_at[i]`, where each child's probability at node i's row sits in the values read,
+    and node i's drawn token at `drawn_at + i`. `walk(values read)` gives the accepted nodes and the drawn
     token where the walk ends."""
+
+    def __init__(
+        self,
+        tokens: Sequence[Sequence[int]],
+        children: Sequence[Sequence[int]],
+        px_at: Sequence[Sequence[int]],
+        drawn_at: int,
+        sampler: Sampler,
+    ) -> None:
+        self.sampler, self.drawn_at = sampler, drawn_at
+        self.tokens: list[list[int]] = []
+        self.children: list[list[int]] = []
+        self.px_at: list[list[int]] = []
+        for toks, kids, where in zip(tokens, children, px_at, strict=True):
+            first: dict[int, tuple[int, int]] = {}
+            for tok, kid, at in zip(toks, kids, where, strict=True):
+                first.setdefault(int(tok), (kid, at))
+            self.tokens.append(list(first))
+            self.children.append([kid for kid, _ in first.values()])
+            self.px_at.append([at for _, at in first.values()])
+
+    @classmethod
+    def of_drafted(
+        cls, children: Sequence[Sequence[int]], tokens: Sequence[int], sampler: Sampler
+    ) -> TreeWalk:
+        """The walk over `drafted_values` read, for the tree whose node i has child rows `children[i]`
+        and token `tokens[i]`."""
+        return cls(
+            [[tokens[c] for c in kids] for kids in children],
+            children,
+            [[c - 1 for c in kids] for kids in children],
+            len(tokens) - 1,
+            sampler,
+        )
+
+    def walk(self, values: Sequence[float]) -> tuple[list[int], int]:
+        """(the accepted nodes, root excluded, in order; the token drawn where the walk ends)."""
+        node, path, gen = 0, [], self.sampler.generator
+        while self.tokens[node]:
+            mass, nxt = 1.0, -1
+            for c, at in enumerate(self.px_at[node]):
+                px = values[at]
+                u = float(torch.rand((), generator=gen))
+                if u < px / mass or mass - px <= 0.0:
+                    nxt = self.children[node][c]
+                    break
+                mass -= px
+            if nxt < 0:  # every proposed token rejected: the token drawn from this row without them
+                break
+            path.append(nxt)
+            node = nxt
+        return path, int(values[self.drawn_at + node])
+
+
+def drafted_values(
+    tokens: torch.Tensor, parent: torch.Tensor, probs: torch.Tensor, sampler: Sampler
+) -> torch.Tensor:
+    """A tree drafted on the device, gathered where it is (rows 0..n-1 its nodes, `parent` their parents'
+    rows, `probs [n, vocab]` their distributions): node c's probability at its parent's row for
+    c = 1..n-1, then a token per node drawn from its row without its children's tokens."""
+    n = probs.shape[0]
+    where = (parent[1:n], tokens[1:n])
+    picked = probs[where]
+    drawn = residual_draws(sampler, probs, probs.index_put(where, torch.zeros_like(picked)))
+    return torch.cat([picked.double(), drawn.double()])
+
+
+GATHER_ON_CPU = False  # True: a CPU's tree checks gather as a GPU's do (the sync-counting tests, benchmarks)
+
+
+def gathers(device: torch.device) -> bool:
+    """Whether a tree check on `device` gathers every value its walk could read before it walks: on a GPU,
+    where each read waits for the device. A CPU's reads wait for nothing, and its checks compute only the
+    rows the walk visits: a gather computes every node's distribution (a top-p sort of the vocabulary
+    each), which on a CPU costs more than the forward of a large tree."""
+    return device.type != "cpu" or GATHER_ON_CPU
+
+
+class TreeCheck(TreeWalk):
+    """`TreeWalk` over a tree the host holds: `rows[i]`, the row (of what `probs_of` is given) of node
+    i's distribution. Where it `gathers`, `values` is the device vector to read; elsewhere the values
+    are computed as the walk reads them (`OnDemand`). `read(ints)`: a decoder's own ids (the step's
+    argmax) and the values, in one transfer where they are gathered."""
 
     def __init__(
         self,
@@ -66,24 +150,20 @@ class TreeCheck:
         probs_of: ProbsOf,
         sampler: Sampler,
         stage: Stage,
+        device: torch.device,
     ) -> None:
-        self.sampler = sampler
-        self.tokens: list[list[int]] = []
-        self.children: list[list[int]] = []
-        for toks, kids in zip(tokens, children, strict=True):
-            first = {}
-            for tok, kid in zip(toks, kids, strict=True):
-                first.setdefault(int(tok), kid)
-            self.tokens.append(list(first))
-            self.children.append(list(first.values()))
         # values: every child's probability at its node's row (node by node), then one token per node
-        self.offset, at, owner, child_tokens = [], 0, [], []
-        for node, toks in enumerate(self.tokens):
-            self.offset.append(at)
+        px_at, at, owner, child_tokens = [], 0, [], []
+        for node, toks in enumerate(tokens):
+            px_at.append(list(range(at, at + len(toks))))
             at += len(toks)
             owner += [node] * len(toks)
-            child_tokens += toks
-        self.n_children = at
+            child_tokens += [int(t) for t in toks]
+        super().__init__(tokens, children, px_at, at, sampler)
+        self.values: torch.Tensor | None = None
+        if not gathers(device):
+            self.on_demand = OnDemand(probs_of, stage, sampler, list(rows), owner, child_tokens)
+            return
         n = len(rows)
         index = stage([*rows, *owner, *child_tokens])  # one copy to the device
         probs = probs_of(index[:n])
@@ -95,23 +175,45 @@ class TreeCheck:
         drawn = residual_draws(sampler, probs, residual).double()
         self.values = torch.cat([picked.double(), drawn]) if at else drawn
 
-    def walk(self, values: Sequence[float]) -> tuple[list[int], int]:
-        """(the accepted nodes, root excluded, in order; the token drawn where the walk ends)."""
-        node, path, gen = 0, [], self.sampler.generator
-        while self.tokens[node]:
-            start, mass, nxt = self.offset[node], 1.0, -1
-            for c in range(len(self.tokens[node])):
-                px = values[start + c]
-                u = float(torch.rand((), generator=gen))
-                if u < px / mass or mass - px <= 0.0:
-                    nxt = self.children[node][c]
-                    break
-                mass -= px
-            if nxt < 0:  # every proposed token rejected: the token drawn from this row without them
-                break
-            path.append(nxt)
-            node = nxt
-        return path, int(values[self.n_children + node])
+    def read(self, ints: torch.Tensor | None = None) -> tuple[list[int], Sequence[float]]:
+        if self.values is None:
+            return (ints.tolist() if ints is not None else []), self.on_demand
+        if ints is None:
+            return [], self.values.tolist()
+        return read_with(ints, self.values)
+
+
+class OnDemand:
+    """A tree check's values computed as a walk reads them (index as in the gathered vector): a child's
+    probability from its node's distribution, made once per node, and a node's drawn token from that
+    distribution without its children's tokens."""
+
+    def __init__(
+        self,
+        probs_of: ProbsOf,
+        stage: Stage,
+        sampler: Sampler,
+        rows: list[int],
+        owner: list[int],
+        tokens: list[int],
+    ) -> None:
+        self.probs_of, self.stage, self.sampler = probs_of, stage, sampler
+        self.rows, self.owner, self.tokens = rows, owner, tokens
+        self.made: dict[int, torch.Tensor] = {}
+
+    def _row(self, node: int) -> torch.Tensor:
+        if node not in self.made:
+            self.made[node] = self.probs_of(self.stage([self.rows[node]]))[0]
+        return self.made[node]
+
+    def __getitem__(self, i: int) -> float:
+        if i < len(self.owner):
+            return float(self._row(self.owner[i])[self.tokens[i]])
+        node = i - len(self.owner)
+        p = self._row(node)
+        children = [t for t, o in zip(self.tokens, self.owner, strict=True) if o == node]
+        residual = p.index_fill(0, self.stage(children), 0.0) if children else p
+        return float(residual_draws(self.sampler, p[None], residual[None])[0])
 
 
 class CandidateCheck(TreeCheck):
@@ -127,6 +229,7 @@ class CandidateCheck(TreeCheck):
         probs_of: ProbsOf,
         sampler: Sampler,
         stage: Stage,
+        device: torch.device,
         root_row: int = 0,
     ) -> None:
         k = len(cands[0]) if len(cands) else 0
@@ -151,11 +254,11 @@ class CandidateCheck(TreeCheck):
                     tokens.append([])
                     children.append([])
             level = deeper
-        super().__init__(rows, tokens, children, probs_of, sampler, stage)
+        super().__init__(rows, tokens, children, probs_of, sampler, stage, device)
 
     def run(self) -> Verdict:
         """Read the values alone, then walk (a decoder with no read of its own)."""
-        return self.verdict(self.values.tolist())
+        return self.verdict(self.read()[1])
 
     def verdict(self, values: Sequence[float]) -> Verdict:
         path, last = self.walk(values)
@@ -208,7 +311,12 @@ def flat_check(sampler: Sampler, eng, logits: torch.Tensor, cands: Sequence[Sequ
     row `first + j*k + t`."""
     k = len(cands[0]) if len(cands) else 0
     return CandidateCheck(
-        cands, lambda j, t: first + j * k + t, lambda rows: sampler.probs(logits[rows]), sampler, eng.stage
+        cands,
+        lambda j, t: first + j * k + t,
+        lambda rows: sampler.probs(logits[rows]),
+        sampler,
+        eng.stage,
+        eng.device,
     )
 
 

@@ -225,10 +225,15 @@ def test_stream_grams_are_stored_while_the_next_forward_runs(references, monkeyp
     check_pool_deferral(monkeypatch, eng, lambda: cls(eng, kv=SinkRecent(), k=3, n=6), prompt, ref, N_NEW)
 
 
+@pytest.mark.parametrize("gathered", [False, True], ids=["on-demand", "gathered"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_sampling_is_lossless_in_distribution(tiny_lm, tree):
+def test_sampling_is_lossless_in_distribution(tiny_lm, tree, gathered, monkeypatch):
     """Three sampled tokens: FAFO's joint distribution equals the exact one (chi-square), with
-    candidates accepted along the way (one-hot multi-candidate verification)."""
+    candidates accepted along the way (one-hot multi-candidate verification), the check's values
+    computed as the walk reads them or gathered first."""
+    from decoders import sampled_verify
+
+    monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", gathered)
     eng = Engine(tiny_lm.model)
     base = [11, 42, 7, 99, 3, 250, 17]
     cont = Vanilla(eng).generate(base, 6, set(), Counts())

@@ -383,7 +383,8 @@ def test_tree_sampling_rule_draws_from_the_target():
         tree.add(tok, 0, 0.0)
     dec = object.__new__(LongSpec)
     dec.sampler = Sampler(temperature=1.0, seed=11)
-    dec.engine = SimpleNamespace(stage=lambda values: torch.tensor(list(values), dtype=torch.long))
+    stage = lambda values: torch.tensor(list(values), dtype=torch.long)  # noqa: E731
+    dec.engine = SimpleNamespace(stage=stage, device=torch.device("cpu"))
     firsts = []
     for _ in range(6000):
         _, tokens = dec._accept(tree, logits)
@@ -391,9 +392,14 @@ def test_tree_sampling_rule_draws_from_the_target():
     assert chi_square_pvalue(firsts, {(i,): float(p[i]) for i in range(6)}) > 1e-3
 
 
+@pytest.mark.parametrize("gathered", [False, True], ids=["on-demand", "gathered"])
 @pytest.mark.parametrize("draft", ["target", "random"])
-def test_sampling_is_lossless_in_distribution(draft):
-    """First 3 sampled tokens of LongSpec (a small tree) fit the exact vanilla-sampling distribution."""
+def test_sampling_is_lossless_in_distribution(draft, gathered, monkeypatch):
+    """First 3 sampled tokens of LongSpec (a small tree) fit the exact vanilla-sampling distribution, its
+    checks' values computed as the walk reads them (a CPU's) or gathered on the drafted tree (a GPU's)."""
+    from decoders import sampled_verify
+
+    monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", gathered)
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
     eng, prompt, exact = tiny_sampling_case(3, sampler_kw)
     widths = [3, 3]

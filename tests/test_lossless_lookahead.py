@@ -218,11 +218,16 @@ def test_bad_parameters():
 
 
 # --- sampling: lossless in distribution ---------------------------------------------------------------
-def test_sampling_is_lossless_in_distribution():
+@pytest.mark.parametrize("gathered", [False, True], ids=["on-demand", "gathered"])
+def test_sampling_is_lossless_in_distribution(gathered, monkeypatch):
     """First 3 sampled tokens (temperature, top-k and top-p all active, vocab 16): sampled
     Lookahead's empirical joint distribution fits the exact vanilla-sampling distribution
     (enumerated), and so does vanilla's own (sanity of the enumeration). Candidates come from the
-    prompt's n-grams, so many are accepted. The test's power is shown in tests/test_verify.py."""
+    prompt's n-grams, so many are accepted. The test's power is shown in tests/test_verify.py. Both
+    ways the check gets its values (`sampled_verify.gathers`)."""
+    from decoders import sampled_verify
+
+    monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", gathered)
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
     lm = load_model(
         "tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=4, tiny=dict(vocab_size=16)

@@ -9,6 +9,7 @@ import torch
 from lossless_check import chi_square_pvalue
 
 from core.sampling import Sampler
+from decoders import sampled_verify
 from decoders.sampled_verify import CandidateCheck
 from decoders.verify import (
     Verdict,
@@ -109,7 +110,8 @@ def sample_verify(cands, root: torch.Tensor, cand_probs, sampler: Sampler) -> Ve
     k = len(table[0]) if table else 0
     rows = torch.stack([root] + [cand_probs(j, t) for j in range(len(table)) for t in range(k)])
     stage = lambda v: torch.tensor(list(v), dtype=torch.long)  # noqa: E731
-    return CandidateCheck(table, lambda j, t: 1 + j * k + t, lambda r: rows[r], sampler, stage).run()
+    cpu = torch.device("cpu")
+    return CandidateCheck(table, lambda j, t: 1 + j * k + t, lambda r: rows[r], sampler, stage, cpu).run()
 
 
 VOCAB, K = 5, 2
@@ -148,6 +150,15 @@ def _draw(n: int, root_temperature: float = 1.0) -> list[tuple[int, ...]]:
     return [tuple(sample_verify(cands, root, lambda j, t: rows[(j, t)], sampler).tokens) for _ in range(n)]
 
 
+@pytest.fixture(params=[False, True], ids=["on-demand", "gathered"])
+def gathered(request, monkeypatch) -> bool:
+    """Both ways a check gets its values: computed as the walk reads them (a CPU's), gathered first (a
+    GPU's)."""
+    monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", request.param)
+    return request.param
+
+
+@pytest.mark.usefixtures("gathered")
 def test_sampling_verification_reproduces_the_target_distribution() -> None:
     exact = _exact_outcomes()
     assert abs(sum(exact.values()) - 1) < 1e-6
@@ -156,11 +167,13 @@ def test_sampling_verification_reproduces_the_target_distribution() -> None:
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 
+@pytest.mark.usefixtures("gathered")
 def test_chi_square_detects_a_slightly_wrong_distribution() -> None:
     """Negative control: the same test fails when the root distribution is tempered by 15 %."""
     assert chi_square_pvalue(_draw(12000, root_temperature=1.15), _exact_outcomes()) < 1e-3
 
 
+@pytest.mark.usefixtures("gathered")
 def test_sampling_with_no_candidates_samples_the_root() -> None:
     sampler = Sampler(temperature=1.0, seed=0)
     p = torch.tensor([0.0, 1.0, 0.0])
@@ -168,6 +181,7 @@ def test_sampling_with_no_candidates_samples_the_root() -> None:
     assert v == Verdict(-1, 0, [1])
 
 
+@pytest.mark.usefixtures("gathered")
 @pytest.mark.parametrize("mass", [1.0, 0.0])
 def test_sampling_certain_and_impossible_tokens(mass: float) -> None:
     sampler = Sampler(temperature=1.0, seed=0)

@@ -58,7 +58,7 @@ from decoders.fafo.layout import FafoLayout, LayoutCache, build_layout
 from decoders.fafo.streams import FumbleStreams
 from decoders.fafo.views import ViewFactory
 from decoders.ngram_pool import Gram, NGramPool
-from decoders.sampled_verify import CandidateCheck, read_with
+from decoders.sampled_verify import CandidateCheck
 from decoders.verify import (
     Verdict,
     greedy_verify,
@@ -198,10 +198,16 @@ class FAFO(BaseDecoder):
             rows = lay.cand_row_ids
             assert rows is not None
             probs = self.sampler.probs
+            eng = self.engine
             check = CandidateCheck(
-                cands, lambda j, t: rows[j][t], lambda r: probs(logits[r]), self.sampler, self.engine.stage
+                cands,
+                lambda j, t: rows[j][t],
+                lambda r: probs(logits[r]),
+                self.sampler,
+                eng.stage,
+                eng.device,
             )
-            picked, values = read_with(preds, check.values)
+            picked, values = check.read(preds)
             return picked, check.verdict(values)
         picked = preds.tolist()
         first = lay.flat_first(g)

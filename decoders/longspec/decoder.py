@@ -66,7 +66,7 @@ from decoders.longspec.draft import DEFAULT_WINDOW, LongSpecDraft, check_window,
 from decoders.longspec.sail import is_sail, load_sail
 from decoders.longspec.tree import DraftedTree, Tree
 from decoders.pld import NGramIndex
-from decoders.sampled_verify import TreeCheck
+from decoders.sampled_verify import TreeCheck, TreeWalk, drafted_values, gathers
 from decoders.verify import step_for
 
 RANDOM = "random"  # decoder.checkpoint=random: an explicitly untrained random-init draft (smoke runs)
@@ -330,10 +330,15 @@ class LongSpec(BaseDecoder):
             self.lookup_stats.update(tree.lookup_key, chain, accepted)
 
     def _accept(
-        self, tree: Tree, logits: torch.Tensor, preds: list[int] | None = None
+        self,
+        tree: Tree,
+        logits: torch.Tensor,
+        preds: list[int] | None = None,
+        sampled: list[float] | None = None,
     ) -> tuple[list[int], list[int]]:
         """The accepted path's tree rows and the committed tokens (accepted + bonus). `preds`: the
-        target's argmax per row when already read back (greedy)."""
+        target's argmax per row when already read back (greedy); `sampled`: `drafted_values` read back
+        with a tree drafted on the device (sampling)."""
         rows: list[int] = []
         node = 0
         if self.sampler.greedy:
@@ -346,6 +351,9 @@ class LongSpec(BaseDecoder):
                 rows.append(nxt)
                 node = nxt
         tree_tokens = tree.tokens
+        if sampled is not None:
+            path, last = TreeWalk.of_drafted(tree.children, tree_tokens, self.sampler).walk(sampled)
+            return path, [tree_tokens[r] for r in path] + [last]
         check = TreeCheck(
             range(len(tree_tokens)),
             [[tree_tokens[c] for c in kids] for kids in tree.children],
@@ -353,8 +361,9 @@ class LongSpec(BaseDecoder):
             lambda r: self.sampler.probs(logits[r]),
             self.sampler,
             self.engine.stage,
+            self.engine.device,
         )
-        path, last = check.walk(check.values.tolist())  # the step's one read of the verification
+        path, last = check.walk(check.read()[1])  # the step's one read of the verification
         return path, [tree_tokens[r] for r in path] + [last]
 
     def _decode(
@@ -373,6 +382,7 @@ class LongSpec(BaseDecoder):
             cost = self.block_cost()
             on_host = drafted is None or cost is not None or (self.lookup and budget > 0)
             preds: list[int] | None = None
+            sampled: list[float] | None = None  # a sampled walk's values, read with the drafted tree
             if on_host:  # the tree changes on the host (lookup chain, cut): verify the host's tree
                 tree = drafted.host(scores=cost is not None)[0] if drafted is not None else Tree([out[-1]])
                 if index is not None and budget > 0:
@@ -394,8 +404,14 @@ class LongSpec(BaseDecoder):
                 logits, on_device = step_for(
                     self.sampler, eng, drafted.tokens[:n], RelativePositions(drafted.depths[:n], length), view
                 )
-                tree, preds = drafted.host(on_device)
-            path, new = self._accept(tree, logits, preds)
+                if on_device is None and gathers(eng.device):  # sampling: gathered on the device tree
+                    gathered = drafted_values(
+                        drafted.tokens[:n], drafted.parent[:n], self.sampler.probs(logits[:n]), self.sampler
+                    )
+                    tree, sampled = drafted.host(gathered)
+                else:
+                    tree, preds = drafted.host(on_device)
+            path, new = self._accept(tree, logits, preds, sampled)
             if cost is not None:
                 self._calibrate(tree, path)
             n_new, done = extend_output(out, new, max_new_tokens, stop_ids)

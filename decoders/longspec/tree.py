@@ -112,12 +112,17 @@ class DraftedTree:
         self.ancestors[new] = self.ancestors.index_select(0, parents)
         self.ancestors[new, new].diagonal().fill_(True)
 
-    def host(self, preds: torch.Tensor | None = None, scores: bool = False) -> tuple[Tree, list[int] | None]:
-        """The tree as a host `Tree` and, given the target's `preds` per row, those as a list: one read
-        (two with the `scores`, which only block=auto uses)."""
+    def host(self, preds: torch.Tensor | None = None, scores: bool = False) -> tuple[Tree, list | None]:
+        """The tree as a host `Tree` and, given values per step on the device (`preds`: the target's argmax
+        per row, or a sampled walk's floating-point values), those as a list: one read (two with the
+        `scores`, which only block=auto uses)."""
         n = self.size
         parts = [self.tokens[:n], self.parent[:n]] + ([preds] if preds is not None else [])
-        values = torch.cat(parts).tolist()
+        if preds is not None and preds.is_floating_point():  # float64 holds every token id exactly
+            values = torch.cat([p.double() for p in parts]).tolist()
+            values[: 2 * n] = [int(x) for x in values[: 2 * n]]
+        else:
+            values = torch.cat(parts).tolist()
         tree = Tree(
             values[:n],
             parent=[-1, *values[n + 1 : 2 * n]],
