@@ -112,6 +112,17 @@ class TreeWalk:
         return path, int(values[self.drawn_at + node])
 
 
+def children_and_draws(
+    sampler: Sampler, probs: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """The gathered values of a tree check: each child's probability at its node's row (`where`: the
+    (row, token) pairs, in value order), then one token per row of `probs` drawn without its children's
+    tokens, as float64."""
+    picked = probs[where]
+    drawn = residual_draws(sampler, probs, probs.index_put(where, torch.zeros_like(picked)))
+    return torch.cat([picked.double(), drawn.double()])
+
+
 def drafted_values(
     tokens: torch.Tensor, parent: torch.Tensor, probs: torch.Tensor, sampler: Sampler
 ) -> torch.Tensor:
@@ -119,10 +130,7 @@ def drafted_values(
     rows, `probs [n, vocab]` their distributions): node c's probability at its parent's row for
     c = 1..n-1, then a token per node drawn from its row without its children's tokens."""
     n = probs.shape[0]
-    where = (parent[1:n], tokens[1:n])
-    picked = probs[where]
-    drawn = residual_draws(sampler, probs, probs.index_put(where, torch.zeros_like(picked)))
-    return torch.cat([picked.double(), drawn.double()])
+    return children_and_draws(sampler, probs, (parent[1:n], tokens[1:n]))
 
 
 GATHER_ON_CPU = False  # True: a CPU's tree checks gather as a GPU's do (the sync-counting tests, benchmarks)
@@ -166,14 +174,7 @@ class TreeCheck(TreeWalk):
             return
         n = len(rows)
         index = stage([*rows, *owner, *child_tokens])  # one copy to the device
-        probs = probs_of(index[:n])
-        residual = probs
-        if at:
-            where = (index[n : n + at], index[n + at :])
-            picked = probs[where]
-            residual = probs.index_put(where, torch.zeros_like(picked))
-        drawn = residual_draws(sampler, probs, residual).double()
-        self.values = torch.cat([picked.double(), drawn]) if at else drawn
+        self.values = children_and_draws(sampler, probs_of(index[:n]), (index[n : n + at], index[n + at :]))
 
     def read(self, ints: torch.Tensor | None = None) -> tuple[list[int], Sequence[float]]:
         if self.values is None:

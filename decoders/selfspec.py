@@ -161,7 +161,7 @@ class SelfSpeculative(BaseDecoder):
         `length` (what the drafts wrote beyond it is overwritten), greedy or Leviathan acceptance against
         the drafts' distributions `probs` (a list of rows or `[k, vocab]`), the accepted tokens and the
         bonus committed and appended to `out`. Returns (generation done, drafts accepted). One read
-        (greedy: drafts and argmax; sampling: drafts and their probabilities, then the drawn token's row)."""
+        (greedy: drafts and argmax; sampling: drafts, their probabilities and the tokens drawn in advance)."""
         eng = self.engine
         if isinstance(drafts, torch.Tensor):  # greedy: the chain [root, drafts] is on the device
             tokens, k = drafts, drafts.numel() - 1
