@@ -12,6 +12,7 @@ from core.engine import Engine
 from core.types import Counts
 from decoders.longspec.decoder import LongSpec
 from decoders.longspec.draft import LongSpecDraft
+from decoders.longspec.static_draft import LevelLengths
 from decoders.longspec.tree import DraftedTree
 from decoders.vanilla import Vanilla
 from runners.timing import DraftClock
@@ -160,3 +161,16 @@ def test_a_reused_tree_buffer_holds_each_new_tree_alone():
         n = buf.size
         assert tree.tokens[0] == root and tree.score[0] == 0.0 and tree.depth == buf.depths[:n].tolist()
         assert torch.equal(buf.ancestors[:n, :n], tree.ancestor_mask())
+
+
+def test_a_tree_levels_stage_the_step_lengths_once():
+    """The levels of a step's tree share the target length and the window count; each is written only
+    when it changes (a launch a step at most, not one per level)."""
+    lengths = LevelLengths(torch.device("cpu"))
+    lengths.stage(40, 7)
+    versions = lengths.length._version, lengths.cached._version
+    lengths.stage(40, 7)  # the next level of the same tree
+    assert (lengths.length._version, lengths.cached._version) == versions
+    lengths.stage(43, 7)  # the next step: the target grew, the window did not
+    assert lengths.length._version == versions[0] + 1 and lengths.cached._version == versions[1]
+    assert lengths.length.item() == 43 and lengths.cached.item() == 7

@@ -45,6 +45,7 @@ class StaticDraftForwards:
         self.steps: dict[tuple[int, int], StaticStep] = {}
         self.levels: dict[tuple, StaticLevel] = {}
         self.commits: dict[tuple[int, bool], StaticCommit] = {}
+        self.lengths = LevelLengths(draft.engine.device)  # every level's inputs that a step holds fixed
 
     @property
     def captures(self) -> int:
@@ -57,9 +58,10 @@ class StaticDraftForwards:
         fwd = self.levels.get(key)
         if fwd is None:
             fwd = self.levels[key] = StaticLevel(
-                self.draft, tree, lo, hi, depth, width, temperature, self.capture
+                self.draft, tree, lo, hi, depth, width, temperature, self.capture, self.lengths
             )
-        fwd(length)
+        self.lengths.stage(length, self.draft.cached)
+        fwd()
 
     def step(
         self,
@@ -150,33 +152,58 @@ def block_forward(
     return d.logits_of(h3)
 
 
+class LevelLengths:
+    """The target's cache length and the draft window's entry count on the device, which every level of a
+    step's tree reads: one buffer pair shared by the levels, written only when a value changes (once per
+    step at most, not once per level)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        self.cached = torch.zeros(1, dtype=torch.long, device=device)
+        self.staged: tuple[int, int] | None = None  # (length, cached) the buffers hold
+
+    def stage(self, length: int, cached: int) -> None:
+        staged = self.staged or (None, None)
+        if staged[0] != length:
+            self.length.fill_(length)
+        if staged[1] != cached:
+            self.cached.fill_(cached)
+        self.staged = (length, cached)
+
+
 class StaticLevel:
     """One beam-search level (`TreeDraft.expand`) in one fixed-shape forward: the beam's visibility
     (the window's cached slots, its ancestors in the block) and positions made on the device, the
     step, the beam's reading of it and the tree's growth. One per (rows lo..hi-1, depth, width,
-    temperature) of a tree's buffers."""
+    temperature) of a tree's buffers; `lengths` (staged by the caller) are the step's shared inputs."""
 
     def __init__(
-        self, draft, tree, lo: int, hi: int, depth: int, width: int, temperature: float, capture: bool
+        self,
+        draft,
+        tree,
+        lo: int,
+        hi: int,
+        depth: int,
+        width: int,
+        temperature: float,
+        capture: bool,
+        lengths: LevelLengths,
     ):
         self.draft, self.tree, self.lo, self.hi = draft, tree, lo, hi
         self.depth, self.width, self.temperature = depth, width, temperature
         dev = draft.engine.device
-        self.length = torch.zeros(1, dtype=torch.long, device=dev)
-        self.cached = torch.zeros(1, dtype=torch.long, device=dev)
+        self.length, self.cached = lengths.length, lengths.cached
         self.window_slots = torch.arange(draft.win_k.shape[1], device=dev)
         self.slots = torch.zeros(0, dtype=torch.long, device=dev)
         vocab = draft.config.vocab_size if draft.vocab_ids is None else draft.vocab_ids.numel()
         self.children = min(width, (hi - lo) * min(width, vocab))  # the level's rows
         self.replay = Replay(self.forward, capture, dev)
 
-    def __call__(self, length: int) -> None:
+    def __call__(self) -> None:
         d, tree = self.draft, self.tree
         cache = d.engine.cache
         if self.slots.numel() != cache.capacity:
             self.slots = torch.arange(cache.capacity, device=d.engine.device)
-        self.length.fill_(length)
-        self.cached.fill_(d.cached)
         self.replay((d.win_k.data_ptr(), d.block_k.data_ptr(), cache.k.data_ptr(), cache.capacity))
         tree.depth += [self.depth] * self.children
 
