@@ -57,6 +57,7 @@ import torch
 
 from core.attention import BlockView
 from core.checks import flag, integer, number
+from core.decode_graph import padded_rows
 from core.positions import RelativePositions
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
@@ -231,6 +232,17 @@ class Lookahead(BaseDecoder):
             lay = self._layouts[key] = build_layout(lens, n_guess, self.N - 1, self.engine.device)
         return lay
 
+    def _guess_slots(self, lens: list[int], n_guess: int) -> int:
+        """How many guesses the step's layout holds: `n_guess`, or with fixed-shape forwards (which run a
+        block in the next power of two of rows) the most of the G that fit in the same rows, the extra
+        ones padding. A step then takes one of a few layouts, and the forward's staged mask, positions
+        and logits rows stay those of the step before, whatever the pool returned."""
+        if self.engine.graphs is None:
+            return n_guess
+        k, base = self.N - 1, 1 + sum(lens)
+        rows = padded_rows(base + n_guess * k)
+        return max(g for g in range(n_guess, self.G + 1) if padded_rows(base + g * k) == rows)
+
     def _view(self, block_mask: torch.Tensor):
         eng = self.engine
         if isinstance(self.kv, FullKV):
@@ -264,9 +276,11 @@ class Lookahead(BaseDecoder):
                 win = 1 + sum(lens)
                 rows = [win + g * k for g in range(len(guesses) + 1)]
                 guesses = guesses[: best_prefix(survivals, rows, cost, cache_len, gains)]
-            lay = self._layout(lens, len(guesses))
+            slots = self._guess_slots(lens, len(guesses))
+            lay = self._layout(lens, slots)
             drafted = [t for guess in guesses for t in guess]
-            block = [root, *(window.flat() if lens != [0] else []), *drafted]
+            padding = [root] * (k * (slots - len(guesses)))  # rows no verification reads
+            block = [root, *(window.flat() if lens != [0] else []), *drafted, *padding]
             tokens = eng.stage(block)
             view = self._view(lay.block_mask)
             logits, preds = step_with_argmax(
@@ -287,7 +301,8 @@ class Lookahead(BaseDecoder):
             eng.commit(rows)
             self.kv.after_commit(eng, len(rows))
             seq.extend(verdict.tokens[:n_new])
-            counts.step(len(block), len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
+            real_rows = len(block) - len(padding)
+            counts.step(real_rows, len(drafted), verdict.accepted, n_new, view.kv_read(cache_len))
             if cost is not None and guesses:
                 pairs = zip(guesses, candidate_slices(picked, at, len(guesses), k), strict=True)
                 lengths = [prefix_match(guess, picked[0], pred) for guess, pred in pairs]

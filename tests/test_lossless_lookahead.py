@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.attention import MaskView
+from core.decode_graph import padded_rows
 from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
@@ -138,6 +139,36 @@ def test_greedy_equals_vanilla_random_settings(refs, N, W, G, seed, pool, prompt
     dec = Lookahead(eng, N=N, W=W, G=G, pool_from_prompt=pool, seed=seed)
     got = dec.generate(prompt, 24, set(), Counts())
     check_lossless(eng, prompt, ref, got)
+
+
+def _layouts_by_stage(dec: Lookahead) -> dict[tuple[int, ...], set[int]]:
+    stages: dict[tuple[int, ...], set[int]] = {}
+    for lens, slots in dec._layouts:
+        stages.setdefault(lens, set()).add(slots)
+    return stages
+
+
+def test_fixed_shape_steps_take_one_layout_per_padded_size(refs):
+    """On fixed-shape forwards a step's layout holds as many guesses as fit in its padded block (the
+    rest padding no verification reads), so a window stage takes one layout per padded size, not one
+    per guess count, and its staged mask and positions stay; tokens, the cache and the rows each step
+    counts are the regular path's."""
+    eng, cases = refs
+    static = Engine(eng.model)
+    static.use_graphs(capture=False)
+    k = 4  # N - 1
+    for prompt, ref in cases:
+        plain_counts, fixed_counts = Counts(), Counts()
+        plain = Lookahead(eng, N=5, W=7, G=7, pool_from_prompt=True)
+        fixed = Lookahead(static, N=5, W=7, G=7, pool_from_prompt=True)
+        assert plain.generate(prompt, 40, set(), plain_counts) == ref
+        check_lossless(eng, prompt, ref, fixed.generate(prompt, 40, set(), fixed_counts))
+        assert [s.block_tokens for s in fixed_counts.steps] == [s.block_tokens for s in plain_counts.steps]
+        for lens, slots in _layouts_by_stage(fixed).items():
+            sizes = {padded_rows(1 + sum(lens) + g * k) for g in slots}
+            assert len(slots) == len(sizes), (lens, sorted(slots))
+    # the regular path builds one layout per guess count: the check above tells the two apart
+    assert any(len(slots) > 2 for slots in _layouts_by_stage(plain).values())
 
 
 def test_stop_token_and_length(refs):
