@@ -56,6 +56,7 @@ class H2O(KVPolicy):
         self._alive: dict[int, torch.Tensor] = {}
         self._q: dict[int, torch.Tensor] = {}
         self._qbuf: torch.Tensor | None = None
+        self._stacked: torch.Tensor | None = None
         self._starts: tuple | None = None
         self._evicted = False
         self._S = self._A = self._P = None
@@ -93,6 +94,7 @@ class H2O(KVPolicy):
         self._layers: set[int] = set()
         self._q = {}
         self._qbuf: torch.Tensor | None = None  # `observe`'s stacked copies
+        self._stacked: torch.Tensor | None = None  # `_qbuf` whole, when `observe_layers` filled it
         self._starts: tuple | None = None  # `_row_starts`
         self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
@@ -151,27 +153,38 @@ class H2O(KVPolicy):
             buf = self._qbuf = torch.empty(max(n_layers, layer + 1), *q.shape, dtype=q.dtype, device=q.device)
         buf[layer].copy_(q)
         self._q[layer] = buf[layer]
+        self._stacked = None  # the stack holds this step's queries only where `observe_layers` wrote them
 
     def observe_layers(self, queries: torch.Tensor) -> None:
-        """Every layer's queries in one copy (`observe`'s buffer, whole)."""
+        """Every layer's queries in one copy (`observe`'s buffer, whole), kept whole: the steady update
+        reads the stack, and only the plain one takes it apart per layer (a view per layer is host work
+        a fixed-shape step would pay on its critical path)."""
         buf = self._qbuf
         if buf is None or buf.shape != queries.shape or buf.dtype != queries.dtype:
             buf = self._qbuf = torch.empty_like(queries, memory_format=torch.contiguous_format)
         buf.copy_(queries)
-        self._q = dict(enumerate(buf))
+        self._q, self._stacked = {}, buf
 
     @torch.inference_mode()
     def after_commit(self, engine: Any, n_new: int) -> None:
         length, cache = engine.length, engine.cache
         layers = cache.n_layers
+        self._grow(layers, cache.n_kv_heads, length, cache.device)  # every layer's state, as `_state` has it
+        self._layers.update(range(layers))
+        count = self._count
         for layer in range(layers):
-            self._state(layer, cache.n_kv_heads, length, cache.device)
-            self._count[layer] = self._count.get(layer, 0) + n_new
-        qs = [self._q.pop(layer, None) for layer in range(layers)]
-        counts = {self._count[layer] for layer in range(layers)}
-        if self._steady_applies(qs, counts, n_new):
+            count[layer] = count.get(layer, 0) + n_new
+        counts = {count[layer] for layer in range(layers)}
+        stacked, self._stacked = self._stacked, None
+        if stacked is None and getattr(self.engine, "graphs", None) is not None:  # (the steady update's)
+            stacked = self._observed_stack(layers)
+        if stacked is not None and self._steady_applies(stacked, layers, counts, n_new):
             self._update_steady(length, n_new, layers)
             return
+        if stacked is not None:
+            qs: list = list(stacked[:layers])
+        else:
+            qs = [self._q.pop(layer, None) for layer in range(layers)]
         self._P_valid = False
         S, A = self._S[:layers], self._A[:layers]  # type: ignore[index]
         A[:, :, length:] = False
@@ -189,21 +202,33 @@ class H2O(KVPolicy):
             for layer in range(layers):
                 self._evict(layer, length)
 
-    def _steady_applies(self, qs: list, counts: set[int], n_new: int) -> bool:
+    def _observed_stack(self, layers: int) -> torch.Tensor | None:
+        """`observe`'s buffer when `observe` filled every layer of it since the last commit (their views
+        taken off `_q`), else None."""
+        buf, qs = self._qbuf, self._q
+        if buf is None or buf.shape[0] < layers or len(qs) < layers:
+            return None
+        if any(layer not in qs or qs[layer].data_ptr() != buf[layer].data_ptr() for layer in range(layers)):
+            return None
+        for layer in range(layers):
+            del qs[layer]
+        return buf
+
+    def _steady_applies(self, stacked: torch.Tensor, layers: int, counts: set[int], n_new: int) -> bool:
         """Whether the commit takes the fixed-shape update (`kv_policies.h2o_steady`): on an engine with
         fixed-shape forwards (where it replays as a graph; run eagerly it is more operators than the
         plain update), evicting at every step already, every layer holding `budget` entries before it
-        and observing the same rows, their queries in `observe`'s buffer, in the plain layout."""
-        buf = self._qbuf
+        and observing the same rows (`stacked`: every layer's queries, as `observe_layers` keeps them),
+        in the plain layout."""
         return (
             getattr(self.engine, "graphs", None) is not None
             and self._evicted
             and n_new >= 1
             and counts == {self.budget + n_new}
-            and self._batched(qs, counts)
+            and self.region is None
+            and stacked.shape[0] >= layers
+            and stacked.shape[2] > 0
             and self.in_order()
-            and buf is not None
-            and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
         )
 
     def _update_steady(self, length: int, n_new: int, layers: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.engine import Engine
 from core.types import Counts
@@ -19,7 +20,7 @@ from runners.host_syncs import HostSyncs, graph_bodies_apart
 class PlainH2O(H2O):
     """H2O with the steady update turned off: every commit takes the plain update."""
 
-    def _steady_applies(self, qs, counts, n_new):
+    def _steady_applies(self, stacked, layers, counts, n_new):
         return False
 
 
@@ -93,3 +94,46 @@ def test_buffers_and_update_are_kept_across_generations(tiny_lm):
     assert dec.generate(PROMPT, 40, set(), Counts()) == first
     assert (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._steady) == kept
     assert pol._steady.replay.captures == 0  # eager here: nothing was captured
+
+
+class SelectCounter(TorchDispatchMode):
+    """Counts `t[i]` views (`aten.select`): the per-layer views a host makes one by one."""
+
+    selects = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.select.int:
+            self.selects += 1
+        return func(*args, **(kwargs or {}))
+
+
+class WatchedH2O(H2O):
+    """H2O whose commits taking the steady update count the `aten.select`s made outside the update."""
+
+    counter: SelectCounter | None = None
+    inside = 0
+
+    def _update_steady(self, length, n_new, layers):
+        assert self.counter is not None
+        before = self.counter.selects
+        super()._update_steady(length, n_new, layers)
+        self.inside = self.counter.selects - before
+
+    def after_commit(self, engine, n_new):
+        self.inside = -1
+        with SelectCounter() as self.counter:
+            super().after_commit(engine, n_new)
+        if self.inside >= 0:  # the steady update ran
+            self.outside.append(self.counter.selects - self.inside)
+
+
+def test_a_steady_commit_makes_no_view_per_layer(tiny_lm):
+    """A steady commit reads the observed queries as the stack `observe_layers` wrote and every layer's
+    state at once: around the update it makes no view per layer (each an operator call a GPU's host
+    would make on the step's critical path)."""
+    eng = _engine(tiny_lm, True)
+    pol = WatchedH2O(budget=16, recent=4)
+    pol.outside = []
+    FAFO(eng, pol, k=2, n=4).generate(PROMPT, 40, set(), Counts())
+    assert eng.cache.n_layers >= 2 and len(pol.outside) > 10
+    assert set(pol.outside) == {0}, pol.outside
