@@ -240,8 +240,7 @@ class Lookahead(BaseDecoder):
         if self.engine.graphs is None:
             return n_guess
         k, base = self.N - 1, 1 + sum(lens)
-        rows = padded_rows(base + n_guess * k)
-        return max(g for g in range(n_guess, self.G + 1) if padded_rows(base + g * k) == rows)
+        return min(self.G, (padded_rows(base + n_guess * k) - base) // k)
 
     def _view(self, block_mask: torch.Tensor):
         eng = self.engine

@@ -176,7 +176,8 @@ class H2O(KVPolicy):
             count[layer] = count.get(layer, 0) + n_new
         counts = {count[layer] for layer in range(layers)}
         stacked, self._stacked = self._stacked, None
-        if stacked is None and getattr(self.engine, "graphs", None) is not None:  # (the steady update's)
+        # `observe`'s views collected into the stack: only the steady update (fixed-shape forwards) reads it
+        if stacked is None and getattr(self.engine, "graphs", None) is not None:
             stacked = self._observed_stack(layers)
         if stacked is not None and self._steady_applies(stacked, layers, counts, n_new):
             self._update_steady(length, n_new, layers)

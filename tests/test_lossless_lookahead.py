@@ -151,8 +151,8 @@ def _layouts_by_stage(dec: Lookahead) -> dict[tuple[int, ...], set[int]]:
 def test_fixed_shape_steps_take_one_layout_per_padded_size(refs):
     """On fixed-shape forwards a step's layout holds as many guesses as fit in its padded block (the
     rest padding no verification reads), so a window stage takes one layout per padded size, not one
-    per guess count, and its staged mask and positions stay; tokens, the cache and the rows each step
-    counts are the regular path's."""
+    per guess count, and its staged mask and positions stay; the tokens and the rows each step counts
+    are the regular path's."""
     eng, cases = refs
     static = Engine(eng.model)
     static.use_graphs(capture=False)
