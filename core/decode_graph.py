@@ -247,6 +247,7 @@ class StaticForward:
         w = engine.w
         self.selection = torch.zeros(0, dtype=torch.bool, device=dev)  # [n_layers, n_kv_heads, capacity]
         self.selected_to = 0  # `selection` is True from here on (what a shorter selection left is reset)
+        self.staged_stack: tuple | None = None  # (stack, width): `selection` holds that stack's prefix
         self.restricted = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.staged_restricted: tuple | None = None  # (rows, the view's `restricted`, its version) staged
         shape = (w.n_layers, w.n_heads, rows, w.head_dim)
@@ -380,10 +381,15 @@ class StaticForward:
         layers, hkv, sel_len = view.chosen.shape
         if self.selection.shape != (layers, hkv, capacity):
             self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
-            self.selected_to = 0
-        self.selection[:, :, :sel_len].copy_(view.chosen)
-        if sel_len < self.selected_to:  # True past the selection: a draft's tail, the block, free slots
-            self.selection[:, :, sel_len : self.selected_to] = True
+            self.selected_to, self.staged_stack = 0, None
+        prefix, staged = getattr(view, "prefix_of", None), self.staged_stack
+        # the same stack, both lengths past its masks: what lies between them is True in both already
+        same = prefix is not None and staged is not None and prefix[0] is staged[0]
+        if not (same and min(sel_len, self.selected_to) >= prefix[1]):
+            self.selection[:, :, :sel_len].copy_(view.chosen)
+            if sel_len < self.selected_to:  # True past the selection: a draft's tail, the block, free slots
+                self.selection[:, :, sel_len : self.selected_to] = True
+            self.staged_stack = prefix
         self.selected_to = sel_len
         self._stage_restricted(view, n)
 

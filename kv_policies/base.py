@@ -268,17 +268,21 @@ class KVPolicy:
             width = max((m.shape[1] for m in keep.values()), default=0)
             beyond = stack[:, :, :width].sum(dim=(1, 2)) // cache.n_kv_heads - width
             self.__dict__["_kept_beyond"] = (width, beyond)
-        physical = self.physical_stack(stack.narrow(2, 0, cache_len))  # one call, not tuple indexing
+        logical = stack.narrow(2, 0, cache_len)  # one call, not tuple indexing
+        physical = self.physical_stack(logical)
         self.__dict__["_stacked"] = (cache_len, physical)  # committed slots keep their entries
         width, beyond = self.__dict__["_kept_beyond"]
         if cache_len >= width and self.region is None:  # slots 0..cache_len-1 hold positions 0..cache_len-1
             self.__dict__["_kept_of"] = (physical, beyond, cache_len)  # `LayerSelectionView` counts no more
+        if physical is logical:  # the stack's own prefix (`LayerSelectionView.prefix_of`)
+            self.__dict__["_prefix_of"] = (physical, stack, width)
         return physical
 
     def forget_stack(self) -> None:
         """Drop `stacked_keep`'s stack: the keep masks changed (a new generation, a rebuild)."""
         self.__dict__.pop("_stack_layers", None)
         self.__dict__.pop("_stacked", None)
+        self.__dict__.pop("_prefix_of", None)
 
     def physical_stack(self, logical: torch.Tensor) -> torch.Tensor:
         """Every layer's selection `[n_layers, n_kv_heads, L]` over logical positions, mapped onto

@@ -209,7 +209,11 @@ class SelectionView(MaskView):
         # restricted rows exist in every caller's block: every layer saw `kept` of `sel_len`
         policy.activity.note_layers(engine.cache.n_layers, kept, sel_len)
         read = kept + cache_len - sel_len
-        if draft_row:
+        # a one-row draft step's mask is a prefix of one buffer per draft (`_one_row_draft_mask`), but
+        # a fixed-shape forward would copy that mask into its visibility every row; a hole it stages
+        # once per draft and builds the visibility from inside the graph
+        graphed_hole = isinstance(selection, tuple) and getattr(engine, "graphs", None) is not None
+        if draft_row and not graphed_hole:
             mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
         elif isinstance(selection, tuple):
             return HoleView(block_mask, restricted, rows, selection, cache_len, engine, read)
@@ -321,6 +325,10 @@ class LayerSelectionView:
     # only the selected entries, by gather; `whole_layers`: the layers that keep every entry
     gather_budget: int | None = None
     whole_layers: frozenset[int] = frozenset()
+    # (stack, width) when `chosen` is the first `sel_len` slots of `stack`, a tensor nobody writes in
+    # place, every entry True from `width` on (`KVPolicy.stacked_keep`): a fixed-shape forward that
+    # staged the same stack before copies nothing while both lengths are past `width`
+    prefix_of: tuple[torch.Tensor, int] | None = None
 
     def __init__(
         self,
@@ -386,7 +394,11 @@ class LayerSelectionView:
         elif rows is None:
             rows = restricted.nonzero().squeeze(1)
         read = DeviceReads(kept, plus + cache_len - sel_len)  # the tail: read by every row
-        return cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
+        view = cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
+        prefix = policy.__dict__.get("_prefix_of")
+        if prefix is not None and prefix[0] is chosen:
+            view.prefix_of = (prefix[1], prefix[2])
+        return view
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """Show the policy the restricted rows' queries of `q [n_heads, n, d]` (policies that watch them)."""

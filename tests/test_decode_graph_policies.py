@@ -103,6 +103,56 @@ def test_self_speculation_over_top_k_takes_the_fixed_shape_forward(tiny_lm):
     assert eng.fixed_shape_steps == forwards and eng.graphs.by_rows_in_forward
 
 
+@pytest.mark.parametrize(("name", "settings"), [("streaming", {"sinks": 4}), ("retrieval", {"chunk": 4})])
+def test_self_speculation_drafts_stage_their_selection_once_per_draft(tiny_lm, name, settings):
+    """A draft's one-row steps share one selection. On the fixed-shape path StreamingLLM's is a hole,
+    which the forward builds into its own visibility (no mask copied a row); retrieval's is a prefix of
+    its stack, copied when a rebuild makes a new stack or a length falls inside the masks, not a row.
+    Both give the regular path's tokens, acceptance, KV reads and policy activity."""
+    from core.types import Counts
+    from decoders.selfspec import SelfSpeculative
+    from kv_policies.base import build_policy
+
+    prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(13)).tolist()
+    results, copies = [], []
+    for eng in (Engine(tiny_lm.model), _static(tiny_lm)):
+        kv, counts = build_policy(name, budget=20, **settings), Counts()
+        dec = SelfSpeculative(eng, kv=kv, gamma=4, rebuild_every=3 if name == "retrieval" else 0)
+        with _CopyCount() as copied:
+            out = dec.generate(prompt, 24, set(), counts)
+        copies.append(copied.at("_stage_selection") + copied.at("_stage_visibility"))
+        reads = [s.kv_attended for s in counts.steps]
+        results.append(
+            (out, counts.draft_forwards, counts.accepted, reads, kv.activity_summary(counts.forwards))
+        )
+    assert results[0] == results[1] and results[0][4].restricted_frac > 0.5
+    assert eng.fixed_shape_steps == counts.forwards + counts.draft_forwards
+    assert not eng.graphs.by_rows_masked  # no draft row staged a mask
+    if name == "retrieval":  # the first stack, and one after each rebuild that changed it
+        assert 1 <= copies[1] <= 1 + counts.kv_rebuilds < counts.draft_forwards
+    else:
+        assert copies[1] == 0 and eng.graphs.by_rows_holed
+
+
+class _CopyCount(torch.overrides.TorchFunctionMode):
+    """`Tensor.copy_` calls by the function that made them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            import sys
+
+            name = sys._getframe(1).f_code.co_name
+            self.sites[name] = self.sites.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+    def at(self, name: str) -> int:
+        return self.sites.get(name, 0)
+
+
 def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
     """SFI's slow steps (dense, the Selector watching every layer's queries) and fast steps (the set
     chosen at the last slow step) both take the fixed-shape forward, with the regular path's tokens,
@@ -226,3 +276,48 @@ def test_staged_selections_and_restricted_rows_are_those_of_the_step_staged_last
         fresh = StaticForward(eng, rows, capture=False, layered=True)
         assert all(torch.equal(a, b) for a, b in zip(staged(fwd, v), staged(fresh, v), strict=True))
         assert fwd.selection[:, :, v.chosen.shape[2] :].all()
+
+
+def test_a_stack_prefix_is_copied_again_only_when_a_length_falls_inside_its_masks(tiny_lm):
+    """A selection that is a prefix of a policy's stack (`prefix_of`: True from `width` on) is copied
+    when first staged; another prefix of that stack is not while both lengths are past `width` (what
+    lies between them is True in the stack and in the buffer), and is when either is inside the masks,
+    for another stack, or after a selection of no stack. The buffer always equals a fresh staging."""
+    from types import SimpleNamespace
+
+    from core.decode_graph import StaticForward
+
+    eng = Engine(tiny_lm.model)
+    eng.reset(40)
+    layers, hkv, capacity, width = eng.cache.n_layers, eng.cache.n_kv_heads, eng.cache.capacity, 8
+    gen = torch.Generator().manual_seed(1)
+    restricted = torch.ones(4, dtype=torch.bool)
+
+    def stack() -> torch.Tensor:
+        s = torch.ones(layers, hkv, capacity, dtype=torch.bool)
+        s[:, :, :width] = torch.rand(layers, hkv, width, generator=gen) < 0.5
+        return s
+
+    a, b = stack(), stack()
+
+    def view(source: torch.Tensor | None, sel_len: int) -> SimpleNamespace:
+        if source is None:
+            return SimpleNamespace(
+                chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=restricted
+            )
+        return SimpleNamespace(
+            chosen=source[:, :, :sel_len], restricted=restricted, prefix_of=(source, width)
+        )
+
+    fwd = StaticForward(eng, 4, capture=False, layered=True)
+    fwd._stage_restricted(view(a, 9), 4)  # the restricted rows, staged once for every view below
+    steps = [(a, 12, 1), (a, 15, 0), (a, 10, 0), (a, 6, 1), (a, 14, 1), (a, 9, 0), (b, 14, 1), (None, 9, 1),
+             (a, 16, 1), (a, 13, 0)]  # fmt: skip
+    for source, sel_len, copied in steps:
+        v = view(source, sel_len)
+        with _CopyCount() as copies:
+            fwd._stage_selection(v, 4, 20, capacity)
+        fresh = StaticForward(eng, 4, capture=False, layered=True)
+        fresh._stage_selection(v, 4, 20, capacity)
+        assert copies.at("_stage_selection") == copied, (sel_len, copied)
+        assert torch.equal(fwd.selection, fresh.selection)
