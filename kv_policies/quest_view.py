@@ -48,7 +48,7 @@ class QuestSelector(InForwardSelector):
     def stage(self, view: Any, n: int, length: int) -> None:
         """The page extremes of the `length` cached entries, every selected layer, and the last page."""
         super().stage(view, n, length)
-        pol = self.policy
+        pol = view.policy  # this step's policy: a later one with the same settings shares the forward
         pages, first = -(-length // self.page), self.dense
         pol.sync_layers(first, length)
         self.kmin[first:, :, :pages].copy_(pol._kmin[first:, :, :pages])

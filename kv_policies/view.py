@@ -149,11 +149,14 @@ class InForwardView(RestrictedView):
 class InForwardSelector:
     """What an `InForwardView`'s selector shares: buffers sized by one cache allocation (a new one makes a
     new selector), the selectable length on the device (`length`, staged before each step), every layer's
-    chosen entries per KV head (`reads`), and the dense layers, which see every entry."""
+    chosen entries per KV head (`reads`), and the dense layers, which see every entry. One selector serves
+    every policy with its view's `selector_key` on one engine (a fixed-shape forward, and its graph, is
+    kept per key): what a step needs of a policy's state it stages from `view.policy`, never from the
+    policy it was made for."""
 
     def __init__(self, static: Any, policy: Any) -> None:
         eng = static.engine
-        self.engine, self.policy, self.dense = eng, policy, policy.dense_layers
+        self.engine, self.dense = eng, policy.dense_layers
         self.capacity = eng.cache.capacity
         self.length = torch.zeros(1, dtype=torch.long, device=eng.device)
         self.reads = torch.zeros(eng.cache.n_layers, dtype=torch.long, device=eng.device)

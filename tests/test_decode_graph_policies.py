@@ -81,6 +81,31 @@ def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny
     assert results[0] == results[1]
 
 
+@pytest.mark.parametrize("name", ["quest", "topk"])
+def test_a_later_policy_on_the_same_engine_is_served_from_its_own_state(tiny_lm, name):
+    """A fixed-shape forward that chooses inside itself is kept per engine and selector settings, so a
+    second policy object with the same settings (a new run on the engine, another method beside it)
+    takes the forward the first one made: it stages from that step's policy, and its tokens are those
+    of the regular path, not of the first policy's page extremes."""
+    from core.types import Counts
+    from decoders.fafo.decoder import FAFO
+    from decoders.vanilla import Vanilla
+    from kv_policies.base import build_policy
+
+    settings = FIXED_POLICIES[name]
+    gen = torch.Generator().manual_seed(3)
+    first, later = (torch.randint(0, 256, (n,), generator=gen).tolist() for n in (60, 50))
+    for make in (lambda e, kv: Vanilla(e, kv), lambda e, kv: FAFO(e, kv, k=2, n=4)):
+        shared = _static(tiny_lm)
+        make(shared, build_policy(name, **settings)).generate(first, 24, set(), Counts())
+        got = make(shared, build_policy(name, **settings)).generate(later, 24, set(), Counts())
+        want = make(Engine(tiny_lm.model), build_policy(name, **settings)).generate(
+            later, 24, set(), Counts()
+        )
+        assert got == want
+        assert len(shared.graphs.by_rows_in_forward) >= 1
+
+
 def test_self_speculation_over_top_k_takes_the_fixed_shape_forward(tiny_lm):
     """Self-speculation's draft steps see Top-K's choice among the entries before their fresh tail, and
     the tail: on the fixed-shape path (the choice made inside the forward, the first layer dense) every
