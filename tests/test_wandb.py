@@ -44,7 +44,7 @@ def test_wandb_failure_does_not_break_the_run(tmp_path, monkeypatch, capsys):
 
 def test_wandb_offline_stages_nothing_outside_its_folder(tmp_path, monkeypatch):
     """Artifact copies and W&B's caches go under wandb.dir, not under the home folder."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from runners import wandb_sink
 
     home = tmp_path / "home"
@@ -63,5 +63,6 @@ def test_wandb_offline_stages_nothing_outside_its_folder(tmp_path, monkeypatch):
     )
     path = Runner(cfg).run()
     assert (path / "COMPLETE").exists()
+    wandb.teardown()  # the service writes until it exits: look after it has
     outside = [p for p in home.rglob("*") if p.is_file() and "wandb" in str(p)]
     assert not outside, outside
