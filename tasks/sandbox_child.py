@@ -40,10 +40,14 @@ BLOCKED = frozenset(
     )
 )  # fmt: skip
 RAW_MODULES = frozenset(("_posixsubprocess", "_ctypes", "_testcapi", "_testinternalcapi", "posix", "_signal"))
-CHANGES = frozenset(
-    ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link", "os.chmod", "os.chown",
-     "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod", "shutil.rmtree")
-)  # fmt: skip
+# file changes: (index of a path, index of its dir_fd or None), as CPython 3.11 audits them
+CHANGES = {
+    **dict.fromkeys(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime"), ((0, -1),)),
+    **dict.fromkeys(("os.mkfifo", "os.mknod", "shutil.rmtree"), ((0, -1),)),
+    **dict.fromkeys(("os.truncate", "os.chflags", "os.lchflags"), ((0, None),)),
+    **dict.fromkeys(("os.rename", "os.link"), ((0, 2), (1, 3))),
+    "os.symlink": ((1, -1),),
+}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -130,11 +134,12 @@ def guard(work: str, pid: int):
     other processes, and any file change outside `work`."""
     realpath, sep = os.path.realpath, os.sep
 
-    def outside(path) -> bool:
-        if isinstance(path, int):
+    def outside(path, dir_fd=None) -> bool:
+        if isinstance(path, int) or path is None:
             return False  # an fd the program already holds
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
+        path = os.fsdecode(os.fspath(path))
+        if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(path):
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
         full = realpath(path)
         return full != work and not full.startswith(work + sep)
 
@@ -146,15 +151,14 @@ def guard(work: str, pid: int):
             writes = (flags & WRITE_FLAGS) if mode is None else any(c in mode for c in "wax+")
             if writes and outside(path):
                 raise PermissionError(f"sandbox: writing {path!r} outside the work folder is blocked")
+            if mode is None and outside(path) and os.path.isdir(path):  # a dir_fd for relative paths
+                raise PermissionError(f"sandbox: os.open of the folder {path!r} is blocked")
         elif event == "import" and args[0] in RAW_MODULES:
             raise PermissionError(f"sandbox: importing {args[0]} again is blocked")
         elif event in ("os.kill", "os.killpg") and args[0] != pid:
             raise PermissionError(f"sandbox: signals to other processes ({event}) are blocked")
-        elif event in CHANGES:
-            dir_fd = args[-1] if event in ("os.remove", "os.mkdir", "os.rmdir") else None
-            paths = [a for a in args[:2] if isinstance(a, (str, bytes))]
-            if isinstance(dir_fd, int) or any(outside(p) for p in paths):
-                raise PermissionError(f"sandbox: {event} outside the work folder is blocked")
+        elif event in CHANGES and any(outside(args[at], fd and args[fd]) for at, fd in CHANGES[event]):
+            raise PermissionError(f"sandbox: {event} outside the work folder is blocked")
 
     return hook
 

@@ -136,7 +136,7 @@ def test_a_slice_of_canonical_solutions_pass() -> None:
 
 # --- the escapes of issue #93 -------------------------------------------------------------------------
 
-EXITS = ["exit()", "quit()", "import sys; sys.exit(0)", "raise SystemExit", "import os; os._exit(0)"]  # fmt: skip
+EXITS = ["exit()", "quit()", "import sys; sys.exit(0)", "raise SystemExit", "import os; os._exit(0)"]
 
 
 @pytest.mark.parametrize("leave", EXITS)
@@ -220,16 +220,20 @@ WRITES = [
     "open({path!r}, 'w').write('x')",
     "import os; os.mkdir({path!r})",
     "import shutil; shutil.copy('/etc/hostname', {path!r})",
+    "import os; d = os.open(os.path.dirname({path!r}), os.O_RDONLY); os.mkdir('escaped', dir_fd=d)",
 ]
+INSIDE = "import os, shutil\nos.mkdir('d')\nopen('d/f', 'w').write('x')\nos.rename('d/f', 'd/g')\n"
+INSIDE += "shutil.rmtree('d')\n"
 
 
 @pytest.mark.parametrize(("isolation", "hook"), [("auto", True), KERNEL_ONLY, HOOK_ONLY])
-@pytest.mark.parametrize("write", WRITES, ids=["open", "mkdir", "copy"])
+@pytest.mark.parametrize("write", WRITES, ids=["open", "mkdir", "copy", "dir_fd"])
 def test_no_write_outside_the_work_folder(outside: Path, isolation: str, hook: bool, write: str) -> None:
     kw = {} if isolation == "auto" else {"isolation": isolation, "audit_hook": hook}
     result = run_python(write.format(path=str(outside / "escaped")) + "\n", **kw)
     assert result.status == "failed" and not list(outside.iterdir()), result.stderr
-    assert run_python("open('inside.txt', 'w').write('x')\n", **kw).passed
+    inside = run_python(INSIDE, **kw)
+    assert inside.passed, inside.stderr
 
 
 @pytest.mark.parametrize(("isolation", "hook"), [("auto", True), KERNEL_ONLY, HOOK_ONLY])
