@@ -242,10 +242,12 @@ def test_no_signal_reaches_the_harness(isolation: str, hook: bool) -> None:
     previous = signal.signal(signal.SIGUSR1, lambda sig, _frame: got.append(sig))
     kw = {} if isolation == "auto" else {"isolation": isolation, "audit_hook": hook}
     try:
-        for target in ("os.getppid()", str(os.getpid())):
+        for target in ("os.getppid()", str(os.getpid()), "-1"):
             program = (
                 f"import os, signal\ntry:\n    os.kill({target}, signal.SIGUSR1)\nexcept OSError:\n    pass\n"
             )
+            if target == "-1":  # everything this user may signal: tried only where it is init of its own
+                program = program.replace("try:", "if os.getpid() != 1:\n    raise SystemExit\ntry:")
             run_python(program, **kw)
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -304,3 +306,30 @@ def test_truncation_at_stop_sequences() -> None:
     body = "    return 1\n\ndef helper():\n    pass\n"
     assert truncate_completion(body) == "    return 1\n"
     assert truncate_completion("    if x:\n        return 2\n") == "    if x:\n        return 2\n"
+
+
+def test_rescore_reports_old_and_new_pass_at_1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import pandas as pd
+
+    from tasks.humaneval import main
+
+    task = HumanEval(limit=2)
+    first, second = task.load()
+    run_dir = tmp_path / "runs" / "humaneval-vanilla-full-0"
+    run_dir.mkdir(parents=True)
+    run = {
+        "run_id": run_dir.name,
+        "task": "humaneval",
+        "task_params": '{"timeout_s": 5.0, "memory_mb": 1024}',
+    }
+    pd.DataFrame([run]).to_parquet(run_dir / "runs.parquet")
+    texts = [first.reference["canonical_solution"], "    return []\nexit()\n"]  # the second passed by exiting
+    ids = [first.sample_id, second.sample_id]
+    pd.DataFrame({"sample_id": ids, "output_text": texts}).to_parquet(run_dir / "samples.parquet")
+    scores = {"run_id": run_dir.name, "sample_id": ids, "metric": "pass@1", "value": [1.0, 1.0]}
+    pd.DataFrame(scores).to_parquet(run_dir / "scores.parquet")
+    assert main(["--rescore", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert [run_dir.name, "2", "1.0000", "0.5000"] in [line.split() for line in out.splitlines()]
+    assert f"changed {run_dir.name} HumanEval/1: 1 -> 0 (failed: sandbox: the program exited (None)" in out
+    assert main(["--rescore", str(tmp_path / "none")]) == 2
