@@ -124,7 +124,8 @@ def rescore(records: Path) -> list[dict[str, Any]]:
         old = scores[scores["metric"] == "pass@1"].set_index("sample_id")["value"]
         changed, new = [], {}
         for sample_id, before in old.items():
-            result = task.run(problems[sample_id], texts[sample_id] or "")
+            text = texts.get(sample_id)
+            result = task.run(problems[sample_id], "" if pd.isna(text) else str(text))
             new[sample_id] = float(result.passed)
             if new[sample_id] != before:
                 why = (result.stderr.strip().splitlines() or [result.status])[-1]

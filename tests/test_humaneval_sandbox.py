@@ -126,8 +126,8 @@ def test_humaneval_canonical_passes_and_wrong_fails() -> None:
 
 
 def test_a_slice_of_canonical_solutions_pass() -> None:
-    """Every 20th problem's canonical solution (all 164 pass: `python -m tasks.humaneval` documents how
-    the sandbox's cost was measured on them)."""
+    """Every 20th problem's canonical solution (all 164, and their cost per problem against an older
+    sandbox: `python -m research.probes.probe_sandbox_cost`)."""
     task = HumanEval(timeout_s=10.0)
     for sample in task.load()[::20]:
         result = task.run(sample, sample.reference["canonical_solution"])
