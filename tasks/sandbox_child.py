@@ -121,12 +121,13 @@ def disarm() -> None:
         raise PermissionError("sandbox: starting processes is blocked")
 
     _posixsubprocess.fork_exec = refused
-    for module in (os, sys.modules["posix"]):
-        for name in ("pidfd_open",):
-            if hasattr(module, name):
-                delattr(module, name)
-    if hasattr(_signal, "pidfd_send_signal"):
-        del _signal.pidfd_send_signal
+    for module, name in (
+        (os, "pidfd_open"),
+        (sys.modules["posix"], "pidfd_open"),
+        (_signal, "pidfd_send_signal"),
+    ):
+        if hasattr(module, name):
+            delattr(module, name)
 
 
 def guard(work: str, pid: int):
