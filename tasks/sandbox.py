@@ -199,12 +199,17 @@ def _run(
                     _limits, memory_mb, max(1, int(timeout_s) + 1), file_mb, _prctl()
                 ),
             )
+        except BaseException:
+            os.close(sentinel_r)
+            raise
         finally:
             os.close(sentinel_w)
         orders = "\n".join((token, str(sentinel_w), work, str(work_mb), "+".join(layers) or "none"))
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(orders.encode())  # a few bytes: fits the pipe's buffer, never blocks
-            proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):  # the child died before reading them: it fails
+            try:
+                proc.stdin.write(orders.encode())  # a few bytes: fits the pipe's buffer, never blocks
+            finally:
+                proc.stdin.close()
         streams = {proc.stdout.fileno(): Stream(), proc.stderr.fileno(): Stream(), sentinel_r: Stream()}
         timed_out = _collect(proc, streams, start + timeout_s, namespaced="pidns" in layers)
         seconds = time.perf_counter() - start
