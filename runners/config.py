@@ -195,6 +195,13 @@ def check_decoder(cfg: Any) -> None:
         pass
 
 
+def check_task(cfg: Any) -> None:
+    """The task's own checks of its fields (HumanEval's sandbox options, say): it is constructed, which
+    loads no data."""
+    if cfg.get("task") is not None:
+        build(cfg.task, "task")
+
+
 def check_config(cfg: Any) -> RunSettings:
     """Everything about a composed config that can be checked before a model is loaded or anything is
     written; returns the typed `run.*` settings. Raises one HarnessError for the first bad field."""
@@ -202,6 +209,7 @@ def check_config(cfg: Any) -> RunSettings:
     check_model(cfg.get("model") or {}, settings.device)
     check_backends(cfg, settings.device)
     check_sections(cfg)
+    check_task(cfg)
     return settings
 
 

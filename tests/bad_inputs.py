@@ -124,6 +124,20 @@ CASES = [
     _c("decoder.k must be an integer >= 1", "decoder=fafo", "decoder.k=abc"),
     _c("task.source must be one of", "task.source=nowhere"),
     _c("task.max_new_tokens must be an integer >= 1", "task.max_new_tokens=0"),
+    # humaneval sandbox options
+    _c("task.network must be one of auto, netns, audit", "task=humaneval", "task.network=bogus"),
+    _c("task.timeout_s must be a number > 0 and <= 3600", "task=humaneval", "task.timeout_s=-1"),
+    _c("task.timeout_s must be a number > 0 and <= 3600", "task=humaneval", "task.timeout_s=0"),
+    _c("task.timeout_s must be a number > 0 and <= 3600", "task=humaneval", "task.timeout_s=abc"),
+    _c("task.memory_mb must be an integer >= 32", "task=humaneval", "task.memory_mb=0"),
+    _c("task.memory_mb must be an integer >= 32", "task=humaneval", "task.memory_mb=1.5"),
+    _c("task.isolation must be one of auto, namespaces, process", "task=humaneval", "task.isolation=vm"),
+    _c(
+        "task.network=netns needs namespaces",
+        "task=humaneval",
+        "task.isolation=process",
+        "task.network=netns",
+    ),
     # decoder and policy settings
     _c("decoder.N must be an integer >= 3", "decoder=lookahead", "decoder.N=0"),
     _c("decoder.W must be an integer >= 1", "decoder=lookahead", "decoder.W=-1"),
