@@ -8,9 +8,11 @@ One step, with the committed prefix of length P in the cache and the root r = th
    plus the draft's own rows; a skipped attention neither reads nor writes the cache, and since the
    skip set is fixed within a draft, no layer reads a row it did not write. Drafting stops after a
    token whose draft probability is below `confidence` (the paper's confidence-aware early stop).
-2. Roll back: `engine.crop(P)` forgets the drafted rows; 3. verify `[r, d1..dk]` in one full forward
-   over the full cache (`SelfSpeculative._verify`: greedy matching or speculative sampling), commit
-   the root and the accepted drafts. The cache ends exactly as vanilla's.
+2. Roll back: `engine.crop(P)` forgets the drafted rows.
+3. Verify in one forward over the full cache. `tree` (greedy): the reference's dynamic verification,
+   each drafted position's next most likely draft tokens (`SIBLINGS`) as siblings of its draft, the
+   longest accepted path committed; else the chain `[r, d1..dk]` (`SelfSpeculative._verify`: greedy
+   matching or speculative sampling). The cache ends exactly as vanilla's.
 4. Search (the paper's "context-based layer set optimization"): once the generation has more than
    `context_window` + 1 tokens, after each verification one candidate skip set (`skip_ratio` of the
    interior layers' 2(L - 2) sublayers, first and last layer always kept) drafts the first
@@ -26,7 +28,7 @@ prompt, so a generation's drafts do not depend on what ran before it (warm-up, r
 reference keeps one search across a task's instances. The incumbent is scored before the first
 candidate (the reference starts from score 0). Candidates are drawn at random; the reference's
 Bayesian-optimization proposal (every 25th, a Gaussian process over the sublayer mask) is left out.
-Verification is a chain; the reference adds top-k siblings to each drafted position (a small tree).
+Sampling verifies the chain (`tree=false`); the reference also samples over its tree.
 
 Counts: `forwards` are the verification forwards (tau = committed tokens per verification, as for
 selfspec and TriForce). Draft and search forwards are `draft_step`s (`draft_forwards`; steps with
@@ -41,10 +43,16 @@ from dataclasses import dataclass
 
 import torch
 
-from core.attention import CausalView, MaskView
-from core.checks import integer, number
+from core.attention import BlockView, CausalView, MaskView
+from core.checks import flag, integer, number
 from core.types import Counts, HarnessError, LayerSkip
+from decoders.base import extend_output
 from decoders.selfspec import SelfSpeculative
+from decoders.verify import greedy_verify
+
+# The reference's dynamic verification (greedy): a drafted position whose draft probability is above p
+# puts its m most likely draft tokens into the tree (its draft and m - 1 siblings), the first p that fits.
+SIBLINGS = ((0.95, 3), (0.8, 5), (0.5, 8), (-1.0, 10))
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Swift(SelfSpeculative):
         search_steps: int = 1000,
         patience: int = 300,
         max_score: float = 0.93,
+        tree: bool = True,
         seed: int = 0,
     ) -> None:
         skip_ratio = number("decoder.skip_ratio", skip_ratio, 0, 1, high_open=True)
@@ -83,7 +92,13 @@ class Swift(SelfSpeculative):
         patience = integer("decoder.patience", patience, 1)
         max_score = number("decoder.max_score", max_score, 0, 1)
         seed = integer("decoder.seed", seed, 0)
+        self.tree = flag("decoder.tree", tree)
         super().__init__(engine, kv, sampler, gamma=max_draft)
+        if self.tree and not self.sampler.greedy:
+            raise HarnessError(
+                "decoder=swift: the tree verification (decoder.tree=true) is greedy only here; "
+                "sample with decoder.tree=false (chain verification, speculative sampling)"
+            )
         if not self.kv.lossless:
             raise HarnessError(
                 f"decoder=swift drafts by skipping layers over the full cache and verifies over it; "
@@ -109,11 +124,13 @@ class Swift(SelfSpeculative):
             "search_steps": self.search_steps,
             "patience": self.patience,
             "max_score": self.max_score,
+            "tree": self.tree,
             "seed": self.seed,
         }
 
     def max_block(self) -> int:
-        return max(self.gamma, self.context_window) + 1  # a verification, or a search forward
+        tree = self.gamma * SIBLINGS[-1][1] if self.tree else self.gamma  # a depth: its draft + siblings
+        return max(tree, self.context_window) + 1  # a verification, or a search forward
 
     # --- the draft -------------------------------------------------------------------------------
     def _draft(
@@ -124,19 +141,24 @@ class Swift(SelfSpeculative):
         eng, sampler, skip = self.engine, self.sampler, self.search.skip
         view = CausalView(eng.scale)
         chain, probs = [eng.stage([root])], []
+        self._siblings: list[torch.Tensor] = []  # tree: each depth's alternatives to its draft
         positions = eng.positions(length, n)
         for i in range(n):
             logits = eng.step(chain[-1], positions[i : i + 1], view, skip=skip)[0]
             eng.commit([0])
             counts.draft_step(self._reads(length + i, skip))
             if sampler.greedy:
-                conf, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+                top = torch.softmax(logits, dim=-1).topk(SIBLINGS[-1][1])
+                conf, tok = top.values[0], top.indices[0]
             else:
                 probs.append(sampler.probs(logits))
                 tok = sampler.device_draw(probs[-1])
                 conf = probs[-1][tok]
             chain.append(tok.view(1))
-            if float(conf) < self.confidence:  # the one read a draft step makes
+            confidence = float(conf)  # the one read a draft step makes
+            if self.tree:
+                self._siblings.append(top.indices[1 : next(m for p, m in SIBLINGS if confidence > p)])
+            if confidence < self.confidence:
                 break
         eng.crop(length)
         return torch.cat(chain), (torch.stack(probs) if probs else None)
@@ -197,6 +219,49 @@ class Swift(SelfSpeculative):
             length = eng.length
             n = min(self.gamma, max_new_tokens - len(out) - 1)  # the bonus token comes on top
             drafts, probs = self._draft(out[-1], length, n, counts) if n > 0 else ([], None)
-            done, _ = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
+            if self.tree and n > 0:
+                done = self._verify_tree(out, drafts, length, max_new_tokens, stop_ids, counts)
+            else:
+                done, _ = self._verify(out, drafts, probs, length, max_new_tokens, stop_ids, counts)
             if not done and self.search.active and len(out) > self.context_window + 1:
                 self._search_step(rng, out[: self.context_window + 1], len(prompt), counts)
+
+    def _verify_tree(
+        self,
+        out: list[int],
+        chain: torch.Tensor,
+        length: int,
+        max_new_tokens: int,
+        stop_ids: set[int],
+        counts: Counts,
+    ) -> bool:
+        """Greedy verification of the draft chain `[root, d1..dk]` with each depth's siblings: a sibling at
+        depth j sees the root, d1..d(j-1) and itself. The longest accepted path (the chain first on ties)
+        and its bonus are committed. Returns whether the generation is done. One read."""
+        eng, k = self.engine, chain.numel() - 1
+        depths = list(range(k + 1))
+        for j, sib in enumerate(self._siblings):
+            depths += [j + 1] * sib.numel()
+        n = len(depths)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[: k + 1, : k + 1] = torch.ones(k + 1, k + 1, dtype=torch.bool).tril()
+        for row in range(k + 1, n):
+            mask[row, : depths[row]] = True
+            mask[row, row] = True
+        tokens = torch.cat([chain, *self._siblings])
+        positions = eng.positions(length, k + 1)[torch.tensor(depths, device=eng.device)]
+        view = BlockView(mask.to(eng.device), eng.scale)
+        _, preds = eng.step(tokens, positions, view, argmax=True, with_logits=False)
+        both = torch.cat([tokens, preds]).tolist()  # the one read
+        toks, picked = both[:n], both[n:]
+        cands, rows = [toks[1 : k + 1]], [list(range(1, k + 1))]
+        for row in range(k + 1, n):
+            rows.append([*range(1, depths[row]), row])
+            cands.append([toks[r] for r in rows[-1]])
+        verdict = greedy_verify(cands, picked[0], [[picked[r] for r in rr] for rr in rows])
+        n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)
+        keep = verdict.commit_rows(0, rows)[:n_new]
+        eng.commit(keep)
+        self.kv.after_commit(eng, len(keep))
+        counts.step(n, n - 1, verdict.accepted, n_new, length)
+        return done

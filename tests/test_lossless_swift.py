@@ -89,17 +89,24 @@ def test_a_skipped_attention_writes_no_kv_and_the_rest_match_a_full_forward(deep
 
 
 # --- greedy: lossless ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("max_draft", "confidence"), [(1, 0.8), (4, 0.0), (25, 0.5)])
-def test_greedy_equals_vanilla_tiny(refs, max_draft, confidence):
+@pytest.mark.parametrize(
+    ("max_draft", "confidence", "tree"), [(1, 0.8, True), (4, 0.0, False), (25, 0.5, True), (25, 0.5, False)]
+)
+def test_greedy_equals_vanilla_tiny(refs, max_draft, confidence, tree):
     eng, cases = refs
     drafted = accepted = searched = 0
     for prompt, ref in cases:
         counts = Counts()
-        dec = Swift(eng, max_draft=max_draft, confidence=confidence, context_window=4, max_score=1.0)
+        dec = Swift(
+            eng, max_draft=max_draft, confidence=confidence, context_window=4, max_score=1.0, tree=tree
+        )
         got = dec.generate(prompt, N_NEW, set(), counts)
         check_lossless(eng, prompt, ref, got)
         assert counts.committed == len(got) - 1 and counts.forwards <= len(got) - 1
-        assert counts.draft_forwards == counts.drafted + dec.search.tried  # one forward per draft token
+        chain = sum(1 for s in counts.steps if s.draft and s.block_tokens == 1)
+        assert counts.draft_forwards == chain + dec.search.tried  # the search forwards are drafts too
+        if not tree:
+            assert counts.drafted == chain  # one forward per drafted token
         drafted, accepted, searched = (
             drafted + counts.drafted,
             accepted + counts.accepted,
@@ -107,6 +114,20 @@ def test_greedy_equals_vanilla_tiny(refs, max_draft, confidence):
         )
     assert 0 < accepted < drafted  # acceptance and rejection both exercised
     assert searched > len(cases)  # candidates beyond the incumbents were scored
+
+
+def test_the_tree_commits_more_per_verification_than_the_chain(refs):
+    """With the same skip set, the siblings of each drafted position catch tokens the chain misses."""
+    eng, cases = refs
+    forwards = {}
+    for tree in (True, False):
+        counts = Counts()
+        for prompt, ref in cases:
+            assert Swift(eng, search_steps=0, tree=tree).generate(prompt, N_NEW, set(), counts) == ref
+        forwards[tree] = counts.forwards
+        if tree:
+            assert max(s.block_tokens for s in counts.steps if not s.draft) > 3  # siblings verified
+    assert forwards[True] < forwards[False]
 
 
 def test_cache_ends_exactly_as_vanilla(refs):
@@ -136,14 +157,14 @@ def test_stop_token_and_length(refs):
 
 # --- the search ------------------------------------------------------------------------------------------
 def test_search_keeps_the_best_set_and_is_reproducible(refs):
-    """The incumbent is scored first and only a higher matchness replaces it; the same seed gives the same
-    search and counts whatever ran before, another seed other candidates; search_steps=0 keeps the
-    reference's starting set."""
+    """The same seed gives the same search and counts whatever ran before, another seed other
+    candidates; search_steps=0 keeps the reference's starting set."""
     eng, cases = refs
     prompt, _ = cases[2]
 
     def run(seed: int, steps: int = 1000) -> tuple[Swift, Counts]:
-        dec, counts = Swift(eng, context_window=4, max_score=1.0, seed=seed, search_steps=steps), Counts()
+        dec = Swift(eng, context_window=4, max_score=1.0, seed=seed, search_steps=steps, tree=False)
+        counts = Counts()
         dec.generate(prompt, N_NEW, set(), counts)
         return dec, counts
 
@@ -157,6 +178,32 @@ def test_search_keeps_the_best_set_and_is_reproducible(refs):
     fixed, counts = run(0, steps=0)
     assert fixed.search.skip == fixed.start_skip == LayerSkip(frozenset({1, 3}), frozenset({1, 3}))
     assert fixed.search.tried == 0 and counts.draft_forwards == counts.drafted
+
+
+@pytest.mark.parametrize(
+    ("scores", "max_score", "steps", "tried", "best"),
+    [
+        ([0.5, 0.4, 0.7, 0.7, 0.2, 0.0], 1.0, 1000, 6, 2),  # patience
+        ([0.5, 0.95], 0.9, 1000, 2, 1),  # max_score
+        ([0.3, 0.2, 0.1, 0.4], 1.0, 3, 4, 3),  # search_steps
+    ],
+)
+def test_search_keeps_the_higher_score_and_stops(refs, monkeypatch, scores, max_score, steps, tried, best):
+    """The incumbent is scored first; only a higher matchness replaces it; the search stops after
+    `patience` (3) candidates without a gain, above `max_score`, or after `search_steps` candidates."""
+    eng, cases = refs
+    prompt, ref = cases[0]
+    script, seen = iter(scores), []
+
+    def scripted(self, skip, window, prompt_len, counts):
+        seen.append(skip)
+        return next(script)
+
+    monkeypatch.setattr(Swift, "_matchness", scripted)
+    dec = Swift(eng, context_window=4, max_score=max_score, patience=3, search_steps=steps)
+    assert dec.generate(prompt, N_NEW, set(), Counts()) == ref
+    assert seen[0] == dec.start_skip and len(seen) == tried == dec.search.tried and not dec.search.active
+    assert dec.search.skip == seen[best] and dec.search.score == scores[best]
 
 
 def test_matchness_is_the_share_of_the_window_predicted(refs):
@@ -202,6 +249,7 @@ def test_draft_records_show_the_skipped_share(refs):
         ("patience", 0, "decoder.patience must be an integer >= 1"),
         ("max_score", 2, "decoder.max_score must be"),
         ("seed", "x", "decoder.seed must be an integer"),
+        ("tree", "yes", "decoder.tree must be true or false"),
     ],
 )
 def test_bad_options(refs, field, bad, message):
@@ -220,7 +268,10 @@ def test_sampling_is_lossless_in_distribution():
     draft that skips interior sublayers (so drafts are both accepted and rejected)."""
     sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
     eng, prompt, exact = tiny_sampling_case(3, sampler_kw, layers=4)
-    dec = Swift(eng, max_draft=2, confidence=0.0, search_steps=0, sampler=Sampler(seed=1, **sampler_kw))
+    sampler = Sampler(seed=1, **sampler_kw)
+    with pytest.raises(HarnessError, match="^decoder=swift: the tree verification .* is greedy only"):
+        Swift(eng, sampler=sampler)
+    dec = Swift(eng, max_draft=2, confidence=0.0, search_steps=0, tree=False, sampler=sampler)
     assert dec.start_skip.size == 2
     samples, totals = sample_generations(dec, prompt, 3, 800)
     assert 200 < totals["accepted"] < 800 * 2
