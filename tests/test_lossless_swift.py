@@ -16,7 +16,7 @@ from core.types import Counts, HarnessError, LayerSkip
 from decoders.swift import Swift
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
-from tests.conftest import needs_smollm
+from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -36,7 +36,7 @@ def deep_lm(request):
     from core.models import load_model
 
     return load_model(
-        "tiny", "tiny", arch=request.param, dtype="float32", device="cpu", seed=1, tiny={"layers": 6}
+        "tiny", "tiny", arch=request.param, dtype="float32", device=TEST_DEVICE, seed=1, tiny={"layers": 6}
     )
 
 
