@@ -75,7 +75,7 @@ class Swift(SelfSpeculative):
         engine,
         kv=None,
         sampler=None,
-        skip_ratio: float = 0.45,
+        skip_ratio: float = 0.2,
         max_draft: int = 25,
         confidence: float = 0.8,
         context_window: int = 16,

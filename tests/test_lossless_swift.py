@@ -98,7 +98,13 @@ def test_greedy_equals_vanilla_tiny(refs, max_draft, confidence, tree):
     for prompt, ref in cases:
         counts = Counts()
         dec = Swift(
-            eng, max_draft=max_draft, confidence=confidence, context_window=4, max_score=1.0, tree=tree
+            eng,
+            skip_ratio=0.45,
+            max_draft=max_draft,
+            confidence=confidence,
+            context_window=4,
+            max_score=1.0,
+            tree=tree,
         )
         got = dec.generate(prompt, N_NEW, set(), counts)
         check_lossless(eng, prompt, ref, got)
@@ -163,7 +169,9 @@ def test_search_keeps_the_best_set_and_is_reproducible(refs):
     prompt, _ = cases[2]
 
     def run(seed: int, steps: int = 1000) -> tuple[Swift, Counts]:
-        dec = Swift(eng, context_window=4, max_score=1.0, seed=seed, search_steps=steps, tree=False)
+        dec = Swift(
+            eng, skip_ratio=0.45, context_window=4, max_score=1.0, seed=seed, search_steps=steps, tree=False
+        )
         counts = Counts()
         dec.generate(prompt, N_NEW, set(), counts)
         return dec, counts
