@@ -74,6 +74,7 @@ def method_of(decoder: str, kv: str) -> str:
         "vanilla": "Vanilla",
         "longspec": "LongSpec",
         "sfi": "SFI",
+        "swift": "SWIFT",
     }.get(d, d)
 
 

@@ -15,7 +15,7 @@ from analysis.metrics import SETUP, UNKNOWN, is_dirty, scale_text, version_count
 # Why a row of a paper's table has no run of ours in any setup, where "no run yet" is not the reason
 # (paper, method) -> reason; rows not named here say which command makes their runs.
 ROW_REASONS: dict[tuple[str, str], str] = {
-    ("FAFO", "SWIFT"): "no SWIFT decoder in the harness (its layer-skipping self-draft is not implemented)",
+    ("FAFO", "SWIFT"): "no run of this setup: `python run.py -m experiment=fafo_swift` (decoder=swift)",
     ("FAFO", "TriForce"): "no FAFO experiment runs decoder=triforce on the short chat tasks; its PG-19 rows "
     "are in FAFO Table 10 and TriForce's own tables",
 }

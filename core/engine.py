@@ -32,6 +32,7 @@ from core.decode_graph import fits, has_room
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 from core.positions import RelativePositions, absolute
+from core.types import LayerSkip
 
 
 def onednn_applies(model: torch.nn.Module) -> bool:
@@ -141,6 +142,7 @@ class Engine:
         replay: bool = True,
         argmax: bool = False,
         with_logits: bool = True,
+        skip: LayerSkip | None = None,
     ) -> Any:
         """One forward over a block. Returns float logits for `logits_rows` (all rows if None), and with
         `argmax=True` the pair (logits, long argmax of each of those rows): the greedy choice is made on
@@ -153,8 +155,9 @@ class Engine:
         With `cuda_graphs`, a plain step without hooks is replayed from a captured graph unless
         `replay=False` (the prefill: its chunks have every size). `position_ids` may be a
         `RelativePositions` (a layout's offsets after the cache), which such a graph adds to the cache
-        length itself."""
-        if replay and not hooks and fits(self.cache, tokens.numel(), view):
+        length itself. `skip`: sublayers left out (a layer-skipping self-draft, SWIFT); a skipped attention
+        neither reads nor writes the cache, so those rows are stale until a full forward rewrites them."""
+        if replay and not hooks and skip is None and fits(self.cache, tokens.numel(), view):
             self.fixed_shape_steps += 1
             if self.graphs is not None:
                 return self.graphs(tokens, position_ids, view, logits_rows, argmax, with_logits)
@@ -179,7 +182,7 @@ class Engine:
                     hook(li, q, k_all, cache_len)
             return view.attend(li, q.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0))
 
-        h = self.layers_forward(tokens, position_ids, attend)
+        h = self.layers_forward(tokens, position_ids, attend, skip)
         if logits_rows is not None:
             h = h.index_select(0, self.stage(logits_rows))
         logits = self.lm_logits(self.w.final_norm(h))
@@ -189,7 +192,11 @@ class Engine:
         return (logits if with_logits else None, ids)
 
     def layers_forward(
-        self, tokens: torch.Tensor, position_ids: torch.Tensor, attend: Callable
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        attend: Callable,
+        skip: LayerSkip | None = None,
     ) -> torch.Tensor:
         """The decoder layers over a block (embedding in, last hidden states out, before the final
         norm). `attend(layer, q [H, n, d], k [H_kv, n, d], v [H_kv, n, d], x)` stores the block's K/V
@@ -202,20 +209,23 @@ class Engine:
         h = w.embed(tokens)  # [n, hidden]
         H, Hkv, d = w.n_heads, w.n_kv_heads, w.head_dim
         q_size, kv_size = H * d, Hkv * d
+        no_attn, no_mlp = (skip.attn, skip.mlp) if skip is not None else ((), ())
         for li, layer in enumerate(w.layers):
-            x = layer.norm1(h)
-            qkv = self._lin(x, layer.wqkv, layer.bqkv)
-            qk = qkv[:, : q_size + kv_size].view(n, H + Hkv, d)  # q and k heads rotated together
-            qk = qk * cos + _swap_halves(qk) * sin_signed
-            q = qk[:, :H].transpose(0, 1)
-            k = qk[:, H:].transpose(0, 1)
-            v = qkv[:, q_size + kv_size :].view(n, Hkv, d).transpose(0, 1)
-            o = attend(li, q, k, v, x)
-            h = h + self._lin(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
-            x = layer.norm2(h)
-            gu = self._lin(x, layer.wgu)
-            g, u = gu.chunk(2, dim=-1)
-            h = h + self._lin(w.act(g) * u, layer.wdown)
+            if li not in no_attn:
+                x = layer.norm1(h)
+                qkv = self._lin(x, layer.wqkv, layer.bqkv)
+                qk = qkv[:, : q_size + kv_size].view(n, H + Hkv, d)  # q and k heads rotated together
+                qk = qk * cos + _swap_halves(qk) * sin_signed
+                q = qk[:, :H].transpose(0, 1)
+                k = qk[:, H:].transpose(0, 1)
+                v = qkv[:, q_size + kv_size :].view(n, Hkv, d).transpose(0, 1)
+                o = attend(li, q, k, v, x)
+                h = h + self._lin(o[0].transpose(0, 1).reshape(n, q_size), layer.wo)
+            if li not in no_mlp:
+                x = layer.norm2(h)
+                gu = self._lin(x, layer.wgu)
+                g, u = gu.chunk(2, dim=-1)
+                h = h + self._lin(w.act(g) * u, layer.wdown)
         return h
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:

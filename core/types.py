@@ -166,3 +166,17 @@ class Decoder(Protocol):
 
 class HarnessError(Exception):
     """A user-facing error: the runner prints its message as one line and exits non-zero."""
+
+
+@dataclass(frozen=True)
+class LayerSkip:
+    """Sublayers a forward leaves out (`Engine.step(skip=...)`): the attention of the layers in `attn`
+    and the MLP of those in `mlp`, by layer index (SWIFT's layer-skipping self-draft, arXiv 2410.06916)."""
+
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+    @property
+    def size(self) -> int:
+        """Sublayers skipped."""
+        return len(self.attn) + len(self.mlp)

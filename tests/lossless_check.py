@@ -213,18 +213,19 @@ def prompts_lossless(lm, makers: list, prompts: list[tuple[str, list[int]]], max
 
 
 def tiny_sampling_case(
-    n: int, sampler_kw: dict, vocab_size: int = 16, seed: int = 4
+    n: int, sampler_kw: dict, vocab_size: int = 16, seed: int = 4, layers: int = 2
 ) -> tuple[Engine, list[int], dict[tuple, float]]:
-    """The sampling-losslessness setting the decoders share: a tiny random Llama with a small vocabulary,
-    a prompt that ends in its own greedy text (so drafts and n-grams get accepted), and the exact
-    distribution of its first `n` sampled tokens under `sampler_kw`."""
+    """The sampling-losslessness setting the decoders share: a tiny random Llama with a small vocabulary
+    (and `layers` layers: a layer-skipping draft needs interior ones), a prompt that ends in its own
+    greedy text (so drafts and n-grams get accepted), and the exact distribution of its first `n`
+    sampled tokens under `sampler_kw`."""
     from core.engine import Engine
     from core.models import load_model
     from core.sampling import Sampler
     from core.types import Counts
     from decoders.vanilla import Vanilla
 
-    tiny = dict(vocab_size=vocab_size)
+    tiny = dict(vocab_size=vocab_size, layers=layers)
     lm = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=seed, tiny=tiny)
     eng = Engine(lm.model)
     prompt = [1, 2, 3] + Vanilla(eng).generate([1, 2, 3], 24, set(), Counts())

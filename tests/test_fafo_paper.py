@@ -81,6 +81,7 @@ def test_method_labels():
     assert fp.method_of("fafo_cpu", "quest") == "FAFO-Quest"
     assert fp.method_of("fafo_2forward", "streaming") == "FAFO-2forward"
     assert fp.method_of("lookahead", "full") == "Lookahead"
+    assert fp.method_of("swift", "full") == "SWIFT"
 
 
 def test_table1(samples):
@@ -254,3 +255,16 @@ def test_table10_by_context_length_with_the_triforce_rows():
     assert t.loc[("TriForce", "3072"), "paper_tau"] == pytest.approx(5.5)
     assert math.isnan(t.loc[("TriForce", "3072"), "ours_speedup"])
     assert "self-draft: 4" in fp.table10(pd.DataFrame(r)).attrs["caption"]
+
+
+def test_swift_runs_fill_the_swift_rows_of_tables_1_and_2(samples):
+    """decoder=swift (experiment=fafo_swift) fills the SWIFT rows beside the paper's, in Tables 1 and 2."""
+    swift = pd.DataFrame(rows("swift", "full", 5.0, 1.7) + rows("swift", "full", 8.0, 1.5, "gsm8k"))
+    both = pd.concat([samples, swift], ignore_index=True)
+    t1 = fp.table1(both)
+    assert cell(t1, "ours_tau", method="SWIFT") == pytest.approx(1.7)
+    assert cell(t1, "ours_speedup", method="SWIFT") == pytest.approx(4.0 / 5.0)
+    assert cell(t1, "paper_tau", method="SWIFT") == 2.65
+    t2 = fp.table2(both, tasks=("mtbench", "gsm8k"))
+    assert cell(t2, "ours_speedup", method="SWIFT", task="GSM8K") == pytest.approx(0.5)
+    assert cell(t2, "paper_tau", method="SWIFT", task="GSM8K") == 2.43

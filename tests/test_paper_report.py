@@ -281,7 +281,9 @@ def test_report_reads_at_a_glance(tmp_path):
     assert [r.split("|")[1].strip() for r in fafo_t1[2:]] == ["FAFO-Stream"]
     # the rows left out are listed under "Not reproduced, and why" with their reason
     gaps = text[text.index("## Not reproduced, and why") :]
-    assert "| FAFO | Table 1 | `cpu-test2-fp32@paper` | SWIFT | no SWIFT decoder in the harness" in gaps
+    swift = "| FAFO | Table 1 | `cpu-test2-fp32@paper` | SWIFT | no run of this setup: `python run.py -m "
+    swift += "experiment=fafo_swift` (decoder=swift)"
+    assert swift in gaps
     assert (
         "| FAFO | Table 1 | `cpu-test2-fp32@paper` | FAFO-2forward; Lookahead | no run of this setup: "
         in gaps
