@@ -109,6 +109,7 @@ DAMAGE = (OSError, ValueError, pa.ArrowException)  # what reading a damaged parq
 def why(exc: BaseException) -> str:
     """An exception as a short reason for one error line: its first line, at most 120 characters."""
     text = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    text = re.sub(r"^Could not open Parquet input source '[^']*': ", "", text)  # the path is named already
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -197,6 +198,14 @@ def safe_name(sample_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id) + "-" + hashlib.sha1(sample_id.encode()).hexdigest()[:6]
 
 
+def part_stem(path: Path) -> str:
+    """The sample's stem of a part file `<stem>.<table>.parquet` (`safe_name` keeps dots of sample ids)."""
+    for table in TABLES:
+        if path.name.endswith(f".{table}.parquet"):
+            return path.name.removesuffix(f".{table}.parquet")
+    return path.stem
+
+
 class RunDir:
     def __init__(self, root: Path, run_id: str) -> None:
         self.path = root / run_id
@@ -243,16 +252,22 @@ class RunDir:
         try:
             return pd.read_parquet(path, columns=columns)
         except DAMAGE as exc:
-            stem = path.name.split(".")[0]
+            stem = part_stem(path)
             raise HarnessError(
                 f"part {path} cannot be read ({why(exc)}); remove {self.parts}/{stem}.*.parquet and rerun: "
                 "that sample runs again"
             ) from None
 
     def _part_status(self) -> pd.DataFrame:
-        frames = [
-            self.read_part(p, ["sample_id", "error"]) for p in sorted(self.parts.glob("*.samples.parquet"))
-        ]
+        """sample_id and error of every finished sample's part; its steps and scores parts are checked
+        readable too, so that a damaged one stops the run before any sample is run, not at the end."""
+        frames = []
+        for path in sorted(self.parts.glob("*.samples.parquet")):
+            frames.append(self.read_part(path, ["sample_id", "error"]))
+            for table in ("steps", "scores"):
+                sibling = path.with_name(part_stem(path) + f".{table}.parquet")
+                if sibling.exists():
+                    self.read_part(sibling, ["sample_id"])
         frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame({"sample_id": [], "error": []})

@@ -204,6 +204,7 @@ class Runner:
         samples = self.task.load()
         lengths = self._check_prompts(samples)
         self.sample_set = digest([s.sample_id for s in samples])
+        self._check_resume()  # read-only: a damaged record or another writer's parts stop the run untouched
         if not {s.sample_id for s in samples} <= self.rundir.done_samples():
             self._give_cost_curve()  # before anything is written: a curve too noisy to trust stops here
         with RunLock(self.rundir.path):
