@@ -133,3 +133,13 @@ def test_complete_markers_written_before_the_row_counts_stay_readable(made, tmp_
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         table = summary_main(["--root", str(out), "--figure", str(tmp_path / "summary.png")])
     assert err.getvalue() == "" and sorted(table["decoder"]) == ["pld", "vanilla"]
+
+
+def test_paper_runs_names_a_damaged_record(made, tmp_path):
+    from runners import paper_runs
+
+    out = copied(made, "complete", tmp_path)
+    cut = next(c for c in COMPLETE if c.name == "cut runs.parquet")
+    cut.damage(vanilla_run(out))
+    with pytest.raises(HarnessError, match=f"damaged record {vanilla_run(out)} .*remove it"):
+        paper_runs.record_slices(out)
