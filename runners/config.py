@@ -211,7 +211,7 @@ def check_task_data(cfg: Any, settings: RunSettings) -> None:
     file reads in well under a second): a damaged file is one error line naming its file, line and
     field, and in a sweep it stops the command before any job runs."""
     task = cfg.get("task") or {}
-    if not task.get("data_path"):
+    if not task.get("data_path") or task.get("source") == "hub":  # the hub is not read before the model
         return
     loader = build(task, "task", limit=settings.limit, stratify=settings.stratify)
     loader.limit_field = settings.limit_field

@@ -237,14 +237,18 @@ class RunDir:
                 return f"{path.name} cannot be read ({why(exc)})"
             if name in counts and rows != counts[name]:
                 return f"{path.name} holds {rows} rows where COMPLETE counts {counts[name]}"
-        if "sample_ids" in counts:
-            try:
-                ids = pd.read_parquet(self.path / "samples.parquet", columns=["sample_id"])["sample_id"]
-            except DAMAGE as exc:
-                return f"samples.parquet cannot be read ({why(exc)})"
-            if ids.nunique() != counts["sample_ids"]:
-                n, want = ids.nunique(), counts["sample_ids"]
-                return f"samples.parquet holds {n} samples where COMPLETE counts {want}"
+        want, said = counts.get("sample_ids"), "COMPLETE counts"
+        try:
+            if want is None:  # a marker written before the counts: the run's limit, when it had one
+                limit = pd.read_parquet(self.path / "runs.parquet").iloc[0].get("limit")
+                want, said = (None if pd.isna(limit) else int(limit)), "runs.parquet's limit is"
+            if want is None:
+                return None
+            ids = pd.read_parquet(self.path / "samples.parquet", columns=["sample_id"])["sample_id"]
+        except (*DAMAGE, IndexError) as exc:
+            return f"the records cannot be read ({why(exc)})"
+        if ids.nunique() != want:
+            return f"samples.parquet holds {ids.nunique()} samples where {said} {want}"
         return None
 
     def read_part(self, path: Path, columns: list[str] | None = None) -> pd.DataFrame:

@@ -443,6 +443,15 @@ RECORD_CASES = [
         lambda r: ((r / "COMPLETE").write_text("complete\n"), (r / "samples.parquet").unlink()),
         "samples.parquet is missing",
     ),
+    RecordCase(
+        "old COMPLETE, a sample short",
+        "complete",
+        lambda r: (
+            (r / "COMPLETE").write_text("complete\n"),
+            _rewrite(r / "samples.parquet", lambda df: df.head(4)),
+        ),
+        "samples.parquet holds 2 samples where runs.parquet's limit is 3",
+    ),
 ]
 
 

@@ -26,6 +26,7 @@ from tests.test_runner import make_cfg
 PARTIAL = [c for c in RECORD_CASES if c.run == "partial"]
 COMPLETE = [c for c in RECORD_CASES if c.run == "complete"]
 BROKEN = "+task.broken=s1"  # sample s1 fails: the run stays incomplete and keeps the parts of s0, s2
+LIMIT = "run.limit=3"  # the complete runs record their limit (what an old COMPLETE is checked against)
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +43,8 @@ def made(tmp_path_factory) -> dict[str, Path]:
     with pytest.raises(HarnessError, match="1 of 3 samples"):
         Runner(make_cfg(partial, BROKEN)).run()
     complete = tmp_path_factory.mktemp("complete")
-    Runner(make_cfg(complete)).run()
-    Runner(make_cfg(complete, "decoder=pld")).run()
+    Runner(make_cfg(complete, LIMIT)).run()
+    Runner(make_cfg(complete, LIMIT, "decoder=pld")).run()
     return {"partial": partial, "complete": complete}
 
 
@@ -112,7 +113,7 @@ def test_a_complete_marker_its_files_do_not_back_is_resumed(made, tmp_path, case
     out = copied(made, "complete", tmp_path)
     run = vanilla_run(out)
     case.damage(run)
-    path = Runner(make_cfg(out)).run()
+    path = Runner(make_cfg(out, LIMIT)).run()
     said = capsys.readouterr().out
     assert path == run and "already complete" not in said
     (line,) = [line for line in said.splitlines() if "is marked COMPLETE but" in line]
@@ -127,7 +128,7 @@ def test_complete_markers_written_before_the_row_counts_stay_readable(made, tmp_
     out = copied(made, "complete", tmp_path)
     run = vanilla_run(out)
     (run / "COMPLETE").write_text("complete\n")
-    Runner(make_cfg(out)).run()
+    Runner(make_cfg(out, LIMIT)).run()
     assert "is already complete; nothing to do" in capsys.readouterr().out
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
