@@ -7,6 +7,7 @@ naming it, never dropped in silence; `strict=True` (make paper) raises a Damaged
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -61,6 +62,26 @@ class DamagedRecord(Exception):  # noqa: N818 - named for what it is, like Analy
 
 
 _WARNED: set[str] = set()  # each damaged record is named once per process
+RECORD_FILES = ("COMPLETE", "runs.parquet", "samples.parquet", "steps.parquet", "scores.parquet")
+
+
+def completion_problem(folder: Path) -> str | None:
+    """`RunDir.completion_problem` of the run in `folder`, checked once per state of its files (a report
+    loads the same records several times)."""
+    stamp = []
+    for name in RECORD_FILES:
+        try:
+            st = (folder / name).stat()
+            stamp.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            stamp.append(None)
+    return _completion_problem(str(folder), tuple(stamp))
+
+
+@functools.lru_cache(maxsize=8192)
+def _completion_problem(folder: str, _stamp: tuple) -> str | None:
+    path = Path(folder)
+    return RunDir(path.parent, path.name).completion_problem()
 
 
 def damaged(path: Path, problem: str, strict: bool) -> None:
@@ -90,7 +111,7 @@ def load_runs(root: Path | str = "results", complete_only: bool = True, strict: 
         except (*DAMAGE, IndexError) as exc:
             damaged(folder, f"runs.parquet cannot be read ({why(exc)})", strict)
             continue
-        problem = RunDir(folder.parent, folder.name).completion_problem() if complete_only else None
+        problem = completion_problem(folder) if complete_only else None
         if problem:
             damaged(folder, f"its COMPLETE is not backed: {problem}", strict)
             continue
