@@ -1,11 +1,20 @@
-"""Load every run under `results/runs/` into tidy DataFrames (samples joined with their run row)."""
+"""Load every run under `results/runs/` into tidy DataFrames (samples joined with their run row).
+
+A record that cannot be trusted (a runs.parquet or table that cannot be read, a COMPLETE its tables do
+not back: `runners.records.RunDir.completion_problem`) is skipped with one `warning:` line on stderr
+naming it, never dropped in silence; `strict=True` (make paper) raises a DamagedRecord instead.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
+
+from runners.records import DAMAGE, RunDir, why
 
 RUN_KEYS = [
     "run_id",
@@ -48,11 +57,63 @@ def _flatten(prefix: str, blob: str) -> dict:
     }
 
 
-def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.DataFrame:
+class DamagedRecord(Exception):  # noqa: N818 - named for what it is, like AnalysisError's refusals
+    """A run record that cannot be read or whose COMPLETE its files do not back."""
+
+
+_WARNED: set[str] = set()  # each damaged record is named once per process
+RECORD_FILES = ("COMPLETE", "runs.parquet", "samples.parquet", "steps.parquet", "scores.parquet")
+
+
+def completion_problem(folder: Path) -> str | None:
+    """`RunDir.completion_problem` of the run in `folder`, checked once per state of its files (a report
+    loads the same records several times)."""
+    stamp = []
+    for name in RECORD_FILES:
+        try:
+            st = (folder / name).stat()
+            stamp.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            stamp.append(None)
+    return _completion_problem(str(folder), tuple(stamp))
+
+
+@functools.lru_cache(maxsize=8192)
+def _completion_problem(folder: str, _stamp: tuple) -> str | None:
+    path = Path(folder)
+    return RunDir(path.parent, path.name).completion_problem()
+
+
+def damaged(path: Path, problem: str, strict: bool) -> None:
+    """Raise (strict) or warn once that the record at `path` is skipped."""
+    if strict:
+        raise DamagedRecord(f"damaged record {path}: {problem}")
+    if str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        print(f"warning: skipping the damaged record {path}: {problem}", file=sys.stderr)
+
+
+def load_runs(root: Path | str = "results", complete_only: bool = True, strict: bool = False) -> pd.DataFrame:
+    """One row per run under `root/runs/`: its runs.parquet, its parameters flattened, its `path`.
+    `complete_only`: only runs whose COMPLETE is backed by their tables; a damaged one is skipped with a
+    warning (or raises DamagedRecord when `strict`)."""
     rows = []
-    for path in sorted(Path(root).glob("runs/*/runs.parquet")):
-        run = pd.read_parquet(path).iloc[0].to_dict()
-        if complete_only and not (path.parent / "COMPLETE").exists():
+    for folder in sorted(p for p in Path(root).glob("runs/*") if p.is_dir()):
+        path, marked = folder / "runs.parquet", (folder / "COMPLETE").exists()
+        if complete_only and not marked:
+            continue  # still running, or failed: not a record yet
+        if not path.is_file():
+            if marked:
+                damaged(folder, "runs.parquet is missing", strict)
+            continue
+        try:
+            run = pd.read_parquet(path).iloc[0].to_dict()
+        except (*DAMAGE, IndexError) as exc:
+            damaged(folder, f"runs.parquet cannot be read ({why(exc)})", strict)
+            continue
+        problem = completion_problem(folder) if complete_only else None
+        if problem:
+            damaged(folder, f"its COMPLETE is not backed: {problem}", strict)
             continue
         run.update(_flatten("decoder", run.get("decoder_params")))
         run.update(_flatten("kv", run.get("kv_params")))
@@ -63,19 +124,25 @@ def load_runs(root: Path | str = "results", complete_only: bool = True) -> pd.Da
         run.setdefault("scale", "paper")  # runs recorded before conf/scale/ existed
         run.setdefault("linear", "aten")  # runs recorded before run.linear existed
         run.setdefault("cuda_graphs", False)  # runs recorded before run.cuda_graphs existed
-        run["path"] = str(path.parent)
+        run["path"] = str(folder)
         rows.append(run)
     return pd.DataFrame(rows)
 
 
-def load_table(root: Path | str, table: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """`samples`, `steps` or `scores` of every (complete) run, with the run's columns joined on."""
-    runs = load_runs(root) if runs is None else runs
+def load_table(
+    root: Path | str, table: str, runs: pd.DataFrame | None = None, strict: bool = False
+) -> pd.DataFrame:
+    """`samples`, `steps` or `scores` of every (complete) run, with the run's columns joined on; a table
+    that cannot be read is skipped with a warning (raises DamagedRecord when `strict`)."""
+    runs = load_runs(root, strict=strict) if runs is None else runs
     frames = []
     for _, run in runs.iterrows():
         p = Path(run["path"]) / f"{table}.parquet"
         if p.exists():
-            frames.append(pd.read_parquet(p))
+            try:
+                frames.append(pd.read_parquet(p))
+            except DAMAGE as exc:
+                damaged(p.parent, f"{p.name} cannot be read ({why(exc)})", strict)
     if not frames:
         return pd.DataFrame()
     df = pd.concat(frames, ignore_index=True)
@@ -87,8 +154,8 @@ def load_table(root: Path | str, table: str, runs: pd.DataFrame | None = None) -
     return df.merge(runs[extra], on="run_id", how="left")
 
 
-def load_samples(root: Path | str = "results") -> pd.DataFrame:
-    return load_table(root, "samples")
+def load_samples(root: Path | str = "results", strict: bool = False) -> pd.DataFrame:
+    return load_table(root, "samples", strict=strict)
 
 
 def experiments(prefix: str) -> tuple[str, ...]:

@@ -373,6 +373,7 @@ def reference_run(root: Path | str, run_id: str) -> Path | None:
     """The complete vanilla+full run of the same environment as run `run_id` (None if there is none;
     an AnalysisError if two qualify)."""
     from analysis.load import load_runs
+    from runners.records import RunDir
 
     runs = load_runs(root, complete_only=False)
     if runs.empty or run_id not in set(runs["run_id"]):
@@ -380,7 +381,7 @@ def reference_run(root: Path | str, run_id: str) -> Path | None:
     runs = with_env(runs)
     me = runs[runs["run_id"] == run_id].iloc[0]
     same = runs[(runs[ENV] == me[ENV]).all(axis=1) & is_baseline(runs)]
-    same = same[[(Path(p) / "COMPLETE").exists() for p in same["path"]]]
+    same = same[[RunDir(Path(p).parent, Path(p).name).complete for p in same["path"]]]  # COMPLETE backed
     if len(same) > 1:
         raise AnalysisError(f"two vanilla kv=full runs share one environment ({', '.join(same['run_id'])})")
     return Path(same["path"].iloc[0]) if len(same) else None

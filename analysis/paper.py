@@ -39,7 +39,7 @@ from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
 from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
-from analysis.load import experiments, from_experiments
+from analysis.load import DamagedRecord, experiments, from_experiments, load_runs
 from analysis.metrics import (
     AnalysisError,
     version_counts,
@@ -362,7 +362,7 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     from analysis.load import load_samples
 
     stage = out if stage is None else stage
-    samples = load_samples(root)
+    samples = load_samples(root, strict=True)
     found = setups(samples)
     n_runs = samples["run_id"].nunique() if len(samples) else 0
     body: list[str] = []
@@ -426,9 +426,9 @@ def sync_figures(stage: Path, out: Path) -> None:
 def write_report(root: Path, out: Path) -> Path:
     """Build the report with its figures in a scratch folder, then write REPORT.md (when its text
     changed) and sync the figures into `out`: a rebuild from the same records changes no file."""
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="paper-") as tmp:
-        text = build_report(root, out, Path(tmp))
+        text = build_report(root, out, Path(tmp))  # before anything is written: it may refuse the records
+        out.mkdir(parents=True, exist_ok=True)
         sync_figures(Path(tmp), out)
     report = out / "REPORT.md"
     if not report.is_file() or report.read_text() != text:
@@ -448,7 +448,17 @@ def main(argv: list[str] | None = None) -> None:
     root, out = Path(args.root), Path(args.out)
     if not (root / "runs").is_dir():
         sys.exit(f"error: no records under {root}/runs (make paper-runs, or --root <folder holding runs/>)")
-    print(f"wrote {write_report(root, out)}")
+    # the report is rebuilt from every record and committed: one built without a damaged record would
+    # lose its cells (and the pairings it is the baseline of) without anyone noticing, so it is refused
+    try:
+        load_runs(root, strict=True)
+        report = write_report(root, out)
+    except DamagedRecord as exc:
+        sys.exit(
+            f"error: {exc}; make paper needs every record intact: restore it (git checkout -- <that folder>) "
+            "or remove it, then rerun"
+        )
+    print(f"wrote {report}")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,24 @@ def note_lines(block: pd.DataFrame) -> list[str]:
     return out
 
 
+def figure_path(value: str | None, root: str) -> Path:
+    """`--figure` checked before anything is read or written: a file name with an image suffix that
+    matplotlib writes (a folder, or `.txt`, is one `error:` line; matplotlib would write `<folder>.png`
+    beside a folder, and fail with a traceback on `.txt`)."""
+    if value is None:
+        return Path(root) / "figures" / "summary.png"
+    path = Path(value)
+    if path.is_dir() or value.endswith(("/", "\\")):
+        sys.exit(f"error: --figure {value} is a folder: give a file, e.g. {path / 'summary.png'}")
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f".{suffix} is not" if suffix else "a name without a suffix is not"
+        sys.exit(f"error: --figure {value}: {what} an image format; use .png, .pdf or .svg")
+    return path
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     root_default = default_root()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,6 +222,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )
     ap.add_argument("--figure", default=None, help="PNG path (default <root>/figures/summary.png)")
     args = ap.parse_args(argv)
+    figure = figure_path(args.figure, args.root)
     runs = load_runs(args.root)
     if runs.empty:
         sys.exit(f"error: no complete runs under {args.root}/runs; run `python run.py` first")
@@ -216,7 +235,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table["label"] = display.layout(table, ENV, BLOCK).labels
     print("\n".join(report_lines(table)))
     if table["speedup"].notna().any():
-        figure = Path(args.figure or Path(args.root) / "figures" / "summary.png")
         try:
             print(f"figure: {speedup_figure(table, figure)}")
         except OSError as exc:  # a read-only folder, a file where a folder should be

@@ -210,7 +210,20 @@ def check_config(cfg: Any) -> RunSettings:
     check_backends(cfg, settings.device)
     check_sections(cfg)
     check_task(cfg)
+    check_task_data(cfg, settings)
     return settings
+
+
+def check_task_data(cfg: Any, settings: RunSettings) -> None:
+    """A local `task.data_path` is read and every row checked now, before a model is loaded (a local
+    file reads in well under a second): a damaged file is one error line naming its file, line and
+    field, and in a sweep it stops the command before any job runs."""
+    task = cfg.get("task") or {}
+    if not task.get("data_path") or task.get("source") == "hub":  # the hub is not read before the model
+        return
+    loader = build(task, "task", limit=settings.limit, stratify=settings.stratify)
+    loader.limit_field = settings.limit_field
+    loader.load()
 
 
 def writable_folder(field: str, value: Any) -> Path:

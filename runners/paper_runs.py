@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 
 from core.types import HarnessError
+from runners.records import DAMAGE, why
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = REPO / "conf" / "paper_runs.yaml"
@@ -94,12 +95,18 @@ def record_slices(records: Path) -> pd.DataFrame:
     """One row per CPU run recorded: its folder, slice, code version and prefill + decode seconds."""
     rows = []
     for run_file in sorted((records / "runs").glob("*/runs.parquet")):
-        run = pd.read_parquet(run_file).iloc[0]
         samples = run_file.parent / "samples.parquet"
         secs = 0.0
-        if samples.exists():
-            timed = pd.read_parquet(samples, columns=["prefill_s", "decode_s"])
-            secs = float(timed.sum().sum())
+        try:
+            run = pd.read_parquet(run_file).iloc[0]
+            if samples.exists():
+                timed = pd.read_parquet(samples, columns=["prefill_s", "decode_s"])
+                secs = float(timed.sum().sum())
+        except (*DAMAGE, IndexError, KeyError) as exc:
+            raise HarnessError(
+                f"damaged record {run_file.parent} ({why(exc)}): restore it (git checkout -- <that folder>) "
+                "or remove it"
+            ) from None
         if not str(run["device_name"]).startswith("cpu"):
             continue  # GPU records come from the GPU check script, never rerun here
         rows.append(

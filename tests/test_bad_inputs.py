@@ -124,3 +124,20 @@ def test_summary_figure_to_an_unwritable_path_is_one_line(tmp_path):
         summary_main(["--root", str(tmp_path), "--figure", str(target / "summary.png")])
     assert str(exc.value.code).startswith("error: cannot write the figure")
     assert "\n" not in str(exc.value.code)
+
+
+@pytest.mark.parametrize("name", ["a-folder", "a-folder/", "summary.txt", "summary"])
+def test_summary_figure_that_is_no_image_file_is_one_line_and_writes_nothing(tmp_path, name):
+    """matplotlib wrote `<folder>.png` beside a folder (at the root for a top-level one) and failed with
+    a traceback on `.txt`: both are refused before anything is read or written."""
+    from analysis.summary import main as summary_main
+
+    write_synthetic_runs(tmp_path)
+    (tmp_path / "a-folder").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exc, contextlib.redirect_stdout(io.StringIO()) as out:
+        summary_main(["--root", str(tmp_path), "--figure", str(tmp_path / name)])
+    line = str(exc.value.code)
+    assert line.startswith("error: --figure ") and "\n" not in line, line
+    assert ("is a folder" if "folder" in name else "is not an image format") in line, line
+    assert out.getvalue() == "" and sorted(tmp_path.rglob("*")) == before
