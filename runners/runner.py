@@ -237,8 +237,9 @@ class Runner:
         if getattr(self.decoder, "block", "fixed") != "auto":
             return
         eng, model, dtype = self.engine, self.names["model"], self.identity["dtype"]
+        graphs = eng.graphs is not None
         key = curve_key(
-            self.device_name, model, dtype, eng.linear, self.threads, graphs=eng.graphs is not None
+            self.device_name, model, dtype, eng.linear, self.threads, graphs=graphs, model_name=self.lm.name
         )
         announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
         curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)
