@@ -104,3 +104,38 @@ def test_a_curve_file_that_is_a_folder_is_one_line(tmp_path, measured):
     (tmp_path / cache_name(KEY)).mkdir()
     curve, why = read_cached(KEY)
     assert curve is None and "cannot be read" in why
+
+
+def _references(out) -> list:
+    (path,) = (out / "vanilla_cache").glob("*.jsonl")
+    return path
+
+
+EDITS = {
+    "an edited id": lambda row: {**row, "ids": [row["ids"][0] + 1, *row["ids"][1:]]},
+    "null ids": lambda row: {**row, "ids": None},
+    "cut short": lambda row: {**row, "ids": row["ids"][:-1]},
+    "no digest (stored before the check)": lambda row: {"key": row["key"], "ids": row["ids"]},
+}
+
+
+def test_an_edited_vanilla_reference_is_made_again_not_trusted(tmp_path, capsys):
+    import pandas as pd
+
+    from runners.runner import Runner
+    from tests.test_runner import make_cfg
+
+    quick = ("+task.n=2", "run.count_syncs=0")
+    Runner(make_cfg(tmp_path, *quick)).run()  # vanilla: stores the references
+    path = _references(tmp_path)
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["key"])
+    for seed, (what, edit) in enumerate(EDITS.items()):
+        path.write_text("".join(json.dumps(edit(r)) + "\n" for r in rows) + '{"key": "torn\n')
+        capsys.readouterr()
+        run = Runner(make_cfg(tmp_path, *quick, "decoder=pld", f"run.seed={seed}")).run()  # lossless
+        said = capsys.readouterr().out
+        assert pd.read_parquet(run / "samples.parquet")["matches_vanilla"].all(), what
+        assert said.count("fail their length or digest check") == 1, what
+        assert f"{len(rows) + 1} vanilla reference(s)" in said, what
+        again = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["key"])
+        assert again == [{**r, "n": len(r["ids"])} for r in rows], what  # made again, the bad lines gone
