@@ -5,6 +5,12 @@ the first token), and the W&B mirror never holds the run's lock while it waits f
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +19,8 @@ from runners import runner as runner_module
 from runners.lock import CommandLock
 from runners.runner import Runner, command_key, run
 from tests.test_runner import make_cfg
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_second_identical_command_is_refused_before_its_model_loads(tmp_path, monkeypatch):
@@ -67,3 +75,48 @@ def test_a_later_turn_that_may_overflow_the_context_is_refused_before_generating
     with pytest.raises(HarnessError, match=r"sample s0 turn 1: prompt of \d+ tokens \+ 1 earlier answer"):
         runner.run()
     assert not generated and not (tmp_path / "runs").exists()
+
+
+def _run_py(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, str(REPO / "run.py"), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+
+
+def test_ctrl_c_is_one_line_and_the_same_command_resumes(tmp_path):
+    # each sample's scoring sleeps 3 s: the signal comes while the second or third sample runs
+    task = ("task._target_=tests.fake_task.FakeTask", "+task.n=3", "+task.delay_s=3", "run.limit=null")
+    args = ("debug=quick", *task, "run.count_syncs=0", f"run.out_dir={tmp_path}")
+    first = _run_py(*args)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("runs/*/parts/*.samples.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert first.returncode == 130 and len(lines) == 1 and lines[0].startswith("interrupted: "), err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not (run_dir / "COMPLETE").exists() and not list(tmp_path.glob("runs/.command-*"))
+    again = _run_py(*args)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and (run_dir / "COMPLETE").exists(), err[-2000:]
+    assert "[run] resuming" in out and "samples already done" in out
+
+
+def test_a_sweep_job_the_machine_fails_is_named_and_the_sweep_goes_on(tmp_path):
+    res = _run_py(
+        "-m",
+        "debug=quick",
+        "task._target_=tests.raising_task.RaisingTask",
+        "+task.n=1",
+        "+task.fails=disk,none,memory",
+        f"run.out_dir={tmp_path}",
+    )
+    _, err = res.communicate(timeout=600)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert res.returncode != 0 and "Traceback" not in err, err[-2000:]
+    assert errors[0].startswith("error: job 0 (") and "No space left on device" in errors[0], errors
+    assert errors[1].startswith("error: job 2 (") and "out of memory (cannot allocate 64 GiB)" in errors[1]
+    assert errors[2] == "error: 2 sweep job(s) failed (each named in an 'error: job' line)"
+    (done,) = (tmp_path / "runs").iterdir()  # the job between them ran
+    assert (done / "COMPLETE").exists()
