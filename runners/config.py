@@ -180,6 +180,40 @@ def readable_file(field: str, value: Any) -> Path:
     return path
 
 
+def looks_local(value: Any) -> bool:
+    """A setting that names a local path rather than a hub id (which is `org/name`, never absolute)."""
+    return isinstance(value, str) and value.startswith(("/", "./", "../", "~"))
+
+
+def local_folder(field: str, value: str, holds: str | None = None) -> Path:
+    """`value` as an existing folder (holding the file `holds`, when given)."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise HarnessError(f"{field}={value} not found: give an existing folder, or a hub id (org/name)")
+    if not path.is_dir():
+        raise HarnessError(f"{field}={value} is a file, not a folder")
+    if holds and not (path / holds).exists():
+        raise HarnessError(
+            f"model folder {value} holds no model (no {holds}); point {field} at a folder written by "
+            "save_pretrained (config.json, weights, tokenizer) or at a hub id"
+        )
+    return path
+
+
+def check_local_paths(cfg: Any) -> None:
+    """Local folders named by the model, the draft and the decoder's checkpoint exist (and a model
+    folder holds a model), before a model loads."""
+    for group in ("model", "draft"):
+        node = cfg.get(group) or {}
+        hub = hasattr(node, "get") and "hub" in (node.get("source"), node.get("kind"))
+        if hub and looks_local(node.get("name")):
+            local_folder(f"{group}.name", node.get("name"), holds="config.json")
+    decoder = cfg.get("decoder") or {}
+    checkpoint = decoder.get("checkpoint") if hasattr(decoder, "get") else None
+    if looks_local(checkpoint):
+        local_folder("decoder.checkpoint", checkpoint)
+
+
 def check_environment(cfg: Any) -> None:
     """The folders outside run.out_dir a run of `cfg` writes to, named by environment variables or
     settings: each a folder (or one that can be made) this process can write into, so that a wrong one
@@ -250,6 +284,7 @@ def check_config(cfg: Any) -> RunSettings:
     check_model(cfg.get("model") or {}, settings.device)
     check_backends(cfg, settings.device)
     check_sections(cfg)
+    check_local_paths(cfg)
     check_environment(cfg)
     return settings
 

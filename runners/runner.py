@@ -320,8 +320,9 @@ class Runner:
     def _check_prompts(self, samples: list[Sample]) -> dict[str, int]:
         """Turn-0 prompt length of every sample. A turn that may not fit stops the run before anything
         is generated: each turn's prompt with the earlier answers left empty, plus max_new_tokens for
-        each of them and for its own, must fit the model's context (a safe bound: an answer holds at
-        most max_new_tokens tokens; one that re-encodes longer is caught before its turn, `_fits`)."""
+        each of them and for its own, must fit the model's context (an answer holds at most max_new_tokens
+        tokens; one whose text re-encodes longer, e.g. bytes that are no valid text, is caught before
+        its turn runs, `_fits`, and fails its sample)."""
         max_new, tok = self.task.max_new_tokens, self.lm.tokenizer
         lengths = {}
         for s in samples:

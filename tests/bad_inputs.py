@@ -7,8 +7,9 @@ not one clean line) / wrote (something was written), then the counts. `tests/tes
 the same list in the default suite (the cases the pre-flight check refuses, in process; a few end to
 end).
 
-`{file}` in an argument becomes a path to an existing plain file, `{ro}` a folder on a read-only file
-system when the machine has one (the case is skipped otherwise).
+`{file}` in an argument becomes a path to an existing plain file, `{dir}` an existing empty folder, `{ro}`
+a folder on a read-only file system when the machine has one (the case is skipped otherwise); a case's
+`env` sets environment variables for it, with the same placeholders.
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ class Case:
     args: tuple[str, ...]
     message: str  # a part of the expected `error:` line
     model: bool = False  # only refused after the model is loaded (the pre-flight check cannot see it)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set for the case
 
     @property
     def id(self) -> str:
-        return " ".join(self.args)
+        return " ".join([*(f"{k}={v}" for k, v in self.env), *self.args])
 
 
-def _c(message: str, *args: str, model: bool = False) -> Case:
-    return Case(tuple(args), message, model)
+def _c(message: str, *args: str, model: bool = False, env: dict[str, str] | None = None) -> Case:
+    return Case(tuple(args), message, model, tuple((env or {}).items()))
 
 
 CASES = [
@@ -83,7 +85,7 @@ CASES = [
     _c("run.out_dir", "run.out_dir={ro}/records"),
     _c("run.out_dir", "run.out_dir=/proc/harness-records"),
     _c("not found", "task.data_path=/nonexistent/questions.jsonl"),
-    _c("cannot load model", "model=hf", "model.name=/nonexistent/model-folder", model=True),
+    _c("model.name=/nonexistent/model-folder not found", "model=hf", "model.name=/nonexistent/model-folder"),
     # model and devices
     _c("model.device", "model.device=cuda"),
     _c("model.device", "model.device=cuda:1"),
@@ -192,6 +194,70 @@ CASES = [
     _c("run.out_dir", "-m", "run.seed=0,1", "run.out_dir={file}"),
     _c("decoder.k must be an integer >= 1", "-m", "decoder=fafo", "decoder.k=0,1"),
     _c("unknown key run.sed", "-m", "run.sed=1,2"),
+    # caches and environment
+    _c("is a file: set HARNESS_CACHE to a folder", "model=smollm2-135m", env={"HARNESS_CACHE": "{file}"}),
+    _c("which is a file: set HARNESS_CACHE", "model=smollm2-135m", env={"HARNESS_CACHE": "{file}/below"}),
+    _c("cannot be written (Read-only", "model=smollm2-135m", env={"HARNESS_CACHE": "{ro}/harness-cache"}),
+    _c("cannot be written", "model=smollm2-135m", env={"HARNESS_CACHE": "/proc/harness-cache"}),
+    _c("set HARNESS_CACHE to a folder", "model=qwen25-coder-0.5b", env={"HARNESS_CACHE": "{file}"}),
+    _c(
+        "set HARNESS_CACHE to a folder",
+        "decoder=triforce",
+        "draft=qwen25-coder-0.5b",
+        env={"HARNESS_CACHE": "{file}"},
+    ),
+    _c("job 0 (", "-m", "model=smollm2-135m", "decoder=vanilla,pld", env={"HARNESS_CACHE": "{file}"}),
+    _c(
+        "is a file: set HARNESS_COST_CACHE to a folder",
+        "decoder=pld_auto",
+        env={"HARNESS_COST_CACHE": "{file}"},
+    ),
+    _c("which is a file: set HARNESS_COST_CACHE", "decoder=pld_auto", env={"HARNESS_COST_CACHE": "{file}/x"}),
+    _c("cannot be written (Read-only", "decoder=pld_auto", env={"HARNESS_COST_CACHE": "{ro}/curves"}),
+    _c("cannot be written", "decoder=lookahead_auto", env={"HARNESS_COST_CACHE": "/proc/curves"}),
+    _c("set HARNESS_COST_CACHE to a folder", "decoder=fafo_auto", env={"HARNESS_COST_CACHE": "{file}"}),
+    _c(
+        "set HARNESS_COST_CACHE to a folder",
+        "decoder=pld",
+        "decoder.block=auto",
+        env={"HARNESS_COST_CACHE": "{file}"},
+    ),
+    _c("job 1 (", "-m", "decoder=pld,pld_auto", env={"HARNESS_COST_CACHE": "{file}"}),
+    _c("is a file: give a folder", "wandb.enabled=true", "wandb.dir={file}"),
+    _c("which is a file", "wandb.enabled=true", "wandb.dir={file}/below"),
+    _c("cannot be written (Read-only", "wandb.enabled=true", "wandb.dir={ro}/wandb"),
+    _c("wandb.dir=/proc/wandb cannot be written", "wandb.enabled=true", "wandb.dir=/proc/wandb"),
+    # early refusals
+    _c("is a folder, not a file", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=gsm8k", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=humaneval", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=pg19", "task.data_path={dir}"),
+    _c(
+        "task.data_path /nonexistent/aime.json not found",
+        "task=aime24",
+        "task.data_path=/nonexistent/aime.json",
+    ),
+    _c("not found", "task=narrativeqa", "task.data_path={file}/below.jsonl"),
+    _c("not found", "task=multi_if", "task.data_path=/nonexistent/multi_if.jsonl"),
+    _c("job 0 (", "-m", "run.seed=0,1", "task.data_path={dir}"),
+    _c("is a file, not a folder", "model=hf", "model.name={file}"),
+    _c("holds no model (no config.json)", "model=hf", "model.name={dir}"),
+    _c("model.name=./no-such-model-folder not found", "model=hf", "model.name=./no-such-model-folder"),
+    _c(
+        "draft.name=/nonexistent/draft not found",
+        "decoder=triforce",
+        "draft=hf",
+        "draft.name=/nonexistent/draft",
+    ),
+    _c("holds no model (no config.json)", "decoder=triforce", "draft=hf", "draft.name={dir}"),
+    _c(
+        "decoder.checkpoint=/nonexistent/draft not found",
+        "decoder=longspec",
+        "decoder.checkpoint=/nonexistent/draft",
+    ),
+    _c("is a file, not a folder", "decoder=longspec", "decoder.checkpoint={file}"),
+    # a later turn that may overflow the context: refused before the first token, not after turn 0
+    _c("turn 1: prompt of", "run.max_new_tokens=2000", model=True),
 ]
 
 
@@ -232,21 +298,32 @@ def readonly_dir() -> str | None:
     return _mount_readonly()
 
 
+def _fill(text: str, tmp: Path, ro: str | None) -> str:
+    return (
+        text.replace("{file}", str(tmp / "a-file"))
+        .replace("{dir}", str(tmp / "a-dir"))
+        .replace("{ro}", ro or "")
+    )
+
+
 def expand(case: Case, tmp: Path) -> tuple[list[str], Path] | None:
     """The case's arguments with its placeholders filled, plus the out dir it writes to (None when
     the case needs what this machine lacks)."""
-    plain = tmp / "a-file"
-    plain.write_text("not a folder\n")
+    (tmp / "a-file").write_text("not a folder\n")
+    (tmp / "a-dir").mkdir(exist_ok=True)
     ro = readonly_dir()
-    args = []
-    for a in case.args:
-        if "{ro}" in a and ro is None:
-            return None
-        args.append(a.replace("{file}", str(plain)).replace("{ro}", ro or ""))
+    if ro is None and any("{ro}" in a for a in (*case.args, *(v for _, v in case.env))):
+        return None
+    args = [_fill(a, tmp, ro) for a in case.args]
     out = tmp / "out"
     if not any(a.startswith("run.out_dir=") for a in args):
         args.append(f"run.out_dir={out}")
     return args, out
+
+
+def expand_env(case: Case, tmp: Path) -> dict[str, str]:
+    """The case's environment variables with their placeholders filled (after `expand`)."""
+    return {k: _fill(v, tmp, readonly_dir()) for k, v in case.env}
 
 
 def hydra_dirs() -> set[Path]:
@@ -274,6 +351,7 @@ def run_case(case: Case, tmp: Path) -> tuple[str, str]:
     args, out = filled
     before = hydra_dirs()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.update(expand_env(case, tmp))
     flags = [a for a in args if a.startswith("-")]  # Hydra takes -m before the overrides
     cmd = [sys.executable, str(REPO / "run.py"), *flags, "debug=quick", *[a for a in args if a not in flags]]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
