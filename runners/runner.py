@@ -346,11 +346,10 @@ class Runner:
         what = f"prompt of {prompt} tokens"
         if answers:
             what += f" + {turn} earlier answer(s) of up to max_new_tokens {max_new} each"
+        where = f"sample {sample_id}" + (f" turn {turn}" if turn else "")
         raise HarnessError(
-            f"sample {sample_id}"
-            + (f" turn {turn}" if turn else "")
-            + f": {what} + max_new_tokens {max_new} "
-            f"exceeds the model context ({limit}); lower run.max_new_tokens or use a longer-context model"
+            f"{where}: {what} + max_new_tokens {max_new} exceeds the model context ({limit}); lower "
+            "run.max_new_tokens or use a longer-context model"
         )
 
     def _capacity_bound(self, samples: list[Sample]) -> int:
