@@ -9,9 +9,10 @@ is loaded or written: bad input is one `error: ...` line, exit status 2, and not
 Hydra folder is its `run.out_dir` (a sweep's: `<out_dir>/multirun/<date>/<time>/`), and the composed
 config is saved beside the run's records (`<out_dir>/runs/<run_id>/config.yaml`).
 
-A sweep job that fails only once its model is loaded (a prompt longer than the model's context, say)
-prints `error: job <n> (<overrides>): <message>` and the other jobs still run; the sweep then ends with
-one line counting the failed jobs and exits non-zero.
+A sweep job that fails only once its model is loaded (a prompt longer than the model's context, a full
+disk, memory) prints `error: job <n> (<overrides>): <message>` and the other jobs still run; the sweep
+then ends with one line counting the failed jobs and exits non-zero. Ctrl-C ends a run or a sweep with
+one `interrupted:` line (exit 130); rerunning the same command resumes it.
 """
 
 from __future__ import annotations
@@ -118,9 +119,29 @@ class QuietSacct(logging.Filter):
         return False
 
 
-def _report_job_failure(exc: HarnessError) -> None:
+def user_error(exc: BaseException) -> str | None:
+    """The one-line message for an exception the user's input or machine causes: bad input
+    (HarnessError), a machine out of memory, a file system that refuses a read or a write (full, gone,
+    read-only). None for anything else: a bug, whose traceback is kept."""
+    import torch
+
+    if isinstance(exc, HarnessError):
+        return str(exc)
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:160]
+        return (
+            f"out of memory ({first}): lower run.max_new_tokens or the task's context, or use a smaller "
+            "model or model.dtype=bfloat16"
+        )
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{exc.__class__.__name__}: {where}{exc.strerror or exc} (free space, permissions, the path)"
+    return None
+
+
+def _report_job_failure(message: str) -> None:
     job = HydraConfig.get().job
-    line = f"error: job {job.num} ({' '.join(job.override_dirname.split(',')) or 'defaults'}): {exc}"
+    line = f"error: job {job.num} ({' '.join(job.override_dirname.split(',')) or 'defaults'}): {message}"
     print(line, file=sys.stderr)
     path = os.environ.get(FAILURES_ENV)
     if path:
@@ -148,12 +169,15 @@ def main(cfg: DictConfig) -> None:
         cfg.choices = {k: v for k, v in hc.runtime.choices.items() if "/" not in k}
     try:
         run_dir = run(cfg)
-    except HarnessError as exc:
+    except Exception as exc:
+        message = user_error(exc)
+        if message is None:
+            raise
         if hc.mode == RunMode.MULTIRUN:
-            _report_job_failure(exc)  # the sweep goes on with its other jobs
+            _report_job_failure(message)  # the sweep goes on with its other jobs
             return
         discard_empty(Path(hc.runtime.output_dir), NEW_OUT_DIR)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     save_config(run_dir, cfg, list(hc.overrides.task))
 
@@ -180,8 +204,9 @@ def quiet_sacct_stderr() -> None:
     SlurmInfoWatcher._make_command = quiet
 
 
-if __name__ == "__main__":
-    argv = sys.argv[1:]
+def cli(argv: list[str]) -> None:
+    """run.py's command line: the pre-flight check of every job, then Hydra."""
+    global NEW_OUT_DIR
     configs: list[DictConfig] = []
     problem = preflight(argv, configs)
     if problem:
@@ -195,11 +220,24 @@ if __name__ == "__main__":
     quiet_sacct_stderr()
     try:
         main()
-    finally:
+    finally:  # also on Ctrl-C: the jobs that failed before it are named
         failed = sweep_failures(failures)
         failures.unlink(missing_ok=True)
-    if failed:
         for pid, line in failed:
             if pid != os.getpid():  # jobs in other processes (submitit, SLURM) printed to their own logs
                 print(line, file=sys.stderr)
+    if failed:
         sys.exit(f"error: {len(failed)} sweep job(s) failed (each named in an 'error: job' line)")
+
+
+if __name__ == "__main__":
+    try:
+        cli(sys.argv[1:])
+    except KeyboardInterrupt:  # Ctrl-C: the locks were released and finished samples kept on the way out
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # after a progress bar cut mid-line
+        print(
+            f"{fresh_line}interrupted: stopped by Ctrl-C; finished samples are kept: rerun the same command "
+            "to resume",
+            file=sys.stderr,
+        )
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it

@@ -147,6 +147,7 @@ def curve_for_run(curves: list[CostCurve], run: pd.Series | dict) -> CostCurve |
             and str(k.get("model")) == str(run.get("model"))
             and str(k.get("dtype")) == str(run.get("dtype"))
             and str(k.get("linear")) == str(run.get("linear"))
+            and str(k.get("model_name", run.get("model_name"))) == str(run.get("model_name"))
             and c.graphed == graphed
         ):
             return c

@@ -31,9 +31,9 @@ from core.cost_curve import (
     cache_name,
     curve_key,
     fill_cache,
-    is_current,
     measure_grid,
     measurement_meta,
+    read_cached,
     step_seconds,
     store_curve,
 )
@@ -114,10 +114,11 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
     """The cached curve of this environment, or a fresh measurement (then cached)."""
     key = curve_key(device_name, args.model, args.dtype, args.linear, args.threads, graphs=args.cuda_graphs)
     path = cache_dir() / cache_name(key)
-    if path.exists() and not args.refresh:
-        curve = CostCurve.from_json(path.read_text())
-        if curve.rows == list(args.rows) and curve.contexts == list(args.contexts) and is_current(curve):
-            return curve, path, True
+    curve, why = (None, "") if args.refresh else read_cached(key)  # checked: its own key, a whole grid
+    if curve is not None and curve.rows == list(args.rows) and curve.contexts == list(args.contexts):
+        return curve, path, True
+    if why:
+        print(f"[block_cost] measuring again: {why}")
     lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
     linear = args.linear if args.device == "cpu" else "aten"
     eng = Engine(lm.model, linear=linear, cuda_graphs=args.cuda_graphs)

@@ -58,12 +58,30 @@ class CostCurve:
     meta: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if sorted(self.rows) != self.rows or sorted(self.contexts) != self.contexts:
-            raise ValueError("cost curve: rows and contexts must be increasing")
-        if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.rows) for r in self.seconds):
+        # also what a cache file read back must satisfy: one edited by hand or cut short is refused here
+        if not isinstance(self.key, dict):
+            raise ValueError("cost curve: its key must be a mapping of the environment's fields")
+        for name, axis in (("rows", self.rows), ("contexts", self.contexts)):
+            if not isinstance(axis, list) or not axis:
+                raise ValueError(f"cost curve: {name} must be a non-empty list")
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in axis):
+                raise ValueError(f"cost curve: {name} must be positive integers")
+            if any(a >= b for a, b in zip(axis, axis[1:])):
+                raise ValueError(f"cost curve: {name} must be strictly increasing")
+        grid = self.seconds
+        if (
+            not isinstance(grid, list)
+            or len(grid) != len(self.contexts)
+            or any(not isinstance(r, list) or len(r) != len(self.rows) for r in grid)
+        ):
             raise ValueError("cost curve: seconds must be a [contexts x rows] grid")
-        if not all(math.isfinite(t) and t > 0 for line in self.seconds for t in line):
+        numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) for line in grid for t in line)
+        if not numbers or not all(math.isfinite(t) and t > 0 for line in grid for t in line):
             raise ValueError("cost curve: every measured forward must take a positive, finite time")
+        if self.shape is not None and not isinstance(self.shape, dict):
+            raise ValueError("cost curve: shape must be a mapping or null")
+        if not isinstance(self.meta, dict):
+            raise ValueError("cost curve: meta must be a mapping")
 
     @property
     def graphed(self) -> bool:
@@ -112,31 +130,67 @@ def cache_dir() -> Path:
 
 
 def curve_key(
-    device: str, model: str, dtype: str, linear: str, threads: int, *, graphs: bool
+    device: str, model: str, dtype: str, linear: str, threads: int, *, graphs: bool, model_name: str = ""
 ) -> dict[str, object]:
     """The environment a curve belongs to. `graphs`: measured on forwards replayed as CUDA graphs, which
-    cost apart (absent when False, so an eager curve keeps the key and cache name it always had)."""
+    cost apart (absent when False, so an eager curve keeps the key and cache name it always had).
+    `model_name`: the weights behind the config name `model` where they differ from it (`model=hf
+    model.name=<id>`: one config name, any model), absent otherwise for the same reason."""
     key = {"device": device, "model": model, "dtype": dtype, "linear": linear, "threads": threads}
+    if model_name and model_name != model:
+        key["model_name"] = model_name
     return {**key, "graphs": True} if graphs else key
 
 
 def cache_name(key: dict[str, object]) -> str:
     """File name of a curve in the cache: one per (device, model, dtype, linear, threads), and apart for
-    forwards replayed as CUDA graphs (a key without `graphs` keeps the name it always had)."""
+    forwards replayed as CUDA graphs (a key without `graphs` keeps the name it always had) and for each
+    model behind one config name (`model_name`, present only where it differs: `model=hf`)."""
     parts = [str(key.get(k, "?")) for k in ("device", "model", "dtype", "linear", "threads")]
+    parts += [str(key["model_name"])] if key.get("model_name") else []
     parts += ["graphs"] if key.get("graphs") else []
     return "-".join("".join(c if c.isalnum() else "_" for c in p) for p in parts) + ".json"
 
 
-def cached_curve(key: dict[str, object]) -> CostCurve | None:
-    """The cached curve of this environment (None when absent, unreadable, or measured by another
-    version of the measurement or of torch)."""
+def _plain(key: dict[str, object]) -> dict[str, str]:
+    """A key as compared: values as text (JSON keeps them), `graphs` False the same as absent."""
+    return {str(k): str(v) for k, v in key.items() if not (k == "graphs" and not v)}
+
+
+def key_mismatch(stored: dict[str, object], wanted: dict[str, object]) -> str:
+    """What differs between a cached curve's own key and the environment asked for ("" when nothing):
+    a file can sit under this environment's name yet hold another's curve (copied, renamed, edited)."""
+    have, want = _plain(stored), _plain(wanted)
+    diff = [k for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)]
+    return ", ".join(f"{k} {have.get(k, 'absent')!r} instead of {want.get(k, 'absent')!r}" for k in diff)
+
+
+def read_cached(key: dict[str, object]) -> tuple[CostCurve | None, str]:
+    """(the cached curve of this environment, "") when it can be used; (None, why not) when a file is
+    there but holds no valid curve, another environment's curve, or one measured by another version of
+    the measurement or of torch; (None, "") when there is none."""
     path = cache_dir() / cache_name(key)
     try:
-        curve = CostCurve.from_json(path.read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    return curve if is_current(curve) else None
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    try:
+        curve = CostCurve.from_json(text)
+    except (ValueError, TypeError) as exc:  # not JSON, or not the fields and shape of a curve
+        return None, f"{path} holds no valid cost curve ({str(exc).splitlines()[0][:120]})"
+    mismatch = key_mismatch(curve.key, key)
+    if mismatch:
+        return None, f"{path} was measured for another environment ({mismatch})"
+    if not is_current(curve):
+        return None, f"{path} was measured by another version of the measurement or of torch"
+    return curve, ""
+
+
+def cached_curve(key: dict[str, object]) -> CostCurve | None:
+    """The cached curve of this environment, or None (`read_cached` says why)."""
+    return read_cached(key)[0]
 
 
 def store_curve(curve: CostCurve) -> Path:
@@ -313,14 +367,17 @@ def cached_or_measured(
     """The environment `key`'s curve from the cache when it reaches `max_rows` rows (and not `refresh`);
     otherwise measured now on `runtime_grid` (reported first through `on_measure`) and cached. Returns
     (curve, measured now). Measuring leaves the engine's cache in an arbitrary state."""
-    curve = None if refresh else cached_curve(key)
+    curve, why = (None, "") if refresh else read_cached(key)
     if curve is not None and curve.rows[-1] >= max_rows:
         return curve, False
+    if curve is not None:
+        why = f"its largest block, {curve.rows[-1]} rows, is below this decoder's {max_rows}"
     rows, contexts = runtime_grid(max_rows, eng.max_positions)
     if on_measure is not None:
         on_measure(
             f"measuring this environment's cost curve ({len(rows)} block sizes x {len(contexts)} cache "
             f"lengths, once; cached in {cache_dir()})"
+            + (f"; the cached one is not used: {why}" if why else "")
         )
     seconds = measure_grid(eng, rows, contexts, reps)
     curve = CostCurve(key, rows, contexts, seconds, None, measurement_meta(reps))

@@ -110,6 +110,11 @@ def _converted_folder(key: str) -> Path | None:
     return folder if (folder / "config.json").exists() and (folder / "COMPLETE").exists() else None
 
 
+def needs_conversion(key: str) -> bool:
+    """True when packaged model `key` is not converted yet: loading it writes under the harness cache."""
+    return _converted_folder(key) is None
+
+
 def packaged_available(key: str) -> bool:
     """True when packaged model `key` can load offline: converted already, or its packages installed."""
     module = PACKAGED_GGUF[key][0]

@@ -164,8 +164,90 @@ def check_sections(cfg: Any) -> None:
     if task.get("source") is not None:
         checks.choice("task.source", task.get("source"), TASK_SOURCES)
     data_path = task.get("data_path")
-    if data_path and not Path(str(data_path)).expanduser().exists():
-        raise HarnessError(f"task.data_path {data_path} not found")
+    if data_path:
+        readable_file("task.data_path", data_path)
+
+
+def readable_file(field: str, value: Any) -> Path:
+    """`value` as a file this process can read (its content is the task's to check)."""
+    path = Path(str(value)).expanduser()
+    if not path.exists():
+        raise HarnessError(f"{field} {value} not found")
+    if not path.is_file():
+        raise HarnessError(f"{field}={value} is a folder, not a file: give the data file itself")
+    if not os.access(path, os.R_OK):
+        raise HarnessError(f"{field}={value} cannot be read (permission denied)")
+    return path
+
+
+def looks_local(value: Any) -> bool:
+    """A setting that names a local path rather than a hub id (which is `org/name`, never absolute)."""
+    return isinstance(value, str) and value.startswith(("/", "./", "../", "~"))
+
+
+def local_folder(field: str, value: str, holds: str | None = None) -> Path:
+    """`value` as an existing folder (holding the file `holds`, when given)."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise HarnessError(f"{field}={value} not found: give an existing folder, or a hub id (org/name)")
+    if not path.is_dir():
+        raise HarnessError(f"{field}={value} is a file, not a folder")
+    if holds and not (path / holds).exists():
+        raise HarnessError(
+            f"model folder {value} holds no model (no {holds}); point {field} at a folder written by "
+            "save_pretrained (config.json, weights, tokenizer) or at a hub id"
+        )
+    return path
+
+
+def check_local_paths(cfg: Any) -> None:
+    """Local folders named by the model, the draft and the decoder's checkpoint exist (and a model
+    folder holds a model), before a model loads."""
+    for group in ("model", "draft"):
+        node = cfg.get(group) or {}
+        hub = hasattr(node, "get") and "hub" in (node.get("source"), node.get("kind"))
+        if hub and looks_local(node.get("name")):
+            local_folder(f"{group}.name", node.get("name"), holds="config.json")
+    decoder = cfg.get("decoder") or {}
+    checkpoint = decoder.get("checkpoint") if hasattr(decoder, "get") else None
+    if looks_local(checkpoint):
+        local_folder("decoder.checkpoint", checkpoint)
+
+
+def check_environment(cfg: Any) -> None:
+    """The folders outside run.out_dir a run of `cfg` writes to, named by environment variables or
+    settings: each a folder (or one that can be made) this process can write into, so that a wrong one
+    stops the run before the model loads rather than after. A packaged model that is converted already
+    only reads the harness cache, which may then be read-only."""
+    from core.cost_curve import cache_dir
+    from core.models import cache_root, needs_conversion
+
+    packaged = [
+        str(node.get("name"))
+        for node in (cfg.get("model") or {}, cfg.get("draft") or {})
+        if hasattr(node, "get") and "packaged" in (node.get("source"), node.get("kind"))
+    ]
+    if packaged:
+        where = environment_folder("HARNESS_CACHE", cache_root())
+        if any(needs_conversion(name) for name in packaged):
+            writable_folder(where, str(cache_root()))
+    decoder = cfg.get("decoder") or {}
+    if hasattr(decoder, "get") and decoder.get("block") == "auto":
+        writable_folder(environment_folder("HARNESS_COST_CACHE", cache_dir()), str(cache_dir()))
+    w = cfg.get("wandb") or {}
+    if w.get("enabled") and w.get("dir"):
+        writable_folder("wandb.dir", str(w.get("dir")))
+
+
+def environment_folder(var: str, path: Path) -> str:
+    """How error lines name the folder `path`: by its environment variable when the user set it (the
+    default otherwise); refuses a path that is, or lies below, a file."""
+    field = var if var in os.environ else f"the default of {var}"
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        below = "is a file" if existing == path else f"lies below {existing}, which is a file"
+        raise HarnessError(f"{field}={path} {below}: set {var} to a folder")
+    return field
 
 
 class _NeedsModel(Exception):  # noqa: N818 - a signal, not an error: this check needs the real model
@@ -209,6 +291,8 @@ def check_config(cfg: Any) -> RunSettings:
     check_model(cfg.get("model") or {}, settings.device)
     check_backends(cfg, settings.device)
     check_sections(cfg)
+    check_local_paths(cfg)
+    check_environment(cfg)
     check_task(cfg)
     check_task_data(cfg, settings)
     return settings

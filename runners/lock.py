@@ -1,10 +1,13 @@
-"""One writer per run directory: a second process on the same run id stops with one clear line."""
+"""One writer per run directory: a second process on the same run id stops with one clear line; and a
+second identical command stops before its model loads (`CommandLock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 from typing import IO
 
@@ -50,3 +53,63 @@ class RunLock:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+
+
+class CommandLock:
+    """An exclusive `flock` on `<runs dir>/.command-<key>.lock`, taken before the model loads: `key`
+    digests the config that makes a run's identity, so a second identical command is refused at once
+    rather than after loading its model (the run id itself needs the model: its device, dtype, linear).
+    Only a fast path: two commands that differ in form but share a run id still meet at `RunLock`, which
+    stays the guarantee (also where removing this file at exit races with a third command opening it).
+    The file, and the folders made for it, are removed at exit, so a refused run leaves nothing."""
+
+    def __init__(self, runs_dir: Path, key: str) -> None:
+        self.path = runs_dir / f".command-{key}.lock"
+        self._fh: IO[str] | None = None
+        self._made: list[Path] = []
+
+    def __enter__(self) -> CommandLock:
+        self._made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+")  # noqa: SIM115 - held for the lifetime of the run
+        except OSError as exc:
+            self._remove_made()
+            raise HarnessError(
+                f"cannot write the run's records in {self.path.parent} ({exc.strerror}): "
+                "set run.out_dir to a writable folder"
+            ) from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise HarnessError(
+                f"the same run is already running ({holder}) with its records in {self.path.parent}; "
+                "wait for it to finish (a rerun afterwards skips or resumes it)"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # while still held: a command waiting on it then makes a new one
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+        self._fh = None
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        """The folders made for the lock file, those of them left empty (a refused run leaves nothing)."""
+        for level in self._made:
+            try:
+                level.rmdir()
+            except OSError:
+                return

@@ -47,7 +47,7 @@ from runners.config import (
     stop_ids_for,
 )
 from runners.host_syncs import syncs_per_step
-from runners.lock import RunLock
+from runners.lock import CommandLock, RunLock
 from runners.records import RunDir, host_counters, measurements, run_id_for
 from runners.report import print_summary
 from runners.timing import DecodeClocks, peak_memory_mb, timed_generate
@@ -217,20 +217,22 @@ class Runner:
             todo = [s for s in samples if s.sample_id not in done]
             started = datetime.now(timezone.utc).isoformat()
             self.rundir.write_run(self._run_row("running", started))
-            sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
-            try:
-                self.engine.reserve(self._capacity_bound(samples))
-                if todo and cfg.run.warmup:
-                    self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
-                self._run_samples(todo, len(done))
-                failed = self.rundir.failed_samples()
-                tables = self.rundir.consolidate()
-                self.rundir.write_run(self._run_row("failed" if failed else "complete", started))
-                if not failed:
-                    self.rundir.mark_complete(tables)
-                sink.log(tables, self.rundir.path)
-            finally:
-                sink.finish()
+            self.engine.reserve(self._capacity_bound(samples))
+            if todo and cfg.run.warmup:
+                self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
+            self._run_samples(todo, len(done))
+            failed = self.rundir.failed_samples()
+            tables = self.rundir.consolidate()
+            self.rundir.write_run(self._run_row("failed" if failed else "complete", started))
+            if not failed:
+                self.rundir.mark_complete(tables)
+        # the W&B mirror after the lock is released and nothing is timed: its waits for the network (a
+        # short init timeout) never hold up another run of this id, nor its service a timed sample
+        sink = WandbSink(cfg.wandb, OmegaConf.to_container(cfg, resolve=True), self.run_id, self.names)
+        try:
+            sink.log(tables, self.rundir.path)
+        finally:
+            sink.finish()
         print_summary(self.rundir.path)
         if self.task.unscored:
             print(f"[run] task {self.names['task']} has no automatic score: {self.task.unscored}")
@@ -244,8 +246,9 @@ class Runner:
         if getattr(self.decoder, "block", "fixed") != "auto":
             return
         eng, model, dtype = self.engine, self.names["model"], self.identity["dtype"]
+        graphs = eng.graphs is not None
         key = curve_key(
-            self.device_name, model, dtype, eng.linear, self.threads, graphs=eng.graphs is not None
+            self.device_name, model, dtype, eng.linear, self.threads, graphs=graphs, model_name=self.lm.name
         )
         announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
         curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)
@@ -322,19 +325,39 @@ class Runner:
             )
 
     def _check_prompts(self, samples: list[Sample]) -> dict[str, int]:
-        """Turn-0 prompt length of every sample; a prompt that cannot fit stops the run before it starts."""
-        limit = self.engine.max_positions
+        """Turn-0 prompt length of every sample. A turn that may not fit stops the run before anything
+        is generated: each turn's prompt with the earlier answers left empty, plus max_new_tokens for
+        each of them and for its own, must fit the model's context (an answer holds at most max_new_tokens
+        tokens; one whose text re-encodes longer, e.g. bytes that are no valid text, is caught before
+        its turn runs, `_fits`, and fails its sample)."""
+        max_new, tok = self.task.max_new_tokens, self.lm.tokenizer
         lengths = {}
         for s in samples:
-            n = len(self.task.prompt_ids(s, 0, [], self.lm.tokenizer))
-            if n + self.task.max_new_tokens > limit:
-                raise HarnessError(
-                    f"sample {s.sample_id}: prompt of {n} tokens + max_new_tokens {self.task.max_new_tokens} "
-                    f"exceeds the model context ({limit}); "
-                    "lower run.max_new_tokens or use a longer-context model"
-                )
-            lengths[s.sample_id] = n
+            for turn in range(self.task.n_turns(s)):
+                try:
+                    n = len(self.task.prompt_ids(s, turn, [""] * turn, tok))
+                except Exception:  # noqa: BLE001 - a later turn that cannot render fails in its own turn
+                    if turn == 0:
+                        raise
+                    break
+                lengths.setdefault(s.sample_id, n)
+                self._fits(s.sample_id, turn, n, turn * max_new)
         return lengths
+
+    def _fits(self, sample_id: str, turn: int, prompt: int, answers: int = 0) -> None:
+        """Refuse a turn whose prompt (`prompt` tokens, + `answers` for earlier answers not in it yet) and
+        max_new_tokens exceed the model's context."""
+        limit, max_new = self.engine.max_positions, self.task.max_new_tokens
+        if prompt + answers + max_new <= limit:
+            return
+        what = f"prompt of {prompt} tokens"
+        if answers:
+            what += f" + {turn} earlier answer(s) of up to max_new_tokens {max_new} each"
+        where = f"sample {sample_id}" + (f" turn {turn}" if turn else "")
+        raise HarnessError(
+            f"{where}: {what} + max_new_tokens {max_new} exceeds the model context ({limit}); lower "
+            "run.max_new_tokens or use a longer-context model"
+        )
 
     def _capacity_bound(self, samples: list[Sample]) -> int:
         """KV entries the longest generation of the run can need: the last turn's prompt with every
@@ -389,6 +412,7 @@ class Runner:
             }
             try:
                 prompt = self.task.prompt_ids(sample, turn, history, tok)
+                self._fits(sample.sample_id, turn, len(prompt))
                 row, counts, out = self._generate(prompt)
             except (HarnessError, RuntimeError, ValueError, IndexError) as exc:
                 error = f"{exc.__class__.__name__}: {exc}"
@@ -491,5 +515,34 @@ class Runner:
         }
 
 
+# the config groups and run.* fields behind a run's identity (`Runner.identity`): two commands that agree
+# on them are the same run in the same environment
+IDENTITY_GROUPS = ("model", "draft", "decoder", "kv", "task", "sampling")
+IDENTITY_RUN = (
+    "limit",
+    "max_new_tokens",
+    "seed",
+    "threads",
+    "prefill_chunk",
+    "linear",
+    "cuda_graphs",
+    "stratify",
+)
+
+
+def command_key(cfg: DictConfig) -> str:
+    """A digest of what makes `cfg`'s run identity, known before the model loads (`CommandLock`)."""
+    choices = cfg.get("choices") or {}
+    parts = {
+        "groups": {g: OmegaConf.to_container(cfg[g], resolve=True) for g in IDENTITY_GROUPS if cfg.get(g)},
+        "run": {f: cfg.run.get(f) for f in IDENTITY_RUN},
+        "choices": {g: choices.get(g) for g in IDENTITY_GROUPS},
+    }
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run(cfg: DictConfig) -> Path:
-    return Runner(cfg).run()
+    """Run `cfg`; a second identical command is refused before its model loads."""
+    settings = check_config(cfg)
+    with CommandLock(settings.out_dir / "runs", command_key(cfg)):
+        return Runner(cfg).run()

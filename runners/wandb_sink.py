@@ -32,6 +32,10 @@ def keep_staging_in(folder: Path) -> None:
             os.environ[var] = str(root / sub)
 
 
+# seconds wandb.init may wait for its server (W&B's own default, 90, stalled an offline machine that long)
+INIT_TIMEOUT_S = 8.0
+
+
 class WandbSink:
     def __init__(self, cfg: Any, config: dict, run_id: str, names: dict[str, str]) -> None:
         self.run = None
@@ -52,6 +56,7 @@ class WandbSink:
                 dir=cfg.get("dir"),
                 mode=cfg.get("mode"),
                 reinit="finish_previous",
+                settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S),
             )
         except Exception as exc:  # noqa: BLE001
             self._warn("init", exc)

@@ -7,10 +7,11 @@ not one clean line) / wrote (something was written), then the counts. `tests/tes
 the same list in the default suite (the cases the pre-flight check refuses, in process; a few end to
 end).
 
-`{file}` in an argument becomes a path to an existing plain file, `{ro}` a folder on a read-only file
-system when the machine has one (the case is skipped otherwise), `{folder}` an existing folder, and
-`{data:<name>}` a data file written from `DATA_FILES[<name>]` (a binary file, Latin-1 text, a fake
-.gz, MT-Bench rows with bad turns, ...).
+`{file}` in an argument becomes a path to an existing plain file, `{dir}` and `{folder}` an existing
+folder, `{ro}` a folder on a read-only file system when the machine has one (the case is skipped
+otherwise), and `{data:<name>}` a data file written from `DATA_FILES[<name>]` (a binary file, Latin-1
+text, a fake .gz, MT-Bench rows with bad turns, ...); a case's `env` sets environment variables for
+it, with the same placeholders.
 
 `RECORD_CASES` (section `# damaged records`) damage the records of a real small run; they need a run
 to damage, so `tests/test_damaged_records.py` runs them (not this CLI).
@@ -41,14 +42,15 @@ class Case:
     args: tuple[str, ...]
     message: str  # a part of the expected `error:` line
     model: bool = False  # only refused after the model is loaded (the pre-flight check cannot see it)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set for the case
 
     @property
     def id(self) -> str:
-        return " ".join(self.args)
+        return " ".join([*(f"{k}={v}" for k, v in self.env), *self.args])
 
 
-def _c(message: str, *args: str, model: bool = False) -> Case:
-    return Case(tuple(args), message, model)
+def _c(message: str, *args: str, model: bool = False, env: dict[str, str] | None = None) -> Case:
+    return Case(tuple(args), message, model, tuple((env or {}).items()))
 
 
 CASES = [
@@ -93,7 +95,7 @@ CASES = [
     _c("run.out_dir", "run.out_dir={ro}/records"),
     _c("run.out_dir", "run.out_dir=/proc/harness-records"),
     _c("not found", "task.data_path=/nonexistent/questions.jsonl"),
-    _c("cannot load model", "model=hf", "model.name=/nonexistent/model-folder", model=True),
+    _c("model.name=/nonexistent/model-folder not found", "model=hf", "model.name=/nonexistent/model-folder"),
     # model and devices
     _c("model.device", "model.device=cuda"),
     _c("model.device", "model.device=cuda:1"),
@@ -290,6 +292,70 @@ CASES = [
     _c("holds an empty list", "task=narrativeqa", "task.data_path={data:empty_list_json}"),
     _c("no document is long enough", "task=pg19", "task.data_path={data:short_txt}"),
     _c("is a damaged gzip archive", "task=pg19", "task.data_path={data:cut_gz}"),
+    # caches and environment
+    _c("is a file: set HARNESS_CACHE to a folder", "model=smollm2-135m", env={"HARNESS_CACHE": "{file}"}),
+    _c("which is a file: set HARNESS_CACHE", "model=smollm2-135m", env={"HARNESS_CACHE": "{file}/below"}),
+    _c("cannot be written (Read-only", "model=smollm2-135m", env={"HARNESS_CACHE": "{ro}/harness-cache"}),
+    _c("cannot be written", "model=smollm2-135m", env={"HARNESS_CACHE": "/proc/harness-cache"}),
+    _c("set HARNESS_CACHE to a folder", "model=qwen25-coder-0.5b", env={"HARNESS_CACHE": "{file}"}),
+    _c(
+        "set HARNESS_CACHE to a folder",
+        "decoder=triforce",
+        "draft=qwen25-coder-0.5b",
+        env={"HARNESS_CACHE": "{file}"},
+    ),
+    _c("job 0 (", "-m", "model=smollm2-135m", "decoder=vanilla,pld", env={"HARNESS_CACHE": "{file}"}),
+    _c(
+        "is a file: set HARNESS_COST_CACHE to a folder",
+        "decoder=pld_auto",
+        env={"HARNESS_COST_CACHE": "{file}"},
+    ),
+    _c("which is a file: set HARNESS_COST_CACHE", "decoder=pld_auto", env={"HARNESS_COST_CACHE": "{file}/x"}),
+    _c("cannot be written (Read-only", "decoder=pld_auto", env={"HARNESS_COST_CACHE": "{ro}/curves"}),
+    _c("cannot be written", "decoder=lookahead_auto", env={"HARNESS_COST_CACHE": "/proc/curves"}),
+    _c("set HARNESS_COST_CACHE to a folder", "decoder=fafo_auto", env={"HARNESS_COST_CACHE": "{file}"}),
+    _c(
+        "set HARNESS_COST_CACHE to a folder",
+        "decoder=pld",
+        "decoder.block=auto",
+        env={"HARNESS_COST_CACHE": "{file}"},
+    ),
+    _c("job 1 (", "-m", "decoder=pld,pld_auto", env={"HARNESS_COST_CACHE": "{file}"}),
+    _c("is a file: give a folder", "wandb.enabled=true", "wandb.dir={file}"),
+    _c("which is a file", "wandb.enabled=true", "wandb.dir={file}/below"),
+    _c("cannot be written (Read-only", "wandb.enabled=true", "wandb.dir={ro}/wandb"),
+    _c("wandb.dir=/proc/wandb cannot be written", "wandb.enabled=true", "wandb.dir=/proc/wandb"),
+    # early refusals
+    _c("is a folder, not a file", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=gsm8k", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=humaneval", "task.data_path={dir}"),
+    _c("is a folder, not a file", "task=pg19", "task.data_path={dir}"),
+    _c(
+        "task.data_path /nonexistent/aime.json not found",
+        "task=aime24",
+        "task.data_path=/nonexistent/aime.json",
+    ),
+    _c("not found", "task=narrativeqa", "task.data_path={file}/below.jsonl"),
+    _c("not found", "task=multi_if", "task.data_path=/nonexistent/multi_if.jsonl"),
+    _c("job 0 (", "-m", "run.seed=0,1", "task.data_path={dir}"),
+    _c("is a file, not a folder", "model=hf", "model.name={file}"),
+    _c("holds no model (no config.json)", "model=hf", "model.name={dir}"),
+    _c("model.name=./no-such-model-folder not found", "model=hf", "model.name=./no-such-model-folder"),
+    _c(
+        "draft.name=/nonexistent/draft not found",
+        "decoder=triforce",
+        "draft=hf",
+        "draft.name=/nonexistent/draft",
+    ),
+    _c("holds no model (no config.json)", "decoder=triforce", "draft=hf", "draft.name={dir}"),
+    _c(
+        "decoder.checkpoint=/nonexistent/draft not found",
+        "decoder=longspec",
+        "decoder.checkpoint=/nonexistent/draft",
+    ),
+    _c("is a file, not a folder", "decoder=longspec", "decoder.checkpoint={file}"),
+    # a later turn that may overflow the context: refused before the first token, not after turn 0
+    _c("turn 1: prompt of", "run.max_new_tokens=2000", model=True),
 ]
 
 # damaged data files: what `{data:<name>}` writes, (file name, bytes)
@@ -518,26 +584,37 @@ def data_file(tmp: Path, name: str) -> str:
     return str(path)
 
 
+def _fill(text: str, tmp: Path, ro: str | None) -> str:
+    text = re.sub(r"\{data:(\w+)\}", lambda m: data_file(tmp, m.group(1)), text)
+    return (
+        text.replace("{file}", str(tmp / "a-file"))
+        .replace("{dir}", str(tmp / "a-dir"))
+        .replace("{folder}", str(tmp / "a-folder"))
+        .replace("{ro}", ro or "")
+    )
+
+
 def expand(case: Case, tmp: Path) -> tuple[list[str], Path] | None:
     """The case's arguments with its placeholders filled, plus the out dir it writes to (None when
     the case needs what this machine lacks)."""
-    plain = tmp / "a-file"
-    plain.write_text("not a folder\n")
-    folder = tmp / "a-folder"
-    folder.mkdir(exist_ok=True)
-    ro = readonly_dir() if any("{ro}" in a for a in case.args) else None
-    args = []
-    for a in case.args:
-        if "{ro}" in a and ro is None:
-            return None
-        a = re.sub(r"\{data:(\w+)\}", lambda m: data_file(tmp, m.group(1)), a)
-        args.append(
-            a.replace("{file}", str(plain)).replace("{ro}", ro or "").replace("{folder}", str(folder))
-        )
+    (tmp / "a-file").write_text("not a folder\n")
+    (tmp / "a-dir").mkdir(exist_ok=True)
+    (tmp / "a-folder").mkdir(exist_ok=True)
+    needs_ro = any("{ro}" in a for a in (*case.args, *(v for _, v in case.env)))
+    ro = readonly_dir() if needs_ro else None
+    if needs_ro and ro is None:
+        return None
+    args = [_fill(a, tmp, ro) for a in case.args]
     out = tmp / "out"
     if not any(a.startswith("run.out_dir=") for a in args):
         args.append(f"run.out_dir={out}")
     return args, out
+
+
+def expand_env(case: Case, tmp: Path) -> dict[str, str]:
+    """The case's environment variables with their placeholders filled (after `expand`)."""
+    ro = readonly_dir() if any("{ro}" in v for _, v in case.env) else None
+    return {k: _fill(v, tmp, ro) for k, v in case.env}
 
 
 def hydra_dirs() -> set[Path]:
@@ -565,6 +642,7 @@ def run_case(case: Case, tmp: Path) -> tuple[str, str]:
     args, out = filled
     before = hydra_dirs()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.update(expand_env(case, tmp))
     flags = [a for a in args if a.startswith("-")]  # Hydra takes -m before the overrides
     cmd = [sys.executable, str(REPO / "run.py"), *flags, "debug=quick", *[a for a in args if a not in flags]]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)

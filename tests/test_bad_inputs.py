@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import run as entry
-from tests.bad_inputs import CASES, Case, expand, run_case
+from tests.bad_inputs import CASES, Case, expand, expand_env, run_case
 from tests.test_analysis import write_synthetic_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,17 +24,21 @@ PREFLIGHT = [c for c in CASES if not c.model]
 
 
 @pytest.mark.parametrize("case", PREFLIGHT, ids=[c.id for c in PREFLIGHT])
-def test_preflight_refuses_before_anything_is_loaded_or_written(case: Case, tmp_path):
+def test_preflight_refuses_before_anything_is_loaded_or_written(case: Case, tmp_path, monkeypatch):
     filled = expand(case, tmp_path)
     if filled is None:
         pytest.skip("no read-only file system here")
     args, out = filled
+    for var, value in expand_env(case, tmp_path).items():
+        monkeypatch.setenv(var, value)
+    before = sorted(tmp_path.rglob("*"))
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         problem = entry.preflight(["debug=quick", *args])
     assert problem is not None and case.message in problem, problem
     assert "\n" not in problem
     assert not out.exists()
+    assert sorted(tmp_path.rglob("*")) == before  # nothing made where the environment points either
 
 
 # refused once the runner has built the model (a subprocess each: the runner's refusal, printed by
