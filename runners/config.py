@@ -21,6 +21,7 @@ from omegaconf.errors import MissingMandatoryValue
 from core import checks
 from core.engine import onednn_applies
 from core.types import HarnessError
+from tasks.datafile import read_bytes
 
 LINEARS = ("aten", "onednn", "auto")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
@@ -173,8 +174,10 @@ def readable_file(field: str, value: Any) -> Path:
     path = Path(str(value)).expanduser()
     if not path.exists():
         raise HarnessError(f"{field} {value} not found")
-    if not path.is_file():
+    if path.is_dir():
         raise HarnessError(f"{field}={value} is a folder, not a file: give the data file itself")
+    if not path.is_file():  # a device, pipe or socket: refused, naming which, before anything is read
+        read_bytes(path)
     if not os.access(path, os.R_OK):
         raise HarnessError(f"{field}={value} cannot be read (permission denied)")
     return path

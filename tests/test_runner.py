@@ -147,7 +147,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     ("args", "message"),
     [
         (["decoder=nope"], "unknown decoder 'nope'"),
-        (["model=hf", "model.name=/nonexistent/model"], "cannot load model"),
+        (["model=hf", "model.name=/nonexistent/model"], "not found: give an existing folder"),
         (["model=tiny_llama", "run.max_new_tokens=5000"], "exceeds the model context"),
         (["model=tiny_llama", "run.max_new_tokens=0"], "run.max_new_tokens must be an integer >= 1"),
         (["model=tiny_llama", "task.data_path=/nonexistent/q.jsonl"], "not found"),
