@@ -89,7 +89,7 @@ check_plan() {  # the plan against the tool's limits; non-zero when it does not 
   tree=$(tree_bytes)
   for c in c1 c2; do
     bytes=$(($(du -sb .gpu/$c | cut -f1) + tree))
-    echo "call ${c#c} carries .gpu/$c + the tree: $((bytes * 10 / MIB)) tenths of a MiB of $((CARRY_MAX / MIB)) MiB"
+    awk -v b="$bytes" -v c="${c#c}" -v m=$((CARRY_MAX / MIB)) 'BEGIN {printf "call %s carries .gpu/c%s + the tree: %.1f MiB (< %d)\n", c, c, b / 1048576, m}'
     ((bytes < CARRY_MAX)) || { echo "  too big: run scripts/gpu_lease.sh strip, or carry less" >&2; ok=1; }
   done
   for c in "$SETUP_CMD" "$MEASURE_CMD"; do
@@ -102,7 +102,7 @@ check_plan() {  # the plan against the tool's limits; non-zero when it does not 
 }
 
 commands() {
-  check_plan
+  check_plan || echo "the plan does not fit: see above" >&2
   cat <<EOF
 call 1, setup (timeout_s $SETUP_S, carry [".gpu/c1"]): stashes SmolLM2's part 0, the LongSpec draft and the essays
   under ~/gpuwin, env into OUT/env.log
@@ -140,7 +140,7 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   call setup c1 "$r/home" "$SETUP_S" "$SETUP_CMD"
   expect "$r/setup/summary.txt" "setup: done" "the setup call stashed its carry"
   expect "$r/setup/env.log" "torch" "env.log names torch"
-  call measure c2 "$r/home" 400 "${MEASURE_CMD/GPU_CALL_S=$MEASURE_S/GPU_CALL_S=${GPU_REHEARSE_CALL_S:-150}}"
+  call measure c2 "$r/home" 400 "${MEASURE_CMD/GPU_CALL_S=$MEASURE_S/GPU_CALL_S=${GPU_REHEARSE_CALL_S:-200}}"
   m="$r/measure"
   expect "$m/summary.txt" "^plan: prep" "the guard printed its plan"
   expect "$m/summary.txt" "^wheels: transformers 5" "the wheels installed and import from the carry"
@@ -163,8 +163,8 @@ call() {  # call NAME CARRY HOME LIMIT_S COMMAND: as the tool runs it (its own O
   local name=$1 carry=$2 home=$3 limit=$4 cmd=$5 rc start=$SECONDS
   rm -rf "$R/tree/.gpu" && mkdir -p "$R/tree/.gpu" "$R/$name" "$home" && cp -r ".gpu/$carry" "$R/tree/.gpu/"
   (cd "$R/tree" && env -i PATH=/usr/bin:/bin HOME="$home" OUT="$R/$name" PY="$RPY" GPU_WINDOW_REHEARSE=1 \
-    GPU_WINDOW_CONVERT="$FULL" GPU_SMOKE_S="${GPU_SMOKE_S:-20}" GPU_SHAPES_S="${GPU_SHAPES_S:-20}" \
-    GPU_LONG_S="${GPU_LONG_S:-15}" GPU_KERNELS_S="${GPU_KERNELS_S:-15}" GPU_MTBENCH_S="${GPU_MTBENCH_S:-15}" \
+    GPU_WINDOW_CONVERT="$FULL" GPU_SMOKE_S="${GPU_SMOKE_S:-40}" GPU_SHAPES_S="${GPU_SHAPES_S:-40}" \
+    GPU_LONG_S="${GPU_LONG_S:-40}" GPU_KERNELS_S="${GPU_KERNELS_S:-20}" GPU_MTBENCH_S="${GPU_MTBENCH_S:-20}" \
     GPU_PREP_S="${GPU_PREP_S:-20}" timeout -k 5 "$limit" bash -c "$cmd" >"$R/$name.console" 2>&1) && rc=0 || rc=$?
   echo "rehearsal: $name rc=$rc in $((SECONDS - start))s, OUT: $(ls "$R/$name" | tr '\n' ' ')"
 }

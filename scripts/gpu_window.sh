@@ -114,7 +114,8 @@ settings() {  # each stage's arguments at the papers' sizes, or (REHEARSE) the s
     if [[ $REHEARSE == 1 ]]; then
     DEV=(--device cpu)
     SMOKE=(--model tiny --graphs emulate --context 256)
-    SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --contexts 64 256 --reps 2 --hf-new 4)
+    SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 2 11 --contexts 64 256 --reps 2
+      --hf-new 4)
     MODEL=(model=tiny_llama model.device=cpu run.cuda_graphs=emulate)
     LONG_CTX=256
     KERNEL_MODELS=(conf/model/shapes/tiny-llama.json)
