@@ -10,7 +10,8 @@ answer there and a stale one under a graph, on a GPU only.
 
 `emulated_capture()` patches `Replay` so that `capture=True` works on any device the way CUDA graphs
 do: the warm-up runs, then one run recorded operator by operator (`TorchDispatchMode`) with its
-Python values, the state restored as after a capture (a captured run computes nothing), and each call
+Python values, the state restored as after a capture (a captured run computes nothing), the memory
+the run allocated for itself poisoned (a graph's temporaries are overwritten by later replays), and each call
 a replay of the recorded operators on the same tensors, writing the recorded outputs in place. The
 recorded run must not wait for the device nor take a tensor from the host into a device operator
 (`runners.host_syncs` tells them apart on a CPU): a capture can do neither.
@@ -77,6 +78,53 @@ class EmulatedGraph:
                 buffer.copy_(made[id(buffer)])
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def poison(t: torch.Tensor) -> None:
+    """Values no correct reader uses: NaN, an index far out of any range, True."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+def poison_temporaries(ops: list[tuple[Any, Any, Any, Any]], out: Any, state: tuple = ()) -> int:
+    """Poison the memory a recorded run allocated for itself (`poison`), but its outputs and what it
+    shares with tensors made before it (weights, cache, staged buffers, `state`), and return how many
+    storages. A CUDA graph's temporaries live in its private pool, which later replays and other graphs
+    overwrite; here they would keep their capture-time values, so code that reads one outside the graph
+    would read a plausible stale value: poisoned, it fails."""
+    keep = {_storage(t) for t in tree_leaves((out, state)) if isinstance(t, torch.Tensor)}
+    made: set[int] = set()
+    for _, args, kwargs, o in ops:  # a tensor read before any operator of the run made it was there before
+        keep.update(
+            _storage(t)
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and id(t) not in made
+        )
+        made.update(id(t) for t in tree_leaves(o) if isinstance(t, torch.Tensor))
+    done: set[int] = set()
+    with torch.inference_mode():  # the run's tensors may be inference tensors
+        _poison_each(ops, keep, done)
+    return len(done)
+
+
+def _poison_each(ops: list[tuple[Any, Any, Any, Any]], keep: set[int], done: set[int]) -> None:
+    for *_, o in ops:
+        for t in tree_leaves(o):
+            if not isinstance(t, torch.Tensor) or not t.numel():
+                continue
+            where = _storage(t)
+            if where not in keep and where not in done:
+                done.add(where)
+                base = t._base if t._base is not None else t
+                poison(base)
+
+
 def _capture(self: decode_graph.Replay) -> None:
     """`Replay._capture` on any device: two warm-up runs, the state restored, one recorded run (no
     synchronisation allowed), the state restored again (a capture does not run the kernels)."""
@@ -98,6 +146,7 @@ def _capture(self: decode_graph.Replay) -> None:
     if recorder.host_operands:
         raise AssertionError(f"a captured run takes host tensors into {sorted(set(recorder.host_operands))}")
     restore()
+    poison_temporaries(recorder.ops, out, self.state)
     self.graph, self.out = EmulatedGraph(recorder.ops, out), out
     self.captures += 1
 
@@ -128,3 +177,72 @@ def emulated_capture() -> Iterator[None]:
         yield
     finally:
         decode_graph.Replay._capture = original
+
+
+# Operators a CUDA device runs with a host tensor among device ones: copies (a transfer), indexing with
+# host indices (moved by PyTorch) and the aliasing of a fresh tensor. Every other operator mixing a
+# device tensor with a host one of one or more dimensions raises there: "Expected all tensors to be on
+# the same device".
+MIXABLE = frozenset(
+    {
+        torch.ops.aten.copy_.default,
+        torch.ops.aten._to_copy.default,
+        torch.ops.aten.lift_fresh.default,
+        torch.ops.aten.index.Tensor,
+        torch.ops.aten.index_put_.default,
+        torch.ops.aten.index_put.default,
+        torch.ops.aten._index_put_impl_.default,
+    }
+)
+
+
+class _Mixing(TorchDispatchMode):
+    """Operators that take a device tensor and a host tensor (`probe`'s view of which is which), with the
+    line of ours that dispatched each."""
+
+    def __init__(self, probe: HostSyncs) -> None:
+        super().__init__()
+        self.probe = probe
+        self.mixed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in MIXABLE:
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if any(self.probe.on_device(t) for t in tensors) and any(
+                t.dim() and t in self.probe.host for t in tensors
+            ):
+                self.mixed.append(f"{func} at {_caller()}")
+        return func(*args, **kwargs)
+
+
+def _caller() -> str:
+    """The innermost frame of this repository's code outside this module and torch."""
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(repo) and not name.endswith("emulated_graphs.py") and "host_syncs" not in name:
+            return f"{Path(name).relative_to(repo)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+@contextlib.contextmanager
+def one_device(device: torch.device | str) -> Iterator[None]:
+    """Fail (AssertionError) when the code in the block mixes a host tensor into a device operator, as a
+    CUDA device refuses to, on any device: on a CPU, `runners.host_syncs` tells the tensors a GPU run
+    would hold on the host (made without a device, from Python data, moved by `.cpu()`) from the others.
+    The cause of CUDA-only failures of code that had only run on a CPU."""
+    if torch.device(device).type == "cuda":  # the device itself refuses
+        yield
+        return
+    probe = HostSyncs(torch.device(device))
+    mixing = _Mixing(probe)
+    with probe, mixing:
+        yield
+    if mixing.mixed:
+        raise AssertionError(f"host tensors mixed into device operators: {sorted(set(mixing.mixed))[:5]}")

@@ -118,7 +118,7 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   # copies it, tiny models and emulated graphs (GPU_WINDOW_REHEARSE=1), tiny limits; then what came back
   # is checked. Three calls: setup; measure (its stages cut by their tiny limits); measure again on a
   # fresh HOME (the stash gone) cut from outside after --cut seconds, as the tool's timeout cuts a call.
-  local full=0 cut=40
+  local full=0 cut=60
   while (($#)); do
     case "$1" in
       --full) full=1 ;;
@@ -159,13 +159,23 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   return $FAILS
 }
 
-call() {  # call NAME CARRY HOME LIMIT_S COMMAND: as the tool runs it (its own OUT, only this call's carry)
-  local name=$1 carry=$2 home=$3 limit=$4 cmd=$5 rc start=$SECONDS
+call() {  # call NAME CARRY HOME LIMIT_S COMMAND: as the tool runs it (its own OUT, only this call's carry),
+  # in a session of its own that is killed whole at LIMIT_S (the stages' own timeouts make process groups)
+  local name=$1 carry=$2 home=$3 limit=$4 cmd=$5 rc=0 start=$SECONDS pid
   rm -rf "$R/tree/.gpu" && mkdir -p "$R/tree/.gpu" "$R/$name" "$home" && cp -r ".gpu/$carry" "$R/tree/.gpu/"
-  (cd "$R/tree" && env -i PATH=/usr/bin:/bin HOME="$home" OUT="$R/$name" PY="$RPY" GPU_WINDOW_REHEARSE=1 \
+  (cd "$R/tree" && exec env -i PATH=/usr/bin:/bin HOME="$home" OUT="$R/$name" PY="$RPY" GPU_WINDOW_REHEARSE=1 \
     GPU_WINDOW_CONVERT="$FULL" GPU_SMOKE_S="${GPU_SMOKE_S:-40}" GPU_SHAPES_S="${GPU_SHAPES_S:-40}" \
     GPU_LONG_S="${GPU_LONG_S:-40}" GPU_KERNELS_S="${GPU_KERNELS_S:-20}" GPU_MTBENCH_S="${GPU_MTBENCH_S:-20}" \
-    GPU_PREP_S="${GPU_PREP_S:-20}" timeout -k 5 "$limit" bash -c "$cmd" >"$R/$name.console" 2>&1) && rc=0 || rc=$?
+    GPU_PREP_S="${GPU_PREP_S:-20}" setsid bash -c "$cmd" >"$R/$name.console" 2>&1) &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < limit)); do sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    rc=124
+    pkill -TERM -s "$pid" || true
+    sleep 2
+    pkill -KILL -s "$pid" || true
+  fi
+  wait "$pid" || ((rc)) || rc=$?
   echo "rehearsal: $name rc=$rc in $((SECONDS - start))s, OUT: $(ls "$R/$name" | tr '\n' ' ')"
 }
 
