@@ -126,40 +126,49 @@ def time_mode(
     gc.collect()
 
 
+class _Stamps:
+    """A logits processor: called once per new token, right after that token's forward, it notes the time
+    (after a device sync), so the gaps between calls are generate's decode steps, its prefill left out."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        synchronize(self.device)
+        self.times.append(time.perf_counter())
+        return scores
+
+
 def hf_generate(lm, args: argparse.Namespace, rows_out: Rows) -> None:
-    """HF `generate`'s eager greedy ms per token after a prompt of each cache length: (t(new) - t(1)) /
-    (new - 1), so its prefill is left out as ours is."""
+    """HF `generate`'s eager greedy ms per new token after a prompt of each cache length: the median gap
+    between its decode steps (the prefill apart, as ours is), after a warm-up generation."""
+    from transformers import LogitsProcessorList
+
     dev = lm.device
     for ctx in args.contexts:
         reset_peak(dev)
         ids = torch.tensor([synthetic_prompt_ids(lm, ctx)], device=dev)
-
-        def gen(n: int, ids=ids) -> float:
-            synchronize(dev)
-            t0 = time.perf_counter()
-            lm.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            synchronize(dev)
-            return time.perf_counter() - t0
-
         try:
             with torch.inference_mode():
-                gen(2)  # warm-up
-                one = min(gen(1) for _ in range(2))
-                many = min(gen(args.hf_new) for _ in range(2))
+                for new in (2, args.hf_new):  # a warm-up, then the timed one
+                    stamps = _Stamps(dev)
+                    lm.model.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=new,
+                        min_new_tokens=new,
+                        do_sample=False,
+                        pad_token_id=0,
+                        logits_processor=LogitsProcessorList([stamps]),
+                    )
         except torch.OutOfMemoryError:
             print(
                 f"{lm.name} hf_generate: out of memory at {ctx} cache entries; longer caches skipped",
                 flush=True,
             )
             break
-        rows_out.add(lm.name, "hf_generate", 1, ctx, (many - one) / (args.hf_new - 1) * 1e3, peak_gib(dev))
+        gaps = [b - a for a, b in zip(stamps.times, stamps.times[1:])]
+        rows_out.add(lm.name, "hf_generate", 1, ctx, statistics.median(gaps) * 1e3, peak_gib(dev))
 
 
 def synthetic_prompt_ids(lm, ctx: int) -> list[int]:

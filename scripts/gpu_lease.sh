@@ -79,14 +79,18 @@ restore_tree() {
 SETUP_CMD='scripts/gpu_window.sh setup'
 MEASURE_CMD="GPU_CALL_S=$MEASURE_S scripts/gpu_window.sh measure"
 
-tree_bytes() {  # what a call copies besides its carry: tracked and untracked files git does not ignore
-  git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{n += $1} END {print n + 0}'
+tree_bytes() {  # what a call copies besides its carry, once stripped: the files git does not ignore, but BIG
+  git ls-files -co --exclude-standard -z | grep -zv -e '^checkpoints/' -e '^results/paper/' -e '^results/gpu/' |
+    xargs -0 stat -c %s 2>/dev/null | awk '{n += $1} END {print n + 0}'
 }
 
 check_plan() {  # the plan against the tool's limits; non-zero when it does not fit
   local ok=0 tree c bytes device
   [[ -d .gpu/c1 && -d .gpu/c2 ]] || { echo "error: gpu_lease.sh: no .gpu/c1 and .gpu/c2: run pack first" >&2; return 1; }
   tree=$(tree_bytes)
+  for c in "${BIG[@]}"; do
+    [[ ! -e $c ]] || echo "note: $c is here: run scripts/gpu_lease.sh strip before the calls (sizes below are stripped)"
+  done
   for c in c1 c2; do
     bytes=$(($(du -sb .gpu/$c | cut -f1) + tree))
     awk -v b="$bytes" -v c="${c#c}" -v m=$((CARRY_MAX / MIB)) 'BEGIN {printf "call %s carries .gpu/c%s + the tree: %.1f MiB (< %d)\n", c, c, b / 1048576, m}'
@@ -134,7 +138,7 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   r="$(mktemp -d "${TMPDIR:-/tmp}/gpu-rehearsal.XXXXXX")"
   py="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
   mkdir -p "$r/tree"
-  git ls-files -co --exclude-standard -z | grep -zv -e '^checkpoints/' -e '^results/' |
+  git ls-files -co --exclude-standard -z | grep -zv -e '^checkpoints/' -e '^results/paper/' -e '^results/gpu/' |
     xargs -0 cp --parents -t "$r/tree"
   R="$r" RPY="$py" FULL="$full"
   call setup c1 "$r/home" "$SETUP_S" "$SETUP_CMD"

@@ -14,8 +14,8 @@
 #     mtbench the 2026-11-29 MT-Bench table (vanilla, FAFO, PLD, Lookahead, FAFO-2forward) at paper_slice8
 # A call that finds the setup's stash gone (a fresh machine) runs the stages that need no SmolLM2 (shapes,
 # kernels on the shapes) and says so. Before anything runs, a guard sums the stage limits against the
-# call's limit (GPU_CALL_S, the run tool's timeout_s) and drops the least valuable stages that do not fit,
-# printing them; each stage then runs under min(its limit, what is left of the call). Every stage writes
+# call's limit (GPU_CALL_S, the run tool's timeout_s) and drops the least valuable stages that do not fit
+# (the first of them runs shortened when 30 s or more are left), printing them; each stage then runs under min(its limit, what is left of the call). Every stage writes
 # its rows into OUT as it measures them (OUT/<stage>.csv, OUT/bench/), each run's records are re-packed
 # into OUT/records.tgz after it ends, OUT/summary.txt gets a line per stage: a call cut at its timeout
 # still returns what finished.
@@ -180,6 +180,7 @@ declare -A LIMIT=([smoke]="${GPU_SMOKE_S:-70}" [shapes]="${GPU_SHAPES_S:-170}" [
 declare -A NEEDS_SMOLLM=([smoke]=1 [long]=1 [mtbench]=1)
 PREP_S="${GPU_PREP_S:-60}"  # wheels, re-joining, conversion: the guard reserves it before the stages
 MARGIN_S="${GPU_MARGIN_S:-10}"  # for the last pack and the call's own exit
+MIN_STAGE_S="${GPU_MIN_STAGE_S:-30}"  # a stage given less is dropped
 
 run_stage() {  # run_stage NAME LIMIT: under min(LIMIT, what is left of the call), its log into OUT
   local name=$1 limit=$2 left start=$SECONDS rc
@@ -198,10 +199,15 @@ measure() {
   WORK="$STATE/work"
   mkdir -p "$WORK"
   export WORK HARNESS_COST_CACHE="$STATE/cost_cache" CALL_S MARGIN_S
-  local name total=$PREP_S kept=() dropped=()
+  local name left total=$PREP_S kept=() dropped=()
   for name in "${STAGES[@]}"; do  # the guard: what fits, in order of value
     [[ -n ${LIMIT[$name]:-} ]] || { say "error: unknown stage $name (smoke shapes long kernels mtbench)"; return 2; }
-    if ((total + LIMIT[$name] <= CALL_S - MARGIN_S)); then
+    left=$((CALL_S - MARGIN_S - total))
+    if ((LIMIT[$name] > left && left >= MIN_STAGE_S)); then  # the last that fits at all runs shortened
+      say "plan: $name shortened from ${LIMIT[$name]}s to ${left}s"
+      LIMIT[$name]=$left
+    fi
+    if ((LIMIT[$name] <= left)); then
       kept+=("$name") total=$((total + LIMIT[$name]))
     else
       dropped+=("$name:${LIMIT[$name]}s")
