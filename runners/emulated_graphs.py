@@ -78,8 +78,12 @@ class EmulatedGraph:
                 buffer.copy_(made[id(buffer)])
 
 
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def _storage(t: torch.Tensor) -> int | None:
+    """Where `t`'s memory starts; None for a tensor without a storage (oneDNN's packed weights)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None
 
 
 def poison(t: torch.Tensor) -> None:
@@ -113,13 +117,13 @@ def poison_temporaries(ops: list[tuple[Any, Any, Any, Any]], out: Any, state: tu
     return len(done)
 
 
-def _poison_each(ops: list[tuple[Any, Any, Any, Any]], keep: set[int], done: set[int]) -> None:
+def _poison_each(ops: list[tuple[Any, Any, Any, Any]], keep: set[int | None], done: set[int]) -> None:
     for *_, o in ops:
         for t in tree_leaves(o):
             if not isinstance(t, torch.Tensor) or not t.numel():
                 continue
             where = _storage(t)
-            if where not in keep and where not in done:
+            if where is not None and where not in keep and where not in done:
                 done.add(where)
                 base = t._base if t._base is not None else t
                 poison(base)

@@ -80,3 +80,20 @@ def test_a_host_tensor_mixed_into_a_device_operator_fails_on_a_cpu_too(tiny_lm, 
         refusal, says = RuntimeError, "same device"
     with pytest.raises(refusal, match=says), one_device(tiny_lm.device):
         _generate(tiny_lm.model, "vanilla", False)
+
+
+def test_poisoning_passes_over_tensors_without_a_storage():
+    """oneDNN's packed weights (`run.linear=onednn`, fp32 runs on x86) have no storage to poison or keep."""
+    from runners.emulated_graphs import poison_temporaries
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(8, 8), 32)
+    x = torch.randn(2, 8)
+    doubled = x * 2
+    out = doubled + 1
+    ops = [
+        (torch.ops.aten.mul.Tensor, (x, 2), {}, doubled),
+        (torch.ops.aten.add.Tensor, (doubled, packed), {}, out),
+    ]
+    assert poison_temporaries(ops, out) == 1 and torch.isnan(doubled).all() and not torch.isnan(x).any()
