@@ -136,7 +136,7 @@ smoke_stage() {
 }
 
 shapes_stage() {
-  HARNESS_BENCH_OUT="$OUT/bench" "$PY" -m benchmarks.paper_shapes "${DEV[@]}" "${SHAPES[@]}" \
+  "$PY" -m benchmarks.paper_shapes "${DEV[@]}" "${SHAPES[@]}" \
     --rows-out "$OUT/shapes.csv"
 }
 
@@ -200,7 +200,7 @@ measure() {
   CALL_S="${GPU_CALL_S:-540}"
   WORK="$STATE/work"
   mkdir -p "$WORK"
-  export WORK HARNESS_COST_CACHE="$STATE/cost_cache" CALL_S MARGIN_S
+  export WORK HARNESS_COST_CACHE="$STATE/cost_cache" HARNESS_BENCH_OUT="$OUT/bench" CALL_S MARGIN_S
   local name left total=$PREP_S kept=() dropped=()
   for name in "${STAGES[@]}"; do  # the guard: what fits, in order of value
     [[ -n ${LIMIT[$name]:-} ]] || { say "error: unknown stage $name (smoke shapes long kernels mtbench)"; return 2; }

@@ -17,7 +17,19 @@ from runners.emulated_graphs import emulated_capture, one_device
 from tests.conftest import TEST_DEVICE
 from tests.test_captured_graphs import _generate, _same_cache
 
-BF16_CASES = ("vanilla", "fafo+quest", "fafo+h2o", "selfspec+retrieval/sliced", "longspec")
+# one case in `make test`, the others in `make test-long` (each generates three times under the emulation)
+BF16_CASES = [
+    "fafo+quest",
+    *(
+        pytest.param(c, marks=pytest.mark.slow)
+        for c in ("vanilla", "fafo+h2o", "selfspec+retrieval/sliced", "longspec")
+    ),
+]
+ONE_DEVICE_CASES = [
+    "vanilla",
+    "fafo+quest",
+    *(pytest.param(c, marks=pytest.mark.slow) for c in ("selfspec+retrieval/sliced", "triforce+retrieval")),
+]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +68,7 @@ def test_a_capture_time_temporary_read_outside_the_graph_is_poisoned():
         assert torch.equal(replay(("shape",)), torch.full((4,), 5.0))
 
 
-@pytest.mark.parametrize("case", ["vanilla", "fafo+quest", "selfspec+retrieval/sliced", "triforce+retrieval"])
+@pytest.mark.parametrize("case", ONE_DEVICE_CASES)
 def test_the_experiments_keep_host_tensors_out_of_device_operators(tiny_lm, case):
     """The eager twin and the replayed forwards of the experiments' pairs under `one_device`."""
     with one_device(tiny_lm.device):
