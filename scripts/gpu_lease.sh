@@ -121,7 +121,8 @@ EOF
 rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder, the tree copied as a call
   # copies it, tiny models and emulated graphs (GPU_WINDOW_REHEARSE=1), tiny limits; then what came back
   # is checked. Three calls: setup; measure (its stages cut by their tiny limits); measure again on a
-  # fresh HOME (the stash gone) cut from outside after --cut seconds, as the tool's timeout cuts a call.
+  # fresh HOME (the stash gone), killed from outside once its first row is in OUT (or after --cut s), as
+  # the tool's timeout kills a call.
   local full=0 cut=60
   while (($#)); do
     case "$1" in
@@ -154,25 +155,32 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   expect "$m/shapes.csv" "hf_generate" "shapes: HF generate's row"
   expect_file "$m/bench" "graphs.json" "shapes: a graphed cost curve"
   expect "$m/summary.txt" "long: rc=" "long ran under its limit"
-  expect "$m/long.log" "records: " "long: a run wrote its records"
-  call fresh c2 "$r/fresh-home" "$cut" "$MEASURE_CMD"
+  if tar tzf "$m/records.tgz" 2>/dev/null | grep -q "runs/pg19-vanilla-.*/COMPLETE"; then
+    echo "  ok: OUT/records.tgz holds long's first complete run"
+  else echo "  FAILED: no complete long run in OUT/records.tgz" && FAILS=1; fi
+  call fresh c2 "$r/fresh-home" "$cut" "$MEASURE_CMD" shapes.csv
   expect "$r/fresh/summary.txt" "stash is gone" "a fresh machine says what it skips"
   expect "$r/fresh/summary.txt" "smoke: skipped" "and skips the SmolLM2 stages"
-  expect "$r/fresh/shapes.csv" "tiny-llama,eager,1," "a call cut after ${cut}s still returns its finished rows"
+  expect "$r/fresh/shapes.csv" "tiny-llama,eager,1," "a call cut in the middle of a stage returns its finished rows"
+  if grep -q "shapes: rc=" "$r/fresh/summary.txt"; then echo "  FAILED: the fresh call was not cut" && FAILS=1; fi
   echo "rehearsal folder: $r (remove it when read)"
   return $FAILS
 }
 
-call() {  # call NAME CARRY HOME LIMIT_S COMMAND: as the tool runs it (its own OUT, only this call's carry),
-  # in a session of its own that is killed whole at LIMIT_S (the stages' own timeouts make process groups)
-  local name=$1 carry=$2 home=$3 limit=$4 cmd=$5 rc=0 start=$SECONDS pid
+call() {  # call NAME CARRY HOME LIMIT_S COMMAND [ROWS]: as the tool runs it (its own OUT, only this call's
+  # carry), in a session of its own killed whole at LIMIT_S (the stages' own timeouts make process groups),
+  # or as soon as OUT/ROWS holds a measured row (a timeout that falls in the middle of a stage)
+  local name=$1 carry=$2 home=$3 limit=$4 cmd=$5 rows=${6:-} rc=0 start=$SECONDS pid
   rm -rf "$R/tree/.gpu" && mkdir -p "$R/tree/.gpu" "$R/$name" "$home" && cp -r ".gpu/$carry" "$R/tree/.gpu/"
   (cd "$R/tree" && exec env -i PATH=/usr/bin:/bin HOME="$home" OUT="$R/$name" PY="$RPY" GPU_WINDOW_REHEARSE=1 \
     GPU_WINDOW_CONVERT="$FULL" GPU_SMOKE_S="${GPU_SMOKE_S:-40}" GPU_SHAPES_S="${GPU_SHAPES_S:-40}" \
     GPU_LONG_S="${GPU_LONG_S:-40}" GPU_KERNELS_S="${GPU_KERNELS_S:-20}" GPU_MTBENCH_S="${GPU_MTBENCH_S:-20}" \
     GPU_PREP_S="${GPU_PREP_S:-20}" setsid bash -c "$cmd" >"$R/$name.console" 2>&1) &
   pid=$!
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < limit)); do sleep 1; done
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < limit)); do
+    [[ -z $rows || $(wc -l <"$R/$name/$rows" 2>/dev/null || echo 0) -lt 2 ]] || break
+    sleep 1
+  done
   if kill -0 "$pid" 2>/dev/null; then
     rc=124
     pkill -TERM -s "$pid" || true

@@ -38,4 +38,4 @@ def test_the_gpu_window_rehearses_on_a_cpu():
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
     assert "FAILED" not in report
-    assert "rehearsal: fresh rc=124" in report  # the cut call was cut, and still returned its rows
+    assert "rehearsal: fresh rc=124" in report  # the last call was cut, and still returned its rows
