@@ -5,6 +5,7 @@ cut from outside. The script checks what came back and exits non-zero when somet
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -36,6 +37,16 @@ def test_the_gpu_window_rehearses_on_a_cpu():
         ["scripts/gpu_lease.sh", "rehearse"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
     report = done.stdout + done.stderr
+    folder = next(
+        (
+            line.split(": ", 1)[1].split(" ")[0]
+            for line in report.splitlines()
+            if line.startswith("rehearsal folder: ")
+        ),
+        None,
+    )
+    if folder and Path(folder).name.startswith("gpu-rehearsal."):
+        shutil.rmtree(folder, ignore_errors=True)
     assert done.returncode == 0, report
     assert "FAILED" not in report
     assert "rehearsal: fresh rc=124" in report  # the last call was cut, and still returned its rows
