@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-long test-gpu gpu-checks test-slurm lint bench paper paper-runs paper-runs-slice8 paper-runs-qwen paper-rerun-stale train-longspec longspec-figure4
+.PHONY: demo test test-long test-gpu test-torch-device gpu-checks test-slurm lint bench paper paper-runs paper-runs-slice8 paper-runs-qwen paper-rerun-stale train-longspec longspec-figure4
 demo:            ## install, then run the default job (SmolLM2, vanilla, full KV, MT-Bench)
 	scripts/install.sh
 	$(PY) run.py
@@ -22,6 +22,12 @@ test-slurm:      ## start a local single-node SLURM (root, apt-get), then the sw
 
 test-gpu:        ## the engine, KV-policy, sparse-attention and lossless suites on a CUDA device (fp32, TF32 off)
 	HARNESS_TEST_DEVICE=cuda $(PY) -m pytest -q -m "not slow" $$(cat tests/gpu_suites.txt)
+
+TORCH_DEVICE ?= torch==2.11.0
+test-torch-device:  ## make test-gpu's suites' CPU parts under the GPU machines' torch (2.11, CPU build) in .venv-torch-device
+	VENV=.venv-torch-device TORCH_SPEC="$(TORCH_DEVICE)" TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install.sh --test
+	.venv-torch-device/bin/python -c "import torch; assert torch.__version__.startswith('$(subst torch==,,$(TORCH_DEVICE))'), torch.__version__"
+	.venv-torch-device/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not gpu" $$(cat tests/gpu_suites.txt) tests/test_emulation_checks.py
 
 gpu-checks:      ## on a CUDA box: test-gpu, the CUDA benchmarks and the scale=paper_slice8 FAFO sweep into GPU_OUT
 	PY=$(PY) scripts/gpu_checks.sh $${GPU_OUT:-gpu-checks}

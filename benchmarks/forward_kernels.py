@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     from runners.provenance import device_name
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a packaged model, or a config file (.json)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.context < 1 or args.reps < 1:
         raise SystemExit("error: --context and --reps must be positive")
     torch.set_num_threads(args.threads)
-    lm = load_model("packaged", args.model, dtype=args.dtype, device=args.device)
-    eng = Engine(lm.model, linear="aten" if args.device != "cpu" else "onednn")
+    # a config file (conf/model/shapes/) builds that model with random weights: the papers' sizes
+    source = "config" if args.model.endswith(".json") else "packaged"
+    lm = load_model(source, args.model, dtype=args.dtype, device=args.device)
+    eng = Engine(lm.model, linear="onednn" if args.device == "cpu" and args.dtype == "float32" else "aten")
     eng.use_graphs(capture=False)  # the fixed-shape forwards, run as the graphs replay them
     unit = "device" if eng.device.type == "cuda" else "CPU"
     where = f"{args.model} {args.dtype} on {device_name(eng.device)}, torch {torch.__version__}"

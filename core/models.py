@@ -7,6 +7,10 @@ packages (`--qwen15`); a split GGUF is assembled once and checked against its sh
 dequantised once and saved as an fp32 HF folder under the harness cache (`$HARNESS_CACHE`, default
 `~/.cache/draftless-harness`); later loads take seconds. `python -m core.models --prepare <name>` does
 that conversion ahead of time.
+
+Config-only models (`source: config`, `conf/model/shapes/`): a paper model's architecture built from its
+config with seeded random weights on the device, to time forwards at the papers' sizes without carrying
+their weights (a forward costs the same whatever the weights hold).
 """
 
 from __future__ import annotations
@@ -223,6 +227,24 @@ def tiny_model(
     return model.eval()
 
 
+def config_model(path: str | Path, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The causal LM described by the HF config JSON at `path`, with seeded random weights, built in
+    `dtype` directly on `device` (a 7-8B model never exists in fp32 or on the host)."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    file = Path(path)
+    if not file.is_file():
+        raise HarnessError(f"model.source=config: no config file {path} (see conf/model/shapes/)")
+    fields = json.loads(file.read_text())
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
 def load_model(
     source: str,
     name: str,
@@ -233,7 +255,8 @@ def load_model(
     revision: str | None = None,
     tiny: dict | None = None,
 ) -> LoadedModel:
-    """source: 'packaged' (name = key of PACKAGED_GGUF), 'hub' (name = hub id or local folder), 'tiny'."""
+    """source: 'packaged' (name = key of PACKAGED_GGUF), 'hub' (name = hub id or local folder), 'tiny',
+    'config' (name = an HF config JSON: random weights, byte tokenizer; for timing only)."""
     dev = pick_device(device)
     dt = resolve_dtype(dtype, dev)
     if dt == torch.float16 and dev.type == "cpu":
@@ -247,6 +270,12 @@ def load_model(
         return LoadedModel(
             model, ByteTokenizer(), f"tiny-{arch}", dt, dev, model.config.max_position_embeddings
         )
+    if source == "config":
+        from core.tokenizer import ByteTokenizer
+
+        model = config_model(name, seed, dev, dt)
+        ctx = int(model.config.max_position_embeddings)
+        return LoadedModel(model, ByteTokenizer(), Path(name).stem, dt, dev, ctx)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source == "packaged":
@@ -264,7 +293,7 @@ def load_model(
                 "written by save_pretrained (config.json, weights, tokenizer) or at a hub id"
             )
     else:
-        raise HarnessError(f"unknown model source {source!r}; use packaged, hub or tiny")
+        raise HarnessError(f"unknown model source {source!r}; use packaged, hub, tiny or config")
     try:
         tok = AutoTokenizer.from_pretrained(path, revision=revision)
         model = AutoModelForCausalLM.from_pretrained(

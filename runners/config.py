@@ -25,7 +25,7 @@ from tasks.datafile import read_bytes
 
 LINEARS = ("aten", "onednn", "auto")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-MODEL_SOURCES = ("packaged", "hub", "tiny")
+MODEL_SOURCES = ("packaged", "hub", "tiny", "config")
 TINY_ARCHS = ("llama", "qwen2")
 TASK_SOURCES = ("auto", "package", "local", "hub")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -49,7 +49,7 @@ class RunSettings:
     count_syncs: int  # new tokens of the untimed sync-counting rerun of each generation (0 = none)
     prefill_chunk: int
     linear: str
-    cuda_graphs: bool
+    cuda_graphs: bool | str  # "emulate": captures emulated (runners.emulated_graphs)
     out_dir: Path
     device: torch.device  # where model.device puts the model on this machine
 
@@ -421,19 +421,22 @@ def resolve_linear(choice: str | None, lm) -> str:
     return choice
 
 
-def graphs_choice(choice: Any, device: torch.device) -> bool:
+def graphs_choice(choice: Any, device: torch.device) -> bool | str:
     """`run.cuda_graphs`: true replays the fixed-shape decode forwards as CUDA graphs (core/decode_graph.py),
-    auto (null too) where the model is on a CUDA device, false never."""
+    auto (null too) where the model is on a CUDA device, false never, "emulate" as the CPU tests emulate
+    the captures (`runners.emulated_graphs`)."""
     if choice is None or choice == "auto":
         return device.type == "cuda"
+    if choice == "emulate":  # captures emulated on any device (runners.emulated_graphs): a CPU rehearsal
+        return choice
     if not isinstance(choice, bool):
-        raise HarnessError(f"run.cuda_graphs must be true, false or auto, got {choice!r}")
+        raise HarnessError(f"run.cuda_graphs must be true, false, auto or emulate, got {choice!r}")
     if choice and device.type != "cuda":
         raise HarnessError(f"run.cuda_graphs=true needs a CUDA device (the model is on {device.type})")
     return choice
 
 
-def resolve_cuda_graphs(choice: Any, lm: Any) -> bool:
+def resolve_cuda_graphs(choice: Any, lm: Any) -> bool | str:
     """`run.cuda_graphs` for the loaded model (`graphs_choice` on its device)."""
     return graphs_choice(choice, lm.device)
 

@@ -81,7 +81,13 @@ class Runner:
         self.lm = build(cfg.model, "model")
         linear = resolve_linear(run.get("linear"), self.lm)
         graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
-        self.engine = Engine(self.lm.model, prefill_chunk=prefill_chunk, linear=linear, cuda_graphs=graphs)
+        self.engine = Engine(
+            self.lm.model, prefill_chunk=prefill_chunk, linear=linear, cuda_graphs=graphs is True
+        )
+        if graphs == "emulate":
+            from runners.emulated_graphs import emulate_graphs
+
+            emulate_graphs(self.engine)
         self.device_name = provenance.device_name(self.lm.device)
         self.warmup_s = resolve_warmup_s(run.get("warmup_s"), self.engine.device, GPU_WARMUP_S)
         s = cfg.sampling
@@ -155,7 +161,7 @@ class Runner:
         if stratify:  # absent = the first `limit` samples (keeps earlier runs' ids)
             self.identity["stratify"] = True
         if graphs:  # absent = no CUDA graphs (keeps earlier runs' ids)
-            self.identity["cuda_graphs"] = True
+            self.identity["cuda_graphs"] = graphs  # True, or "emulate"
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         provenance.require_clean_tree(REPO, run.out_dir)  # paper records: from a commit only

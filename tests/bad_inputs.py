@@ -85,7 +85,7 @@ CASES = [
     _c("run.count_syncs must be an integer >= 0", "run.count_syncs=-1"),
     _c("run.count_syncs must be an integer >= 0", "run.count_syncs=few"),
     _c("run.linear must be one of aten, onednn, auto", "run.linear=fast"),
-    _c("run.cuda_graphs must be true, false or auto", "run.cuda_graphs=maybe"),
+    _c("run.cuda_graphs must be true, false, auto or emulate", "run.cuda_graphs=maybe"),
     _c("run.cuda_graphs=true needs a CUDA device", "run.cuda_graphs=true", "model.device=cpu"),
     # paths
     _c("run.out_dir must be a folder path", "run.out_dir="),

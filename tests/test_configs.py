@@ -16,6 +16,8 @@ OPTIONS = [
     (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")) if not p.stem.endswith(".example")
 ]
 HUB_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: hub" in p.read_text()}
+# the papers' architectures with random weights (7-8B parameters: built on a GPU, checked below unbuilt)
+SHAPE_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: config" in p.read_text()}
 
 
 def _compose(*overrides: str):
@@ -58,7 +60,9 @@ def test_task_option_instantiates(option):
     assert task.max_new_tokens > 0 and task.version
 
 
-@pytest.mark.parametrize("option", sorted(set(p.stem for p in (CONF / "model").glob("*.yaml")) - HUB_MODELS))
+@pytest.mark.parametrize(
+    "option", sorted(set(p.stem for p in (CONF / "model").glob("*.yaml")) - HUB_MODELS - SHAPE_MODELS)
+)
 def test_offline_model_option_instantiates(option):
     from core.models import packaged_available
 
@@ -67,6 +71,18 @@ def test_offline_model_option_instantiates(option):
         pytest.skip(f"packaged model {cfg.model.name} not installed (qwen: scripts/install.sh --qwen)")
     lm = instantiate(cfg.model)
     assert lm.tokenizer is not None and lm.context_length > 0
+
+
+@pytest.mark.parametrize("option", sorted(SHAPE_MODELS))
+def test_shape_model_options_name_a_config_of_a_paper_model(option):
+    import json
+
+    from transformers import AutoConfig
+
+    cfg = _compose(f"model={option}")
+    fields = json.loads((CONF.parent / cfg.model.name).read_text())
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    assert config.num_hidden_layers == 32 and config.hidden_size == 4096 and cfg.model.dtype == "bfloat16"
 
 
 def test_slurm_launcher_resolves():

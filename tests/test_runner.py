@@ -200,7 +200,7 @@ def test_cuda_graphs_choice_keeps_run_ids_and_is_refused_off_cuda(tmp_path):
     assert bool(pd.read_parquet(plain.run() / "runs.parquet")["cuda_graphs"].iloc[0]) is False
     with pytest.raises(HarnessError, match="run.cuda_graphs=true needs a CUDA device"):
         Runner(make_cfg(tmp_path, "model.dtype=float32", "run.cuda_graphs=true"))
-    with pytest.raises(HarnessError, match="must be true, false or auto"):
+    with pytest.raises(HarnessError, match="must be true, false, auto or emulate"):
         Runner(make_cfg(tmp_path, "run.cuda_graphs=maybe"))
     on_cuda = SimpleNamespace(device=torch.device("cuda", 0))
     assert resolve_cuda_graphs("auto", on_cuda) and not resolve_cuda_graphs(False, on_cuda)
