@@ -41,8 +41,10 @@ from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
 from analysis.load import experiments, from_experiments
 from analysis.metrics import (
+    ENV,
     AnalysisError,
     version_counts,
+    with_env,
 )
 from analysis.report_extras import block_auto_section, cost_section, longspec_figure4_section
 from analysis.report_parts import (
@@ -347,6 +349,52 @@ def contents(lines: list[str]) -> list[str]:
     return out + [""]
 
 
+def unshown_runs(samples: pd.DataFrame, made: list[Provenance], names: dict[str, str]) -> list[str]:
+    """The runs no table above shows (the cost section aside), per setup and experiment, with why: a
+    vanilla run with no method run of its environment is a baseline nothing pairs with."""
+    shown = {str(r) for p in made for r in p.runs["run_id"]}
+    runs = samples.drop_duplicates("run_id") if len(samples) else samples
+    left = runs[~runs["run_id"].astype(str).isin(shown)] if len(runs) else runs
+    if left.empty:
+        return []
+    env = with_env(samples)
+    methods = env[env["decoder"] != "vanilla"][ENV].drop_duplicates()
+    paired = {tuple(r) for r in methods.itertuples(index=False)}
+    rows = []
+    for _, run in with_env(left).iterrows():
+        alone = run["decoder"] == "vanilla" and tuple(run[ENV]) not in paired
+        why = (
+            "a vanilla baseline with no method run in its environment"
+            if alone
+            else "a vanilla run its experiment's table does not pair with (that table shows no speedup)"
+            if run["decoder"] == "vanilla"
+            else "no table of the report holds its experiment (see `analysis.summary`)"
+        )
+        rows.append(
+            {
+                "setup": f"`{names.get(str(run['run_id']), '?')}`",
+                "experiment": run.get("experiment", ""),
+                "run": f"{run['decoder']}+{run['kv']} on {run['task']}",
+                "why": why,
+            }
+        )
+    table = (
+        pd.DataFrame(rows)
+        .groupby(["setup", "experiment", "why"], as_index=False)
+        .agg(runs=("run", "count"), example=("run", "first"))
+    )
+    return [
+        "## Runs in no table",
+        "",
+        prose(
+            f"{len(left)} of {len(runs)} complete runs appear in no table above, per setup and experiment:"
+        ),
+        "",
+        markdown(table[["setup", "experiment", "runs", "example", "why"]]),
+        "",
+    ]
+
+
 def _shown_path(path: Path, out: Path) -> str:
     """`path` as the report names it: relative to the repository, else to the report's folder (never
     the absolute path of the machine that built it)."""
@@ -385,6 +433,7 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     }  # each run's setup, for the cost section
     body += cost_section(root, names=run_setup)
     body += code_section(made)
+    body += unshown_runs(samples, made, run_setup)
     body += ["## Not reproduced, and why", "", "| paper | table | reason |", "|---|---|---|"]
     body += [f"| {p} | {t} | {why} |" for p, t, why in NOT_REPRODUCED]
     body += [""] + gaps_table(gaps)

@@ -29,7 +29,12 @@ def cost_section(root: Path, bench: Path | None = None, names: dict[str, str] | 
             "",
         ]
     else:
-        off = table[(table["pred_over_measured"] - 1).abs() > 0.15]
+        measured = table[table["measured"].notna() & table["pred_over_measured"].notna()]
+        within = int(((measured["pred_over_measured"] - 1).abs() <= 0.15).sum())
+        unmeasured = len(table) - len(measured)
+        count = f"{within} of {len(measured)} runs with a measured speedup within +-15%" + (
+            f" ({unmeasured} without one: no paired vanilla run)" if unmeasured else ""
+        )
         if names:
             table.insert(1, "setup", [f"`{names.get(str(r), '?')}`" for r in table["run_id"]])
         parts += [
@@ -37,7 +42,7 @@ def cost_section(root: Path, bench: Path | None = None, names: dict[str, str] | 
                 "predicted_here = vanilla's 1-row steps / the run's own forwards, both priced on the cost "
                 "curve measured on the runs' device (`benchmarks.block_cost`); measured = paired decode "
                 "speedup. A ratio pred/measured far from 1 is time spent outside forwards (decoder "
-                f"bookkeeping). {len(table) - len(off)} of {len(table)} runs within +-15%. roofline_* = the "
+                f"bookkeeping). {count}. roofline_* = the "
                 "same blocks priced on A100/H100/H200 rooflines (`analysis.cost_model`)."
             ),
             "",
