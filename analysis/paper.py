@@ -37,6 +37,9 @@ from analysis import fafo_paper as fafo
 from analysis import longspec_paper as longspec
 from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
+from analysis.claims import ledger
+from analysis.claims_report import ledger_section, summary_section, verdict_line
+from analysis.claims_table import CLAIMS
 from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
 from analysis.load import experiments, from_experiments
@@ -407,10 +410,11 @@ def _shown_path(path: Path, out: Path) -> str:
 def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     """The report's markdown; its figures are written under `<stage>/figures/<setup>/` (`out` when no
     stage is given) and named relative to it."""
-    from analysis.load import load_samples
+    from analysis.load import load_samples, load_table
 
     stage = out if stage is None else stage
     samples = load_samples(root)
+    claims = ledger(samples, CLAIMS, load_table(root, "scores"))
     found = setups(samples)
     n_runs = samples["run_id"].nunique() if len(samples) else 0
     body: list[str] = []
@@ -422,10 +426,12 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
             body += [f"## {name}", ""]
             paper = name
         built = table_section(name, title, fn, command, found, stage)
-        body += built.lines
+        body += built.lines + [verdict_line(claims, name, title), ""]
         gaps += built.gaps
         made += built.made
     body += longspec_figure4_section(stage)  # LongSpec is REPRODUCED's last paper: its section goes on
+    body += [verdict_line(claims, "LongSpec", "Figure 4"), ""]
+    body += ledger_section(claims)
     if len(samples):
         body += block_auto_section(samples, made)
     run_setup = {
@@ -449,7 +455,8 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
         "",
     ]
     setup_part = ["## Setups", ""] + (legend(found) if found else ["No records.", ""])
-    text_lines = head + contents(setup_part + body) + setup_part + body
+    summary = summary_section(claims)
+    text_lines = head + summary + contents(summary + setup_part + body) + setup_part + body
     return "\n".join(text_lines).rstrip("\n") + "\n"
 
 

@@ -249,6 +249,13 @@ def split_rows(
     return kept, [Gap(paper, title, setup, "; ".join(rows), why) for why, rows in by_reason.items()]
 
 
+def _short(rows: str, limit: int = 160) -> str:
+    """A long list of rows by their groups alone (`FAFO-Quest; FAFO-H2O`), so a line stays readable."""
+    if len(rows) <= limit:
+        return rows
+    return re.sub(r" \([^)]*\)", "", rows) + " (every task of the table)"
+
+
 def gaps_table(gaps: list[Gap]) -> list[str]:
     """The rows left out of the tables, the setups that lack the same rows for the same reason merged."""
     if not gaps:
@@ -257,7 +264,7 @@ def gaps_table(gaps: list[Gap]) -> list[str]:
     for g in gaps:
         merged.setdefault((g.paper, g.table, g.rows, g.reason), []).append(f"`{g.setup}`")
     rows = [
-        {"paper": p, "table": t, "setups": ", ".join(s), "rows without a run": r, "reason": why}
+        {"paper": p, "table": t, "setups": ", ".join(s), "rows without a run": _short(r), "reason": why}
         for (p, t, r, why), s in merged.items()
     ]
     return [

@@ -30,7 +30,11 @@ class Measure:
 
     def text(self) -> str:
         lo, hi = self.bounds()
-        return f"{self.value:.3g}" if lo == hi else f"{self.value:.3g} [{lo:.3g}, {hi:.3g}]"
+        return _num(self.value) if lo == hi else f"{_num(self.value)} [{_num(lo)}, {_num(hi)}]"
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 def order(a: Measure, b: Measure) -> tuple[str, str]:
