@@ -437,7 +437,7 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     run_setup = {
         str(r): s.name for s in found for r in s.samples["run_id"].astype(str).unique()
     }  # each run's setup, for the cost section
-    body += cost_section(root, names=run_setup)
+    body += cost_section(root, names=run_setup, samples=samples)
     body += code_section(made)
     body += unshown_runs(samples, made, run_setup)
     body += ["## Not reproduced, and why", "", "| paper | table | reason |", "|---|---|---|"]

@@ -116,3 +116,20 @@ def test_triforce_tau_of_gamma2_plus_one_is_explained():
     tri = pd.DataFrame([{**base, "restricted_frac": 0.0}] * 2)
     assert "exactly gamma2 + 1 = 7" in fp.triforce_full_middle_note(tri)
     assert fp.triforce_full_middle_note(tri.assign(restricted_frac=0.5)) == ""
+
+
+def test_the_papers_pairs_are_priced_against_an_eager_like_and_a_bandwidth_bound_vanilla():
+    from analysis import cost_model as cm
+
+    van = {"decoder": "vanilla", "kv": "full", "device_name": "NVIDIA H200", "model": "m", "dtype": "bf16",
+           "task": "mtbench", "new_tokens": 100}  # fmt: skip
+    runs = pd.DataFrame(
+        [{**van, "cuda_graphs": False, "decode_s": 1.0}, {**van, "cuda_graphs": True, "decode_s": 0.25}]
+    )
+    ratio, where = cm.eager_step_ratio(runs)
+    assert ratio == pytest.approx(4.0) and "eager vanilla 10.0 ms per token, graphed 2.5 ms" in where
+    pairs = cm.check_pairs(cm.GPUS["A100-80GB"], cm.SHAPES["llama-2-7b"], eager_ratio=ratio).set_index("rows")
+    block = pairs.loc[481, "cost_ratio"].iloc[0]
+    assert pairs.loc[481, "cost_ratio_eager"].iloc[0] == pytest.approx((block + 3) / 4)  # host cost shared
+    assert (pairs.loc[57, "cost_ratio_eager"] == 1).all()
+    assert "error_pct_eager" not in cm.check_pairs(cm.GPUS["A100-80GB"], cm.SHAPES["llama-2-7b"]).columns
