@@ -6,6 +6,7 @@ budget 760, Lookahead G 7), so a claim reads the same cells as the tables above.
 from __future__ import annotations
 
 from analysis.claims import Claim
+from analysis.fafo_paper import TASKS
 
 FAFO_DECODERS = ["fafo", "fafo_2forward", "fafo_cpu", "fafo_auto"]
 FAFO_SET = {"decoder.k": 6, "decoder.n": 40}
@@ -25,7 +26,7 @@ def _fafo() -> list[Claim]:
             Claim(
                 "FAFO",
                 where,
-                f"FAFO-Stream is faster than Lookahead on {task}",
+                f"FAFO-Stream is faster than Lookahead on {TASKS[task]}",
                 "speed",
                 "order",
                 "speedup",
@@ -38,7 +39,7 @@ def _fafo() -> list[Claim]:
             Claim(
                 "FAFO",
                 where,
-                f"FAFO-Stream accepts more per forward than Lookahead on {task}",
+                f"FAFO-Stream accepts more per forward than Lookahead on {TASKS[task]}",
                 "tau",
                 "order",
                 "tau",
