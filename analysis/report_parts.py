@@ -139,6 +139,8 @@ def legend(found: list[Setup]) -> list[str]:
                 "setup": f"`{s.name}`",
                 **{c.replace("_name", ""): s.key[c] for c in shown},
                 **{c: s.key[c] for c in varying},
+                "scale": s.key["scale"]
+                + ("" if scale_name(s.key["scale"], s.samples) == s.key["scale"] else " preset, ran less"),
                 "ran": what_ran(s.samples)["text"],
                 "runs": len(runs),
                 "code": code_text(version_counts(runs)).replace(", see [Code versions](#code-versions)", ""),
