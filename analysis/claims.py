@@ -186,7 +186,7 @@ def same_task(runs: pd.DataFrame, a: pd.Series, b_sel: dict) -> pd.DataFrame:
     keep = pd.Series(True, index=runs.index)
     for col in [c for c in runs.columns if c == "task" or c.startswith("task.")]:
         if col not in b_sel:
-            keep &= runs[col].astype(str) == str(a.get(col))
+            keep &= runs[col].map(str) == str(a.get(col))  # map: NaN as "nan", as str(a[col]) says it
     return runs[keep]
 
 

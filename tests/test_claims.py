@@ -28,7 +28,8 @@ def runs(
             wobble = spread if i % 4 < 2 else -spread
             row.update(run_id=f"{run_id}-{device}", committed=row["forwards"] * (tau + wobble),
                        matches_vanilla=decoder != "vanilla", lossless=True, drafted=10, accepted=5,
-                       restricted_frac=0.0, scale="cpu", divergence_gap=float("nan"))  # fmt: skip
+                       restricted_frac=0.0, scale="cpu", divergence_gap=float("nan"),
+                       **{"task.context_length": float("nan")})  # a task parameter no run sets  # fmt: skip
         out += part
     return pd.DataFrame(out)
 
