@@ -226,16 +226,56 @@ def paper_pairs() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def check_pairs(device: Device, shape: ModelShape, ctx: float = 600.0) -> pd.DataFrame:
-    """Roofline prediction (tau / cost ratio of the block) beside each paper pair, with the error."""
+def check_pairs(
+    device: Device, shape: ModelShape, ctx: float = 600.0, eager_ratio: float | None = None
+) -> pd.DataFrame:
+    """Roofline prediction (tau / cost ratio of the block) beside each paper pair, with the error, against
+    a bandwidth-bound vanilla (a one-row step costs the roofline's time). With `eager_ratio` (an eager
+    one-row step's time over a graphed one's, measured), also against an eager-like vanilla: each step
+    pays a fixed host cost of (eager_ratio - 1) one-row roofline steps, the block and the one row alike,
+    so a many-row block costs little more than a one-row step."""
     pairs = paper_pairs()
     if pairs.empty:
         return pairs
     one = device.seconds(shape, 1, ctx)
-    pairs["cost_ratio"] = [device.seconds(shape, int(r), ctx) / one for r in pairs["rows"]]
+    block = pd.Series([device.seconds(shape, int(r), ctx) / one for r in pairs["rows"]], index=pairs.index)
+    pairs["cost_ratio"] = block
     pairs["predicted"] = pairs["tau"] / pairs["cost_ratio"]
     pairs["error_pct"] = 100 * (pairs["predicted"] / pairs["paper_speedup"] - 1)
+    if eager_ratio is not None and eager_ratio >= 1:
+        pairs["cost_ratio_eager"] = (block + eager_ratio - 1) / eager_ratio
+        pairs["predicted_eager"] = pairs["tau"] / pairs["cost_ratio_eager"]
+        pairs["error_pct_eager"] = 100 * (pairs["predicted_eager"] / pairs["paper_speedup"] - 1)
     return pairs
+
+
+def eager_step_ratio(samples: pd.DataFrame) -> tuple[float, str]:
+    """(an eager vanilla step's decode time over a graphed one's, where it was measured): the median
+    turn's ms per token of vanilla+full runs of one GPU, model, dtype and task recorded with
+    run.cuda_graphs off and on; NaN if none."""
+    if samples.empty or "cuda_graphs" not in samples.columns:
+        return math.nan, ""
+    van = samples[(samples["decoder"] == "vanilla") & (samples["kv"] == "full")]
+    van = van[~van["device_name"].astype(str).str.startswith("cpu")]
+    for key, group in van.groupby(["device_name", "model", "dtype", "task"], sort=True):
+        graphed = group["cuda_graphs"].astype(str) == "True"
+        median = {  # the median turn: a slow first turn (warm-up, allocation) is not a step's price
+            bool(g): float((part["decode_s"] / part["new_tokens"]).median())
+            for g, part in group.groupby(graphed)
+        }
+        total = {
+            bool(g): float(part["decode_s"].sum() / part["new_tokens"].sum())
+            for g, part in group.groupby(graphed)
+        }
+        if len(median) == 2:
+            eager_ms, graphed_ms = 1000 * median[False], 1000 * median[True]
+            where = (
+                f"{key[0]}, {key[1]} {key[2]}, {key[3]}, median turn: eager vanilla {eager_ms:.1f} ms per "
+                f"token, graphed {graphed_ms:.1f} ms; over all turns {1000 * total[False]:.1f} and "
+                f"{1000 * total[True]:.1f} ms"
+            )
+            return median[False] / median[True], where
+    return math.nan, ""
 
 
 # --- CLI ----------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from analysis.metrics import (
     SETUP,
     AnalysisError,
     baseline_of,
+    bootstrap_ratio,
     check_one_run,
     kv_activity,
     paired_speedup,
@@ -59,6 +60,10 @@ PAPER_SETTING = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "decoder.G":
 # The context the papers' absolute budgets are a share of (760 ~ 10% of their ~7.6k-token contexts):
 # a run's budget fraction x this = the paper budget it stands for (Table 13 at scale=cpu).
 PAPER_CONTEXT = 7600
+PEAK_MEMORY = (
+    "Peak memory (peak_mem_mb) is the process's peak RSS on a CPU but allocated GPU memory "
+    "(torch.cuda.max_memory_allocated) on a GPU: compare it within one setup only."
+)
 
 
 # --- our side -------------------------------------------------------------------------------------
@@ -131,6 +136,11 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
                 row["peak_mem_mb"] = run["peak_mem_mb"].max()
             paired = paired_speedup(run, base)
             row["speedup"], row["note"] = paired["speedup"], paired["note"]
+            # 95% intervals over samples (hidden from the tables, read by the verdicts)
+            row["_speedup_lo"], row["_speedup_hi"] = paired["speedup_lo"], paired["speedup_hi"]
+            row["_tau_lo"], row["_tau_hi"] = bootstrap_ratio(
+                run["committed"], run["forwards"], run["sample_id"]
+            )
             out.append(row)
     columns = [*ENV, "method", *by, "run_id", "base_run_id", "turns", "tau", "tok_s", "kv_activity"]
     columns += ["speedup", "note"]
@@ -155,7 +165,15 @@ def _caption(
         f"FAFO {title}",
         ours="; ".join(p for p in (held, ours) if p),
         paper=f"{paper_model}, {PAPER_ENV}",
-        notes="Speedup = vanilla wall / method wall over the same (sample, turn) set.",
+        notes=" ".join(
+            n
+            for n in (
+                "Speedup = vanilla wall / method wall over the same (sample, turn) set.",
+                PEAK_MEMORY if title.split(",")[0].split(" (")[0] in ("Table 1", "Figure 1") else "",
+                str(out.attrs.get("tau_note", "")),
+            )
+            if n
+        ),
         threads=True,
     )
 
@@ -180,11 +198,6 @@ def _paper_match(paper: pd.DataFrame, metric: str, **match: object) -> pd.DataFr
     return sel
 
 
-def _paper_value(paper: pd.DataFrame, metric: str, **match: object) -> float:
-    sel = _paper_match(paper, metric, **match)
-    return float(sel["value"].iloc[0]) if len(sel) else float("nan")
-
-
 def _join_paper(
     ours: pd.DataFrame,
     keys: list[dict],
@@ -192,7 +205,9 @@ def _join_paper(
     metrics: dict[str, str],
     ours_key: dict[str, str],
 ) -> pd.DataFrame:
-    """Rows = `keys` (paper-side column values); ours matched by `ours_key` (paper col -> our col)."""
+    """Rows = `keys` (paper-side column values); ours matched by `ours_key` (paper col -> our col). A cell
+    takes the one run that matches (`check_one_run`: two are an AnalysisError, never a mean); a paper
+    cell is marked `~ (prose)` only when its value is the prose's approximation."""
     rows, used = [], set()
     for key in keys:
         row = dict(key)
@@ -202,20 +217,29 @@ def _join_paper(
                 mine = mine.iloc[0:0]
                 continue
             mine = mine[mine[our_col].astype(str) == str(key[paper_col])]
+        check_one_run(mine, ", ".join(f"{k}={v}" for k, v in key.items()), rows_are_runs=True)
         for col in ("run_id", "base_run_id"):
             used |= {str(v) for v in mine.get(col, pd.Series(dtype=str)).dropna() if str(v)}
         for metric, ours_col in metrics.items():
             row[f"ours_{ours_col}"] = (
-                mine[ours_col].mean() if len(mine) and ours_col in mine else float("nan")
+                float(mine[ours_col].iloc[0]) if len(mine) and ours_col in mine else float("nan")
             )
-            row[f"paper_{metric}"] = _paper_value(paper, metric, **key)
-            approx = _paper_match(paper, metric, **key)
-            if "approx" in approx.columns and approx["approx"].fillna(False).astype(bool).any():
-                row[f"paper_{metric}_approx"] = "~ (prose)"
+            for end in ("lo", "hi"):  # the cell's interval, hidden from the markdown (a leading _)
+                col = f"_{ours_col}_{end}"
+                has = len(mine) and col in mine
+                row[f"_ours_{ours_col}_{end}"] = float(mine[col].iloc[0]) if has else float("nan")
+            sel = _paper_match(paper, metric, **key).dropna(subset=["value"])
+            row[f"paper_{metric}"] = float(sel["value"].iloc[0]) if len(sel) else float("nan")
+            approx = bool(
+                len(sel) and "approx" in sel.columns and sel["approx"].fillna(False).astype(bool).iloc[0]
+            )
+            row[f"paper_{metric}_approx"] = "~ (prose)" if approx else None
         row["ours_kv_activity"] = mine["kv_activity"].iloc[0] if len(mine) and "kv_activity" in mine else ""
         row["ours_note"] = mine["note"].iloc[0] if len(mine) and "note" in mine else ""
         rows.append(row)
     out = pd.DataFrame(rows)
+    marks = [c for c in out.columns if c.endswith("_approx")]
+    out = out.drop(columns=[c for c in marks if out[c].isna().all()])  # a table without prose cells
     out.attrs["used"] = sorted(used)  # the runs (and baselines) behind the table's cells, for its caption
     return out
 
@@ -281,13 +305,14 @@ def table2(
             {"speedup": "speedup", "tau": "tau"},
             {"method": "method", "task": "paper_task"},
         )
-        part["paper_source"] = src
+        has_paper = part.filter(regex=r"^paper_(speedup|tau)$").notna().any(axis=1)
+        part["paper_source"] = [src if h else "- (no paper cell)" for h in has_paper]
         rows.append(part)
     used = sorted({r for part in rows for r in part.attrs["used"]})
     out = pd.concat(rows, ignore_index=True)
     out = out[
         out.filter(like="ours_").notna().any(axis=1)
-        | out.filter(like="paper_").drop(columns="paper_source").notna().any(axis=1)
+        | out.filter(regex=r"^paper_(speedup|tau)$").notna().any(axis=1)
     ].reset_index(drop=True)
     out.attrs["used"] = used
     return _caption(out, "Tables 2 and 8", samples, paper_model, fixed)
@@ -362,10 +387,18 @@ def table12(samples: pd.DataFrame, task: str = "mtbench", fixed: dict | None = N
     )
 
 
-def table13(samples: pd.DataFrame, task: str | None = None, fixed: dict | None = None) -> pd.DataFrame:
-    """Table 13: StreamingLLM Init+Local budget sweep (the paper ran it on Multi-IF). Runs that set the
+def table13(samples: pd.DataFrame, task: str | None = "multi_if", fixed: dict | None = None) -> pd.DataFrame:
+    """Table 13: StreamingLLM Init+Local budget sweep on Multi-IF, as in the paper. Runs that set the
     budget as a fraction of each context (experiment=fafo_table13_frac, for scale=cpu) are shown under
-    the paper budget they stand for: fraction x PAPER_CONTEXT."""
+    the paper budget they stand for: fraction x PAPER_CONTEXT. A setup whose FAFO-Stream runs are all on
+    other tasks is refused with that said (their runs are Tables 1, 2 and 10's, not this one's)."""
+    stream = samples[samples["decoder"].astype(str).str.startswith("fafo") & (samples["kv"] == "streaming")]
+    if task is not None and len(stream) and not (stream["task"] == task).any():
+        others = ", ".join(TASKS.get(t, t) for t in sorted(set(stream["task"])))
+        raise AnalysisError(
+            f"no FAFO-Stream run on {TASKS.get(task, task)} in this setup (its runs are on {others}: "
+            "other tables' runs, not a budget sweep on this task)"
+        )
     frac = "kv.budget_frac"
     by_frac = frac in samples.columns and samples.loc[samples["decoder"] != "vanilla", frac].notna().any()
     if by_frac:
@@ -385,7 +418,7 @@ def table13(samples: pd.DataFrame, task: str | None = None, fixed: dict | None =
     note = f"kv.budget = kv.budget_frac x {PAPER_CONTEXT} (a fraction of each context)" if by_frac else ""
     return _caption(
         out,
-        "Table 13, Init+Local budget sweep (paper: Multi-IF)",
+        f"Table 13, Init+Local budget sweep ({TASKS.get(task, task)})",
         samples,
         "Llama-2-7b-chat",
         out.attrs["fixed"],
@@ -410,6 +443,7 @@ def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
     tri = samples[(samples["decoder"] == "triforce") & (samples["task"] == "pg19")]
     label = "draft.label" if "draft.label" in tri.columns else "draft"
     drafts = sorted({str(v) for v in tri[label].dropna()}) if label in tri.columns else []
+    out.attrs["tau_note"] = triforce_full_middle_note(tri)
     return _caption(
         out,
         "Table 10, PG-19 by context length",
@@ -417,6 +451,25 @@ def table10(samples: pd.DataFrame, fixed: dict | None = None) -> pd.DataFrame:
         "Yarn-Llama-2-7b-128k",
         out.attrs["fixed"],
         ours=f"TriForce rows' draft {'; '.join(drafts)}" if drafts else "",
+    )
+
+
+def triforce_full_middle_note(tri: pd.DataFrame) -> str:
+    """Why TriForce's tau is exactly gamma2 + 1 where its retrieval cache keeps every entry: the middle
+    level is then the target itself, so every drafted token is accepted (read from the records)."""
+    need = {"restricted_frac", "decoder.gamma2", "drafted", "accepted", "committed", "forwards"}
+    if tri.empty or not need <= set(tri.columns):
+        return ""
+    drafted, accepted = int(tri["drafted"].sum()), int(tri["accepted"].sum())
+    tau = float(tri["committed"].sum() / tri["forwards"].sum())
+    gamma2 = float(tri["decoder.gamma2"].iloc[0])
+    if tri["restricted_frac"].fillna(1).max() > 0 or accepted != drafted or tau != gamma2 + 1:
+        return ""
+    return (
+        f"TriForce's tau is exactly gamma2 + 1 = {tau:g}: its retrieval budget keeps every entry of these "
+        f"contexts (restricted 0% of forwards), so the middle level is the target itself and accepted "
+        f"{accepted} of {drafted} drafted tokens; each verification commits gamma2 + 1 (policy inactive, "
+        "not a better draft)."
     )
 
 

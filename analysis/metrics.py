@@ -194,12 +194,59 @@ def scale_text(scale: str) -> str:
     return f"NOT the paper's setting ({source}: {SCALE_DIFFERENCES.get(scale, 'see that file')})"
 
 
+def _ints(values: pd.Series) -> str:
+    """`8` or `4-12`: the range of a per-run count."""
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def what_ran(samples: pd.DataFrame) -> dict[str, object]:
+    """What the runs of `samples` actually ran, read from the records, not from a preset's name: samples
+    per run, new tokens per turn (`max_new_tokens`) against the task's own (`task.max_new_tokens`),
+    KV budgets absolute or a fraction of each context, and whether that is the paper's protocol (every
+    sample, the task's token count, absolute budgets)."""
+    if samples.empty or "sample_id" not in samples.columns:
+        return {"text": "no runs", "protocol": False}
+    by = samples.groupby("run_id") if "run_id" in samples.columns else samples.groupby(lambda _: 0)
+    n = by["sample_id"].nunique()
+    tokens = pd.to_numeric(samples.get("max_new_tokens", pd.Series(dtype=float)), errors="coerce")
+    task_tokens = pd.to_numeric(samples.get("task.max_new_tokens", pd.Series(dtype=float)), errors="coerce")
+    limited = pd.to_numeric(samples.get("limit", pd.Series(dtype=float)), errors="coerce").notna().any()
+    cut = bool(tokens.notna().any() and task_tokens.notna().any() and (tokens < task_tokens).any())
+    frac = samples.get("kv.budget_frac", pd.Series(dtype=float))
+    by_frac = bool(pd.to_numeric(frac, errors="coerce").notna().any())
+    parts = [f"{_ints(n)} samples/run"]
+    if tokens.notna().any():
+        parts.append(
+            f"{_ints(tokens.dropna())} new tokens"
+            + (f" (task: {_ints(task_tokens.dropna())})" if cut else "")
+        )
+    if by_frac:
+        parts.append("budgets a fraction of each context")
+    return {"text": ", ".join(parts), "protocol": not (limited or cut or by_frac)}
+
+
+def scale_name(scale: str, samples: pd.DataFrame) -> str:
+    """A setup's scale as its name says it: the preset's name, unless the preset is the paper's protocol
+    and the runs were not (fewer samples, fewer tokens): then what ran, `<n>samples-<t>tok`."""
+    if scale not in ("paper", UNKNOWN) or samples.empty:
+        return scale
+    ran = what_ran(samples)
+    if ran["protocol"]:
+        return scale
+    n = _ints(samples.groupby("run_id")["sample_id"].nunique()) if "run_id" in samples.columns else "?"
+    tokens = pd.to_numeric(samples.get("max_new_tokens", pd.Series(dtype=float)), errors="coerce").dropna()
+    return f"{n}samples-{_ints(tokens) if len(tokens) else '?'}tok"
+
+
 def scale_label(samples: pd.DataFrame) -> str:
-    """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml)."""
+    """Empty for the paper's protocol, else a sentence naming the preset (conf/scale/<name>.yaml), or,
+    for runs the paper preset labels that did not run the protocol, what they ran."""
     scales = sorted({str(v) for v in samples["scale"].dropna()}) if "scale" in samples.columns else []
     other = [s for s in scales if s not in ("paper", UNKNOWN)]
     if not other:
-        return ""
+        ran = what_ran(samples) if "sample_id" in samples.columns else {"protocol": True}
+        return "" if ran["protocol"] else f"NOT the paper's protocol: {ran['text']}. "
     what = "; ".join(
         f"{'conf/experiment' if s == 'cpu_experiment' else f'conf/scale/{s}.yaml'}: "
         f"{SCALE_DIFFERENCES.get(s, 'see that file')}"
@@ -242,15 +289,23 @@ def save_png(fig: object, path: Path | str, dpi: int = 120) -> None:
     fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})  # type: ignore[attr-defined]
 
 
-def check_one_run(cell: pd.DataFrame, label: str) -> None:
-    """Refuse a table cell that holds more than one run (it would pool configurations)."""
-    if "run_id" not in cell.columns or cell["run_id"].nunique() <= 1:
+def check_one_run(cell: pd.DataFrame, label: str, rows_are_runs: bool = False) -> None:
+    """Refuse a table cell that holds more than one run (it would pool configurations or tasks). Every
+    table calls it on each cell: on per-sample rows (runs told apart by `run_id`), or, with
+    `rows_are_runs`, on aggregated rows of one run each."""
+    if rows_are_runs:
+        if len(cell) <= 1:
+            return
+        ids = [str(r) or "?" for r in cell.get("run_id", pd.Series(["?"] * len(cell)))]
+    elif "run_id" not in cell.columns or cell["run_id"].nunique() <= 1:
         return
-    ids = sorted(cell["run_id"].astype(str).unique())
+    else:
+        ids = sorted(cell["run_id"].astype(str).unique())
     params = [
         c
         for c in cell.columns
-        if c.startswith(("decoder.", "kv.", "draft.")) and cell[c].nunique(dropna=False) > 1
+        if c.startswith(("decoder.", "kv.", "draft.", "task"))
+        and cell[c].astype(str).nunique(dropna=False) > 1
     ]
     differ = f" (they differ in {', '.join(params)})" if params else ""
     raise AnalysisError(
@@ -283,7 +338,8 @@ def bootstrap_ratio(
     num: pd.Series, den: pd.Series, groups: pd.Series, n: int = 1000, seed: int = 0
 ) -> tuple[float, float]:
     """95% interval of sum(num)/sum(den) resampling `groups` (sample ids) with replacement."""
-    by = pd.DataFrame({"num": num.values, "den": den.values, "g": groups.values}).groupby("g").sum()
+    frame = {"num": num.astype(float).to_numpy(), "den": den.astype(float).to_numpy(), "g": groups.to_numpy()}
+    by = pd.DataFrame(frame).groupby("g").sum()
     if len(by) < 2:
         r = by["num"].sum() / by["den"].sum()
         return r, r

@@ -37,12 +37,17 @@ from analysis import fafo_paper as fafo
 from analysis import longspec_paper as longspec
 from analysis import sfi_paper as sfi
 from analysis import triforce_paper as tri
+from analysis.claims import ledger
+from analysis.claims_report import ledger_section, summary_section, verdict_line
+from analysis.claims_table import CLAIMS
 from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
 from analysis.load import DamagedRecord, experiments, from_experiments, load_runs
 from analysis.metrics import (
+    ENV,
     AnalysisError,
     version_counts,
+    with_env,
 )
 from analysis.report_extras import block_auto_section, cost_section, longspec_figure4_section
 from analysis.report_parts import (
@@ -347,6 +352,52 @@ def contents(lines: list[str]) -> list[str]:
     return out + [""]
 
 
+def unshown_runs(samples: pd.DataFrame, made: list[Provenance], names: dict[str, str]) -> list[str]:
+    """The runs no table above shows (the cost section aside), per setup and experiment, with why: a
+    vanilla run with no method run of its environment is a baseline nothing pairs with."""
+    shown = {str(r) for p in made for r in p.runs["run_id"]}
+    runs = samples.drop_duplicates("run_id") if len(samples) else samples
+    left = runs[~runs["run_id"].astype(str).isin(shown)] if len(runs) else runs
+    if left.empty:
+        return []
+    env = with_env(samples)
+    methods = env[env["decoder"] != "vanilla"][ENV].drop_duplicates()
+    paired = {tuple(r) for r in methods.itertuples(index=False)}
+    rows = []
+    for _, run in with_env(left).iterrows():
+        alone = run["decoder"] == "vanilla" and tuple(run[ENV]) not in paired
+        why = (
+            "a vanilla baseline with no method run in its environment"
+            if alone
+            else "a vanilla run its experiment's table does not pair with (that table shows no speedup)"
+            if run["decoder"] == "vanilla"
+            else "no table of the report holds its experiment (see `analysis.summary`)"
+        )
+        rows.append(
+            {
+                "setup": f"`{names.get(str(run['run_id']), '?')}`",
+                "experiment": run.get("experiment", ""),
+                "run": f"{run['decoder']}+{run['kv']} on {run['task']}",
+                "why": why,
+            }
+        )
+    table = (
+        pd.DataFrame(rows)
+        .groupby(["setup", "experiment", "why"], as_index=False)
+        .agg(runs=("run", "count"), example=("run", "first"))
+    )
+    return [
+        "## Runs in no table",
+        "",
+        prose(
+            f"{len(left)} of {len(runs)} complete runs appear in no table above, per setup and experiment:"
+        ),
+        "",
+        markdown(table[["setup", "experiment", "runs", "example", "why"]]),
+        "",
+    ]
+
+
 def _shown_path(path: Path, out: Path) -> str:
     """`path` as the report names it: relative to the repository, else to the report's folder (never
     the absolute path of the machine that built it)."""
@@ -359,10 +410,11 @@ def _shown_path(path: Path, out: Path) -> str:
 def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     """The report's markdown; its figures are written under `<stage>/figures/<setup>/` (`out` when no
     stage is given) and named relative to it."""
-    from analysis.load import load_samples
+    from analysis.load import load_samples, load_table
 
     stage = out if stage is None else stage
     samples = load_samples(root, strict=True)
+    claims = ledger(samples, CLAIMS, load_table(root, "scores"))
     found = setups(samples)
     n_runs = samples["run_id"].nunique() if len(samples) else 0
     body: list[str] = []
@@ -374,17 +426,20 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
             body += [f"## {name}", ""]
             paper = name
         built = table_section(name, title, fn, command, found, stage)
-        body += built.lines
+        body += built.lines + [verdict_line(claims, name, title), ""]
         gaps += built.gaps
         made += built.made
     body += longspec_figure4_section(stage)  # LongSpec is REPRODUCED's last paper: its section goes on
+    body += [verdict_line(claims, "LongSpec", "Figure 4"), ""]
+    body += ledger_section(claims)
     if len(samples):
         body += block_auto_section(samples, made)
     run_setup = {
         str(r): s.name for s in found for r in s.samples["run_id"].astype(str).unique()
     }  # each run's setup, for the cost section
-    body += cost_section(root, names=run_setup)
+    body += cost_section(root, names=run_setup, samples=samples)
     body += code_section(made)
+    body += unshown_runs(samples, made, run_setup)
     body += ["## Not reproduced, and why", "", "| paper | table | reason |", "|---|---|---|"]
     body += [f"| {p} | {t} | {why} |" for p, t, why in NOT_REPRODUCED]
     body += [""] + gaps_table(gaps)
@@ -400,7 +455,8 @@ def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
         "",
     ]
     setup_part = ["## Setups", ""] + (legend(found) if found else ["No records.", ""])
-    text_lines = head + contents(setup_part + body) + setup_part + body
+    summary = summary_section(claims)
+    text_lines = head + summary + contents(summary + setup_part + body) + setup_part + body
     return "\n".join(text_lines).rstrip("\n") + "\n"
 
 

@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.metrics import SETUP, UNKNOWN, is_dirty, scale_text, version_counts, with_env
+from analysis.metrics import (
+    SETUP,
+    UNKNOWN,
+    is_dirty,
+    scale_name,
+    scale_text,
+    version_counts,
+    what_ran,
+    with_env,
+)
 
 # Why a row of a paper's table has no run of ours in any setup, where "no run yet" is not the reason
 # (paper, method) -> reason; rows not named here say which command makes their runs.
@@ -29,13 +38,15 @@ VENDOR_WORDS = {"amd", "intel", "intel(r)", "nvidia", "genuine", "cpu", "process
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub markdown table (floats to 3 significant decimals, NaN as blank)."""
+    """A DataFrame as a GitHub markdown table (floats to 3 significant decimals, NaN as blank), without its
+    `_*` columns (intervals the verdicts read)."""
 
     def cell(v: object) -> str:
         if isinstance(v, float):
             return "" if pd.isna(v) else f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
         return "" if v is None else str(v).replace("|", "\\|")
 
+    table = table[[c for c in table.columns if not str(c).startswith("_")]]  # `_*`: for the verdicts
     cols = [str(c) for c in table.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
@@ -64,13 +75,15 @@ def _hardware(key: dict[str, str]) -> str:
     return f"cpu-{chip}{key.get('threads', '')}" + (f"-{features}" if features else "") if is_cpu else chip
 
 
-def setup_name(key: dict[str, str]) -> str:
+def setup_name(key: dict[str, str], samples: pd.DataFrame | None = None) -> str:
     """A setup's short name: hardware and dtype (`cpu-epyc2-fp32`, `h200-bf16`), the model unless it is
-    the embedded one, and `@<scale>` (the conf/scale preset)."""
+    the embedded one, and `@<scale>`: the conf/scale preset, or, where runs labelled with the paper's
+    protocol ran less of it, what they ran (`@2samples-64tok`; `analysis.metrics.scale_name`)."""
     dtype = DTYPE_SHORT.get(key.get("dtype", ""), key.get("dtype", UNKNOWN))
     model = key.get("model", UNKNOWN)
     name = "-".join([_hardware(key), dtype, *([model] if model != DEFAULT_MODEL else [])])
-    return f"{name}@{key.get('scale', UNKNOWN)}"
+    scale = key.get("scale", UNKNOWN)
+    return f"{name}@{scale if samples is None else scale_name(scale, samples)}"
 
 
 def setups(samples: pd.DataFrame) -> list[Setup]:
@@ -80,7 +93,8 @@ def setups(samples: pd.DataFrame) -> list[Setup]:
         return []
     env = with_env(samples)
     keys = [dict(zip(SETUP, row)) for row in env[SETUP].drop_duplicates().itertuples(index=False)]
-    names = [setup_name(k) for k in keys]
+    masks = [(env[SETUP] == pd.Series(key)).all(axis=1).to_numpy() for key in keys]
+    names = [setup_name(k, samples[m]) for k, m in zip(keys, masks)]
     for name in set(names):
         clash = [k for k, n in zip(keys, names) if n == name]
         if len(clash) > 1:
@@ -88,10 +102,7 @@ def setups(samples: pd.DataFrame) -> list[Setup]:
             names = [
                 n + "".join(f"+{c}={k[c]}" for c in differ) if n == name else n for k, n in zip(keys, names)
             ]
-    out = []
-    for key, name in zip(keys, names):
-        mask = (env[SETUP] == pd.Series(key)).all(axis=1).to_numpy()
-        out.append(Setup(name, key, samples[mask]))
+    out = [Setup(name, key, samples[mask]) for key, name, mask in zip(keys, names, masks)]
     return sorted(out, key=lambda s: s.name)
 
 
@@ -128,17 +139,29 @@ def legend(found: list[Setup]) -> list[str]:
                 "setup": f"`{s.name}`",
                 **{c.replace("_name", ""): s.key[c] for c in shown},
                 **{c: s.key[c] for c in varying},
+                "scale": s.key["scale"]
+                + ("" if scale_name(s.key["scale"], s.samples) == s.key["scale"] else " preset, ran less"),
+                "ran": what_ran(s.samples)["text"],
                 "runs": len(runs),
                 "code": code_text(version_counts(runs)).replace(", see [Code versions](#code-versions)", ""),
             }
         )
     same = ", ".join(f"{c}={found[0].key[c]}" for c in rest if c not in varying)
     scales = sorted({s.key["scale"] for s in found})
+    cut = [s.name for s in found if s.key["scale"] == "paper" and not what_ran(s.samples)["protocol"]]
+    cut_text = (
+        " Setups recorded under the paper preset that ran less of it are named by what they ran ("
+        + ", ".join(f"`{n}`" for n in cut)
+        + "): NOT the paper's protocol."
+        if cut
+        else ""
+    )
     return [
         markdown(pd.DataFrame(rows)),
         "",
         prose(
-            f"Every setup: {same}. Scales: " + "; ".join(f"{sc} = {scale_text(sc)}" for sc in scales) + "."
+            f"Every setup: {same}. ran = samples per run and new tokens per turn, read from the records. "
+            "Scales: " + "; ".join(f"{sc} = {scale_text(sc)}" for sc in scales) + "." + cut_text
         ),
         "",
     ]
@@ -171,7 +194,7 @@ def rows_without_runs(table: pd.DataFrame) -> pd.Series:
     """Which rows hold none of our numbers: every `ours_*` measure empty, or an ordering whose claim has
     no run on our side."""
     if "verdict" in table.columns:
-        return table["verdict"] == "no runs"
+        return table["verdict"].isin(["no runs", "not testable"])
     ours = _measures(table)
     return table[ours].isna().all(axis=1) if ours else pd.Series(False, index=table.index)
 
@@ -228,6 +251,13 @@ def split_rows(
     return kept, [Gap(paper, title, setup, "; ".join(rows), why) for why, rows in by_reason.items()]
 
 
+def _short(rows: str, limit: int = 160) -> str:
+    """A long list of rows by their groups alone (`FAFO-Quest; FAFO-H2O`), so a line stays readable."""
+    if len(rows) <= limit:
+        return rows
+    return re.sub(r" \([^)]*\)", "", rows) + " (every task of the table)"
+
+
 def gaps_table(gaps: list[Gap]) -> list[str]:
     """The rows left out of the tables, the setups that lack the same rows for the same reason merged."""
     if not gaps:
@@ -236,7 +266,7 @@ def gaps_table(gaps: list[Gap]) -> list[str]:
     for g in gaps:
         merged.setdefault((g.paper, g.table, g.rows, g.reason), []).append(f"`{g.setup}`")
     rows = [
-        {"paper": p, "table": t, "setups": ", ".join(s), "rows without a run": r, "reason": why}
+        {"paper": p, "table": t, "setups": ", ".join(s), "rows without a run": _short(r), "reason": why}
         for (p, t, r, why), s in merged.items()
     ]
     return [

@@ -139,7 +139,7 @@ def test_cost_section_prices_each_run_on_its_environments_curve(tmp_path):
     # vanilla: 63 one-row steps (63 s on the curve); pld: 9 forwards of 8 rows (9 x 1.75 s) -> 4.0;
     # measured decode speedup 9 s / 4 s = 2.25
     assert "| fafo_baselines | pld | full | pg19 | 3.94 | 2.25 | 4 | 1.78 |" in text
-    assert "0 of 1 runs within +-15%" in text and "FAFO Table 2" in text
+    assert "0 of 1 runs with a measured speedup within +-15%" in text and "FAFO Table 2" in text
 
 
 def test_summary_shows_predicted_beside_measured(tmp_path, monkeypatch):
@@ -252,7 +252,7 @@ def test_report_reads_at_a_glance(tmp_path):
     )
     # the legend defines each setup's short name once, with model, dtype, device, threads, linear, scale
     legend = tables(text[text.index("## Setups") :])[0]
-    assert legend[0] == "| setup | model | dtype | device | threads | linear | scale | runs | code |"
+    assert legend[0] == "| setup | model | dtype | device | threads | linear | scale | ran | runs | code |"
     assert any(
         row.startswith("| `cpu-test2-fp32@paper` | smollm2-135m | float32 | cpu: test | 2 |")
         for row in legend
