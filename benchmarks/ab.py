@@ -13,10 +13,14 @@ seconds of its partner, so the load of a shared machine, which moves both alike,
 their ratio; the whole-run ratios it would otherwise decide spread by +-20% on a shared 2-core box.
 
 Per decoder: the median over pairs of head speed / base speed (tokens per decode second; > 1 = head
-faster) with a 95% interval of that median (percentile bootstrap over the pairs), and whether both
-sides decoded identical ids. Written to `results/bench/<device>/ab-<base>-<head>.md` and `.json` with
-the CPU flags, threads, torch and the load average before and after. A vs A (`--base HEAD --head
-HEAD`) checks the tool itself: the median should be 1.00 with an interval inside +-3%.
+faster) with a 95% interval of that median, and whether both sides decoded identical ids. The pairs
+come from `--sessions` fresh pairs of worker processes (started base first, then head first, in
+turn): identical trees in two processes have differed by 18% for a whole session on a shared VM
+(where a process's memory landed), an effect no number of pairs in one session averages out, so the
+interval resamples the sessions, then the pairs in each (a cluster bootstrap). Written to
+`results/bench/<device>/ab-<base>-<head>.md` and `.json` with the CPU flags, threads, torch and the
+load average before and after. A vs A (`--base HEAD --head HEAD`) checks the tool itself: the median
+should be 1.00 with an interval inside +-3%.
 """
 
 from __future__ import annotations
@@ -49,19 +53,34 @@ class Pairs:
 
     base: list[float] = field(default_factory=list)
     head: list[float] = field(default_factory=list)
+    session: list[int] = field(default_factory=list)  # the pair of worker processes that timed each
     same_ids: bool = True
 
     def ratios(self) -> list[float]:
         return [h / b for b, h in zip(self.base, self.head, strict=True)]
 
+    def by_session(self) -> list[list[float]]:
+        groups: dict[int, list[float]] = {}
+        for s, r in zip(self.session, self.ratios(), strict=True):
+            groups.setdefault(s, []).append(r)
+        return list(groups.values())
 
-def median_interval(values: list[float], seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
-    """(median, low, high): the median of `values` and the percentile-bootstrap interval of it."""
+
+def median_interval(
+    groups: list[list[float]], seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """(median, low, high): the median of all values and its percentile-bootstrap interval, resampling
+    the groups (sessions: a process's own speed lasts as long as it does) and then the values in each,
+    so that a difference between two processes' memory is counted as noise, not as a code effect."""
     rng = random.Random(seed)
-    n = len(values)
-    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(BOOTSTRAP))
+    meds = []
+    for _ in range(BOOTSTRAP):
+        chosen = rng.choices(groups, k=len(groups)) if len(groups) > 1 else groups
+        meds.append(statistics.median([v for g in chosen for v in rng.choices(g, k=len(g))]))
+    meds.sort()
     tail = (1 - level) / 2
-    return statistics.median(values), meds[int(tail * BOOTSTRAP)], meds[int((1 - tail) * BOOTSTRAP) - 1]
+    pooled = [v for g in groups for v in g]
+    return statistics.median(pooled), meds[int(tail * BOOTSTRAP)], meds[int((1 - tail) * BOOTSTRAP) - 1]
 
 
 def _git(*args: str) -> str:
@@ -132,16 +151,22 @@ def prompts(n: int) -> list[list[int]]:
 
 
 def measure(
-    sides: tuple[Worker, Worker], decoders: list[str], asked: list[list[int]], args
-) -> dict[str, Pairs]:
-    """Warm each decoder on both sides, then `args.rounds` ABBA-ordered pairs of bursts per decoder,
-    decoders interleaved round by round so a slow minute hits every decoder."""
+    sides: tuple[Worker, Worker],
+    decoders: list[str],
+    asked: list[list[int]],
+    args,
+    pairs: dict[str, Pairs],
+    session: int,
+) -> None:
+    """Warm each decoder on both sides, then this session's share of `args.rounds` ABBA-ordered pairs
+    of bursts per decoder (into `pairs`), decoders interleaved round by round so that a slow minute
+    hits every decoder."""
     for d in decoders:
         for _ in range(args.warmup):
             for w in sides:
                 w.ask(op="burst", decoder=d, prompt=asked[0], tokens=args.tokens)
-    pairs = {d: Pairs() for d in decoders}
-    for r in range(args.rounds):
+    rounds = -(-args.rounds // args.sessions)
+    for r in range(rounds):
         prompt = asked[r % len(asked)]
         for d in decoders:
             order = (0, 1) if r % 2 == 0 else (1, 0)
@@ -150,25 +175,60 @@ def measure(
                 got[i] = sides[i].ask(op="burst", decoder=d, prompt=prompt, tokens=args.tokens)
             pairs[d].base.append(got[0]["tokens"] / got[0]["seconds"])
             pairs[d].head.append(got[1]["tokens"] / got[1]["seconds"])
+            pairs[d].session.append(session)
             pairs[d].same_ids &= got[0]["digest"] == got[1]["digest"]
         if (r + 1) % 5 == 0 or r == 0:
             line = "  ".join(f"{d} {statistics.median(p.ratios()):.3f}" for d, p in pairs.items())
-            print(f"[ab] round {r + 1}/{args.rounds}: {line}", file=sys.stderr)
-    return pairs
+            print(
+                f"[ab] session {session + 1}/{args.sessions} round {r + 1}/{rounds}: {line}", file=sys.stderr
+            )
+
+
+def run_session(
+    sides: list[tuple[Path, list[str]]],
+    session: int,
+    decoders: list[str],
+    asked: list[list[int]],
+    args,
+    pairs: dict[str, Pairs],
+    log: IO[str],
+    out_dir: Path,
+) -> None:
+    """One pair of fresh worker processes, started (and set up) base first in even sessions, head
+    first in odd ones: the speed of a process's memory placement lasts as long as it does (identical
+    trees have differed by 18% for a whole session), so it must vary between sessions to be seen."""
+    order = (0, 1) if session % 2 == 0 else (1, 0)
+    workers: dict[int, Worker] = {}
+    try:
+        for i in order:
+            workers[i] = Worker(sides[i][0], log)
+        for i in order:
+            workers[i].ask(
+                op="setup",
+                decoders=decoders,
+                overrides=[*args.override, *sides[i][1]],
+                threads=args.threads,
+                out_dir=str(out_dir),
+            )
+        measure((workers[0], workers[1]), decoders, asked, args, pairs, session)
+    finally:
+        for w in workers.values():
+            w.close()
 
 
 def table(pairs: dict[str, Pairs], base: str, head: str) -> tuple[str, dict[str, Any]]:
     lines = [
-        f"| decoder | base {base} tok/s | head {head} tok/s | head/base median | 95% interval | pairs "
-        "| same ids |",
-        "|---|---:|---:|---:|---|---:|---|",
+        f"| decoder | base {base} tok/s | head {head} tok/s | head/base median | 95% interval | per session "
+        "| pairs | same ids |",
+        "|---|---:|---:|---:|---|---|---:|---|",
     ]
     blob: dict[str, Any] = {}
     for d, p in pairs.items():
-        med, lo, hi = median_interval(p.ratios())
+        med, lo, hi = median_interval(p.by_session())
+        per_session = " ".join(f"{statistics.median(g):.3f}" for g in p.by_session())
         b, h = statistics.median(p.base), statistics.median(p.head)
         lines.append(
-            f"| {d} | {b:.1f} | {h:.1f} | {med:.3f} | [{lo:.3f}, {hi:.3f}] | {len(p.base)} | "
+            f"| {d} | {b:.1f} | {h:.1f} | {med:.3f} | [{lo:.3f}, {hi:.3f}] | {per_session} | {len(p.base)} | "
             f"{'yes' if p.same_ids else 'NO'} |"
         )
         blob[d] = {
@@ -176,6 +236,7 @@ def table(pairs: dict[str, Pairs], base: str, head: str) -> tuple[str, dict[str,
             "interval": [lo, hi],
             "base_tok_s": p.base,
             "head_tok_s": p.head,
+            "session": p.session,
             "same_ids": p.same_ids,
         }
     return "\n".join(lines), blob
@@ -196,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         default="forward,vanilla,pld,fafo_cpu",
         help="comma-separated; forward = one-row engine forwards alone",
     )
-    ap.add_argument("--rounds", type=int, default=60, help="pairs of bursts per decoder")
+    ap.add_argument("--rounds", type=int, default=60, help="pairs of bursts per decoder, over all sessions")
+    ap.add_argument("--sessions", type=int, default=4, help="fresh pairs of worker processes, in turn")
     ap.add_argument("--tokens", type=int, default=32, help="new tokens (forwards) per burst")
     ap.add_argument("--prompts", type=int, default=8, help="MT-Bench first turns, used in rotation")
     ap.add_argument("--warmup", type=int, default=2, help="untimed bursts per decoder and side first")
@@ -209,8 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     known = {p.stem for p in (REPO / "conf" / "decoder").glob("*.yaml")} | {"forward"}
     if not decoders or any(d not in known for d in decoders):
         raise HarnessError(f"--decoders: each of forward, {', '.join(sorted(known - {'forward'}))}")
-    if min(args.rounds, args.tokens, args.prompts, args.threads) < 1 or args.warmup < 0:
-        raise HarnessError("--rounds, --tokens, --prompts and --threads must be positive, --warmup >= 0")
+    if min(args.rounds, args.sessions, args.tokens, args.prompts, args.threads) < 1 or args.warmup < 0:
+        raise HarnessError(
+            "--rounds, --sessions, --tokens, --prompts and --threads must be positive, --warmup >= 0"
+        )
     base = short_sha(args.base)
     head = short_sha(args.head) if args.head else working_tree_label()
     base += "".join(f"+{o}" for o in args.base_override)  # a setting compared on one tree: named apart
@@ -229,20 +293,12 @@ def main(argv: list[str] | None = None) -> None:
             stack.callback(_git, "worktree", "remove", "--force", str(tree))
             trees.append(tree)
         log = stack.enter_context(open(tmp / "workers.log", "w"))
-        sides = (Worker(trees[0], log), Worker(trees[1], log))
-        for w in sides:
-            stack.callback(w.close)
+        sides = [(trees[0], args.base_override), (trees[1], args.head_override)]
+        pairs = {d: Pairs() for d in decoders}
+        started = time.perf_counter()
         try:
-            for w, own in zip(sides, (args.base_override, args.head_override), strict=True):
-                w.ask(
-                    op="setup",
-                    decoders=decoders,
-                    overrides=[*args.override, *own],
-                    threads=args.threads,
-                    out_dir=str(tmp / "runs"),
-                )
-            started = time.perf_counter()
-            pairs = measure(sides, decoders, asked, args)
+            for session in range(args.sessions):
+                run_session(sides, session, decoders, asked, args, pairs, log, tmp / "runs")
         except HarnessError:
             log.flush()
             sys.stderr.write((tmp / "workers.log").read_text()[-4000:])
@@ -251,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     text, blob = table(pairs, base, head)
     minutes = (time.perf_counter() - started) / 60
     summary = (
-        f"# A/B {base} (base) vs {head} (head): {args.rounds} ABBA pairs per decoder, {args.tokens} tokens "
+        f"# A/B {base} (base) vs {head} (head): {args.rounds} ABBA pairs per decoder in {args.sessions} "
+        f"sessions, {args.tokens} tokens "
         f"a burst, {args.prompts} prompts, {args.threads} threads, {minutes:.1f} min\n\n{text}\n\n"
         f"load average before {env['load_average_before']}, after {env['load_average_after']}"
     )
