@@ -118,9 +118,16 @@ class Worker:
         self.tree = tree
 
     def ask(self, **req: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.send(**req)
+        return self.receive()
+
+    def send(self, **req: Any) -> None:
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
             raise HarnessError(f"the worker for {self.tree} exited (its log is printed above)")
@@ -202,14 +209,16 @@ def run_session(
     try:
         for i in order:
             workers[i] = Worker(sides[i][0], log)
-        for i in order:
-            workers[i].ask(
+        for i in order:  # both load at once: neither process's memory is placed before the other's
+            workers[i].send(
                 op="setup",
                 decoders=decoders,
                 overrides=[*args.override, *sides[i][1]],
                 threads=args.threads,
                 out_dir=str(out_dir),
             )
+        for i in order:
+            workers[i].receive()
         measure((workers[0], workers[1]), decoders, asked, args, pairs, session)
     finally:
         for w in workers.values():
