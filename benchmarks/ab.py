@@ -15,9 +15,10 @@ their ratio; the whole-run ratios it would otherwise decide spread by +-20% on a
 Per decoder: the median over pairs of head speed / base speed (tokens per decode second; > 1 = head
 faster) with a 95% interval of that median, and whether both sides decoded identical ids. The pairs
 come from `--sessions` fresh pairs of worker processes (started base first, then head first, in
-turn): identical trees in two processes have differed by 18% for a whole session on a shared VM
-(where a process's memory landed), an effect no number of pairs in one session averages out, so the
-interval resamples the sessions, then the pairs in each (a cluster bootstrap). Written to
+turn, both loading the model at once): identical trees in two processes set up one after the other
+differed by 18% for a whole session on a shared VM (the first-started one slower), an effect no
+number of pairs in one session averages out, so the interval resamples the sessions, then the pairs
+in each (a cluster bootstrap). Written to
 `results/bench/<device>/ab-<base>-<head>.md` and `.json` with the CPU flags, threads, torch and the
 load average before and after. A vs A (`--base HEAD --head HEAD`) checks the tool itself: the median
 should be 1.00 with an interval inside +-3%.
@@ -201,9 +202,9 @@ def run_session(
     log: IO[str],
     out_dir: Path,
 ) -> None:
-    """One pair of fresh worker processes, started (and set up) base first in even sessions, head
-    first in odd ones: the speed of a process's memory placement lasts as long as it does (identical
-    trees have differed by 18% for a whole session), so it must vary between sessions to be seen."""
+    """One pair of fresh worker processes, started base first in even sessions and head first in odd
+    ones, both loading at once: a process's speed lasts as long as it does (identical trees set up one
+    after the other differed by 18% for a whole session), so it must vary between sessions to be seen."""
     order = (0, 1) if session % 2 == 0 else (1, 0)
     workers: dict[int, Worker] = {}
     try:
