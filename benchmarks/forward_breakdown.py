@@ -8,7 +8,8 @@ Python (an outermost one: its children's time is inside it) goes to one group: t
 (QKV, output, gate/up, down projections), the LM head, attention (SDPA or the split kernels), the
 KV-cache writes, the norms, and the rest (RoPE, activation, residual adds, embedding, argmax). The
 forward's wall time less all operators is dispatch: Python, the profiler's own cost included (so the
-unprofiled wall time is printed too).
+unprofiled wall time is printed too, and each group's count of operators, inner ones included: each
+carries the profiler's cost).
 
 The limit: a token must read every weight it multiplies by (layers and LM head; the embedding only
 one row) and the cache it attends to, once. `sum` over `--probe-mib` of float32 with the same threads
@@ -74,27 +75,43 @@ def one_step(eng: Engine, tok: torch.Tensor, context: int, view: CausalView) -> 
     eng.commit([])
 
 
-def breakdown(eng: Engine, context: int, reps: int) -> tuple[dict[str, float], float]:
-    """(ms per forward in each group, unprofiled median wall ms per forward)."""
+def operators(ev) -> int:
+    """An operator event and all the operators it calls (each pays the profiler's own cost)."""
+    return 1 + sum(operators(c) for c in ev.cpu_children)
+
+
+def breakdown(eng: Engine, context: int, reps: int) -> tuple[dict[str, float], dict[str, float], float]:
+    """(ms per forward in each group, operators per forward in each group, unprofiled wall ms per
+    forward: the lower of the medians before and after the profile)."""
     fill_cache(eng, context, 2)
     view, tok = CausalView(eng.scale), torch.tensor([7])
-    walls = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        one_step(eng, tok, context, view)
-        walls.append(time.perf_counter() - t0)
+    unprofiled = [_wall_median(eng, tok, context, view, reps)]
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         t0 = time.perf_counter()
         for _ in range(reps):
             one_step(eng, tok, context, view)
         profiled_wall = (time.perf_counter() - t0) / reps
     per: dict[str, float] = defaultdict(float)
+    ops: dict[str, float] = defaultdict(float)
     for ev in prof.events():
         if ev.cpu_parent is not None or not ev.name.startswith(("aten::", "mkldnn::")):
             continue  # an outermost operator only: its children's time is inside its own
-        per[group_of(ev.name, ev.input_shapes or [], eng.w.vocab_size)] += ev.cpu_time_total / 1e3 / reps
+        group = group_of(ev.name, ev.input_shapes or [], eng.w.vocab_size)
+        per[group] += ev.cpu_time_total / 1e3 / reps
+        ops[group] += operators(ev) / reps
     per["dispatch"] = max(profiled_wall * 1e3 - sum(per.values()), 0.0)
-    return dict(per), statistics.median(walls) * 1e3
+    # before and after the profile: on a shared machine a busy moment can slow one of the two
+    unprofiled.append(_wall_median(eng, tok, context, view, reps))
+    return dict(per), dict(ops), min(unprofiled) * 1e3
+
+
+def _wall_median(eng: Engine, tok: torch.Tensor, context: int, view: CausalView, reps: int) -> float:
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        one_step(eng, tok, context, view)
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,18 +131,23 @@ def main(argv: list[str] | None = None) -> None:
     lm = load_model("packaged", args.model, dtype="float32", device="cpu")
     linear = args.linear if args.linear != "auto" else ("onednn" if onednn_applies(lm.model) else "aten")
     eng = Engine(lm.model, linear=linear)
-    per, wall = breakdown(eng, args.context, args.reps)
+    per, ops, wall = breakdown(eng, args.context, args.reps)
     bandwidth = read_bandwidth(args.probe_mib)
     need = bytes_per_token(eng, args.context)
     floor_ms = need / bandwidth * 1e3
     where = f"{args.model} float32 on {device_name(eng.device)}, torch {torch.__version__}"
     print(f"# forward_breakdown: {where}")
     print(f"\n{args.threads} threads, linear={linear}, one-row greedy step over {args.context} entries\n")
-    print("| group | ms per forward | share |\n|---|---:|---:|")
+    print("| group | ms per forward | share | operators per forward |\n|---|---:|---:|---:|")
     total = sum(per.values())
     for g in GROUPS:
-        print(f"| {g} | {per.get(g, 0.0):.2f} | {per.get(g, 0.0) / total:.0%} |")
-    print(f"| profiled forward | {total:.2f} | 100% |")
+        print(f"| {g} | {per.get(g, 0.0):.2f} | {per.get(g, 0.0) / total:.0%} | {ops.get(g, 0.0):.0f} |")
+    print(f"| profiled forward | {total:.2f} | 100% | {sum(ops.values()):.0f} |")
+    print(
+        "\nEach operator, a group's inner ones too, carries the profiler's own few microseconds: a group of "
+        "many small operators (F.rms_norm runs ~20 on a CPU) is inflated, and the profiled forward is "
+        "slower than the unprofiled one."
+    )
     print(f"\nunprofiled forward: {wall:.2f} ms = {1e3 / wall:.1f} tok/s")
     probe = f"sum over {args.probe_mib} MiB, {args.threads} threads"
     print(f"read bandwidth ({probe}): {bandwidth / 1e9:.1f} GB/s")
