@@ -217,7 +217,7 @@ call() {  # call NAME CARRY HOME LIMIT_S COMMAND [ROWS]: as the tool runs it (it
   (cd "$R/tree" && exec env -i PATH=/usr/bin:/bin HOME="$home" OUT="$R/$name" PY="$RPY" GPU_WINDOW_REHEARSE=1 \
     GPU_WINDOW_QUICK="$QUICK" GPU_WINDOW_CONVERT="$FULL" GPU_SMOKE_S="${GPU_SMOKE_S:-40}" GPU_SHAPES_S="${GPU_SHAPES_S:-40}" \
     GPU_LONG_S="${GPU_LONG_S:-40}" GPU_KERNELS_S="${GPU_KERNELS_S:-20}" GPU_MTBENCH_S="${GPU_MTBENCH_S:-20}" \
-    GPU_PREP_S="${GPU_PREP_S:-20}" setsid bash -c "$cmd" >"$R/$name.console" 2>&1) &
+    GPU_PREP_S="${GPU_PREP_S:-20}" GPU_STAGES="${GPU_STAGES:-}" setsid bash -c "$cmd" >"$R/$name.console" 2>&1) &
   pid=$!
   while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < limit)); do
     [[ -z $rows || $(wc -l 2>/dev/null <"$R/$name/$rows" || echo 0) -lt 2 ]] || break
@@ -226,7 +226,7 @@ call() {  # call NAME CARRY HOME LIMIT_S COMMAND [ROWS]: as the tool runs it (it
   if kill -0 "$pid" 2>/dev/null; then
     rc=124
     pkill -TERM -s "$pid" || true
-    sleep 2
+    for _ in 1 2 3 4 5 6 7 8 9 10; do pgrep -s "$pid" >/dev/null || break; sleep 0.2; done
     pkill -KILL -s "$pid" || true
   fi
   wait "$pid" || ((rc)) || rc=$?

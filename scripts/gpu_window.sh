@@ -137,20 +137,20 @@ settings() {  # each stage's arguments at the papers' sizes, or (REHEARSE) the s
     SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 2 11 --contexts 64 256 --reps 2
       --hf-new 4)
     MODEL=(model=tiny_llama model.device=cpu run.cuda_graphs=emulate)
-    LONG_CTX=256 LONG_NEW=16
+    LONG_CTX=256 LONG_NEW=16 WARMUP_S=3
     KERNEL_MODELS=(conf/model/shapes/tiny-llama.json)
     ATTN=(--rows 1 2 16 512) FWD=(--rows 1 2 16 512 --reps 5)
     if [[ $QUICK == 1 ]]; then  # one tiny item per stage, the rest checked without running
       SMOKE+=(--new 2 --only vanilla+full --plan)
       SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 --contexts 64 --reps 1 --hf-new 2)
-      LONG_CTX=64 LONG_NEW=2 ATTN=(--rows 1 2 --reps 1) FWD=(--rows 1 2 --reps 1)
+      LONG_CTX=64 LONG_NEW=2 WARMUP_S=0 ATTN=(--rows 1 2 --reps 1) FWD=(--rows 1 2 --reps 1)
     fi
   else
     DEV=(--device cuda)
     SMOKE=(--longspec-draft "$STATE/longspec_draft")
     SHAPES=(--configs conf/model/shapes/llama-2-7b.json conf/model/shapes/llama-3.1-8b.json)
     MODEL=(model.dtype=bfloat16 run.cuda_graphs=true)
-    LONG_CTX=4096 LONG_NEW=128
+    LONG_CTX=4096 LONG_NEW=128 WARMUP_S=3
     KERNEL_MODELS=(smollm2-135m conf/model/shapes/llama-2-7b.json)
     ATTN=(--rows 1 2 16 512) FWD=(--rows 1 2 16 512 --reps 5)
   fi
@@ -173,7 +173,7 @@ long_stage() {  # graphed vanilla first on each task (every speedup is over it, 
   [[ $REHEARSE == 1 ]] && methods[2]+=" draft.layers=1"
   local task rc=0 first=1
   for task in "task=pg19 task.source=package task.context_length=$LONG_CTX" "task=longbench_ruler_niah"; do
-    REC=($task run.limit=1 "run.max_new_tokens=$LONG_NEW" "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
+    REC=($task run.limit=1 "run.max_new_tokens=$LONG_NEW" "${MODEL[@]}" "run.out_dir=$WORK/records" "run.warmup_s=$WARMUP_S")
     RUN_FIRST=$first runs "${methods[@]}" || rc=$?
     first=0
   done
@@ -192,7 +192,7 @@ kernels_stage() {
 }
 
 mtbench_stage() {  # graphed vanilla first: the reference of every speedup
-  REC=(task=mtbench scale=paper_slice8 "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
+  REC=(task=mtbench scale=paper_slice8 "${MODEL[@]}" "run.out_dir=$WORK/records" "run.warmup_s=$WARMUP_S")
   [[ $REHEARSE == 1 ]] && REC+=(run.limit=1 run.max_new_tokens=16)
   runs "experiment=fafo_baselines decoder=vanilla" "experiment=fafo_table1 decoder=fafo" \
     "experiment=fafo_baselines decoder=pld" "experiment=fafo_baselines decoder=lookahead" \
