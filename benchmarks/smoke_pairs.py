@@ -11,7 +11,8 @@ failure), the graphed run's forwards, tau, share of decode forwards on the fixed
 ms per new token (captures included: one question times nothing); `fixed_shape_steps` counts a
 self-draft's steps too. `--graphs emulate` runs the captures
 emulated on a CPU (`runners.emulated_graphs`), as a rehearsal does; `--model tiny` a random two-layer
-model.
+model; `--plan` builds the pairs outside `--only` without running them (a quick rehearsal's check that
+every pair's overrides compose).
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--longspec-draft", default="auto", help="decoder.checkpoint of the LongSpec pair")
     ap.add_argument("--only", nargs="*", default=None, help="decoder+kv names")
     ap.add_argument("--rows-out", type=Path, default=None)
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help="the pairs outside --only built (configs composed, decoders made) but not run (a rehearsal)",
+    )
     args = ap.parse_args(argv)
     if args.graphs == "cuda" and not args.device.startswith("cuda"):
         raise SystemExit("error: --graphs cuda needs --device cuda (--graphs emulate on a CPU)")
@@ -129,10 +135,15 @@ def main(argv: list[str] | None = None) -> None:
             + ("/long" if long else "")
             + "".join(f" {e}" for e in extra if "checkpoint" not in e)
         )
-        if args.only is not None and f"{decoder}+{kv}" not in args.only:
+        runs = args.only is None or f"{decoder}+{kv}" in args.only
+        if not runs and not args.plan:
             continue
         row: tuple = (name, "skipped: kvpress is not installed", "", "", "", "", "", "")
-        if kv != "kvpress" or importlib.util.find_spec("kvpress") is not None:
+        if kv == "kvpress" and importlib.util.find_spec("kvpress") is None:
+            pass
+        elif not runs:
+            row = _planned(lm, combo, name)
+        else:
             try:
                 prompt, note = prompts_for(lm, long, args.context)
                 eager, *_ = generate(lm, combo, "none", prompt, args.new, stop)
@@ -150,10 +161,25 @@ def main(argv: list[str] | None = None) -> None:
             except Exception:  # noqa: BLE001  (one pair failing leaves the others' rows)
                 last = traceback.format_exc().strip().splitlines()[-1]
                 row = (name, f"error: {last}"[:300], "", "", "", "", "", "")
-        print(" | ".join(str(c) for c in row), flush=True)
-        if args.rows_out is not None:
-            with open(args.rows_out, "a", newline="") as f:
-                csv.writer(f).writerow(row)
+        _write(row, args.rows_out)
+
+
+def _planned(lm, combo, name: str) -> tuple:
+    """A pair's row when its decoder is only built: its overrides compose and its parts are made."""
+    decoder, kv, extra, _ = combo
+    try:
+        make_decoder(decoder, kv, extra, lm, Engine(lm.model, cuda_graphs=False), scale="paper")
+    except Exception:  # noqa: BLE001  (as a run's failure: a row with its error, the next pair goes on)
+        last = traceback.format_exc().strip().splitlines()[-1]
+        return (name, f"error: {last}"[:300], "", "", "", "", "", "")
+    return (name, "planned", "", "", "", "", "", "")
+
+
+def _write(row: tuple, rows_out: Path | None) -> None:
+    print(" | ".join(str(c) for c in row), flush=True)
+    if rows_out is not None:
+        with open(rows_out, "a", newline="") as f:
+            csv.writer(f).writerow(row)
 
 
 if __name__ == "__main__":

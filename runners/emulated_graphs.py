@@ -14,7 +14,9 @@ Python values, the state restored as after a capture (a captured run computes no
 the run allocated for itself poisoned (a graph's temporaries are overwritten by later replays), and each call
 a replay of the recorded operators on the same tensors, writing the recorded outputs in place. The
 recorded run must not wait for the device nor take a tensor from the host into a device operator
-(`runners.host_syncs` tells them apart on a CPU): a capture can do neither.
+(`runners.host_syncs` tells them apart on a CPU): a capture can do neither. Nor may it mix a float
+buffer of another precision than the model's into its operators (`mixed_precision_buffers`): a CUDA
+graph replays the silent cast as well, so an fp32 buffer in a bf16 run passes there unnoticed.
 """
 
 from __future__ import annotations
@@ -129,6 +131,36 @@ def _poison_each(ops: list[tuple[Any, Any, Any, Any]], keep: set[int | None], do
                 poison(base)
 
 
+def mixed_precision_buffers(ops: list[tuple[Any, Any, Any, Any]]) -> list[str]:
+    """The operators of a recorded run that mix a float buffer made before the run (staged, static,
+    cached) of another dtype than the model's with operands of other dtypes: PyTorch promotes or casts
+    it silently (an fp32 buffer in a bf16 run doubles what a replay reads and moves the result to fp32,
+    or `copy_` rounds it), where the code means the model's precision. The model's dtype: the one of
+    the largest float tensor the run reads from before it (its weights). Upcasts made inside the run
+    (`x.float()` for a norm or a softmax) are the run's own tensors and pass."""
+    made: set[int] = set()
+    before: dict[int, torch.Tensor] = {}
+    for _, args, kwargs, o in ops:
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and id(t) not in made:
+                before.setdefault(id(t), t)
+        made.update(id(t) for t in tree_leaves(o) if isinstance(t, torch.Tensor))
+    if not before:
+        return []
+    model = max(before.values(), key=lambda t: t.numel()).dtype
+    found = []
+    for func, args, kwargs, _ in ops:
+        floats = [
+            t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()
+        ]
+        if len({t.dtype for t in floats}) < 2:
+            continue
+        odd = [t for t in floats if id(t) in before and t.dtype != model and t.dim()]
+        if odd:
+            found.append(f"{func} reads a {odd[0].dtype} buffer in a {model} run")
+    return sorted(set(found))
+
+
 def _capture(self: decode_graph.Replay) -> None:
     """`Replay._capture` on any device: two warm-up runs, the state restored, one recorded run (no
     synchronisation allowed), the state restored again (a capture does not run the kernels)."""
@@ -149,6 +181,11 @@ def _capture(self: decode_graph.Replay) -> None:
         raise AssertionError(f"a captured run waits for the device: {dict(probe.sites or {})}")
     if recorder.host_operands:
         raise AssertionError(f"a captured run takes host tensors into {sorted(set(recorder.host_operands))}")
+    mixed = mixed_precision_buffers(recorder.ops)
+    if mixed:
+        raise AssertionError(
+            f"a captured run casts buffers of another precision than the model's: {mixed[:5]}"
+        )
     restore()
     poison_temporaries(recorder.ops, out, self.state)
     self.graph, self.out = EmulatedGraph(recorder.ops, out), out

@@ -20,7 +20,8 @@
 # into OUT/records.tgz after it ends, OUT/summary.txt gets a line per stage: a call cut at its timeout
 # still returns what finished.
 # GPU_WINDOW_REHEARSE=1: the same calls on a CPU with tiny models and emulated graphs, tiny limits
-# (scripts/gpu_lease.sh rehearse).
+# (scripts/gpu_lease.sh rehearse); with GPU_WINDOW_QUICK=1 each stage runs one tiny item and checks the
+# rest without running it (every smoke pair built, every run's overrides composed and checked).
 set -uo pipefail
 call="${1:?usage: scripts/gpu_window.sh setup|measure}"
 : "${OUT:?OUT must name the folder whose files come back}"
@@ -28,6 +29,7 @@ cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 STATE="${GPU_STATE:-$HOME/gpuwin}"
 REHEARSE="${GPU_WINDOW_REHEARSE:-0}"
+QUICK="${GPU_WINDOW_QUICK:-0}"
 T0=$SECONDS
 mkdir -p "$OUT" "$STATE"
 
@@ -101,8 +103,24 @@ pack_records() {  # the records so far into OUT (a cut call returns the last com
   tar czf "$OUT/records.tgz.tmp" -C "$WORK" records && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"
 }
 
+check_runs() {  # check_runs OVERRIDES...: each line's run.py command line composed and checked, none run
+  local method jobs=()
+  for method in "$@"; do jobs+=("$method ${REC[*]}"); done
+  "$PY" -c 'import sys, run
+bad = [f"error: run.py {job}: {problem}" for job in sys.argv[1:] if (problem := run.preflight(job.split()))]
+print(*bad, sep="\n", file=sys.stderr)
+print(f"checked the overrides of {len(sys.argv) - 1 - len(bad)} of {len(sys.argv) - 1} runs")
+sys.exit(2 if bad else 0)' "${jobs[@]}"
+}
+
 runs() {  # runs OVERRIDES...: run.py per line of "$@" (each a method's overrides), records re-packed after each
+  # (QUICK: every line checked, the first run when RUN_FIRST=1)
   local rc=0 method
+  if [[ $QUICK == 1 ]]; then
+    check_runs "$@" || return 2
+    [[ ${RUN_FIRST:-0} == 1 ]] || return 0
+    set -- "$1"
+  fi
   for method in "$@"; do
     # shellcheck disable=SC2086  # a method's overrides split into words
     "$PY" run.py $method "${REC[@]}" || rc=1
@@ -119,15 +137,22 @@ settings() {  # each stage's arguments at the papers' sizes, or (REHEARSE) the s
     SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 2 11 --contexts 64 256 --reps 2
       --hf-new 4)
     MODEL=(model=tiny_llama model.device=cpu run.cuda_graphs=emulate)
-    LONG_CTX=256 LONG_NEW=16
+    LONG_CTX=256 LONG_NEW=16 WARMUP_S=3
     KERNEL_MODELS=(conf/model/shapes/tiny-llama.json)
+    ATTN=(--rows 1 2 16 512) FWD=(--rows 1 2 16 512 --reps 5)
+    if [[ $QUICK == 1 ]]; then  # one tiny item per stage, the rest checked without running
+      SMOKE+=(--new 2 --only vanilla+full --plan)
+      SHAPES=(--configs conf/model/shapes/tiny-llama.json --graphs-emulate --rows 1 --contexts 64 --reps 1 --hf-new 2)
+      LONG_CTX=64 LONG_NEW=2 WARMUP_S=0 ATTN=(--rows 1 2 --reps 1) FWD=(--rows 1 2 --reps 1)
+    fi
   else
     DEV=(--device cuda)
     SMOKE=(--longspec-draft "$STATE/longspec_draft")
     SHAPES=(--configs conf/model/shapes/llama-2-7b.json conf/model/shapes/llama-3.1-8b.json)
     MODEL=(model.dtype=bfloat16 run.cuda_graphs=true)
-    LONG_CTX=4096 LONG_NEW=128
+    LONG_CTX=4096 LONG_NEW=128 WARMUP_S=3
     KERNEL_MODELS=(smollm2-135m conf/model/shapes/llama-2-7b.json)
+    ATTN=(--rows 1 2 16 512) FWD=(--rows 1 2 16 512 --reps 5)
   fi
 }
 
@@ -146,34 +171,36 @@ long_stage() {  # graphed vanilla first on each task (every speedup is over it, 
   local methods=("decoder=vanilla kv=full" "decoder=selfspec kv=retrieval $sliced" "decoder=triforce kv=retrieval $sliced"
     "decoder=sfi kv=sfi_ctx20 kv.backend=sliced" "decoder=longspec kv=full $draft" "decoder=fafo_2forward kv=streaming")
   [[ $REHEARSE == 1 ]] && methods[2]+=" draft.layers=1"
-  local task
+  local task rc=0 first=1
   for task in "task=pg19 task.source=package task.context_length=$LONG_CTX" "task=longbench_ruler_niah"; do
-    REC=($task run.limit=1 "run.max_new_tokens=$LONG_NEW" "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
-    runs "${methods[@]}"
+    REC=($task run.limit=1 "run.max_new_tokens=$LONG_NEW" "${MODEL[@]}" "run.out_dir=$WORK/records" "run.warmup_s=$WARMUP_S")
+    RUN_FIRST=$first runs "${methods[@]}" || rc=$?
+    first=0
   done
+  return $rc
 }
 
 kernels_stage() {
   local rc=0 model
-  "$PY" -m benchmarks.bench_block_attention "${DEV[@]}" --dtype bfloat16 --rows 1 2 16 512 --cache 1024 || rc=1
+  "$PY" -m benchmarks.bench_block_attention "${DEV[@]}" --dtype bfloat16 "${ATTN[@]}" --cache 1024 || rc=1
   for model in "${KERNEL_MODELS[@]}"; do
     [[ $model == *.json || $SMOLLM == 1 ]] || continue
-    "$PY" -m benchmarks.forward_kernels "${DEV[@]}" --dtype bfloat16 --model "$model" --rows 1 2 16 512 \
-      --context 1024 --reps 5 || rc=1
+    "$PY" -m benchmarks.forward_kernels "${DEV[@]}" --dtype bfloat16 --model "$model" "${FWD[@]}" \
+      --context 1024 || rc=1
   done
   return $rc
 }
 
 mtbench_stage() {  # graphed vanilla first: the reference of every speedup
-  REC=(task=mtbench scale=paper_slice8 "${MODEL[@]}" "run.out_dir=$WORK/records" run.warmup_s=3)
+  REC=(task=mtbench scale=paper_slice8 "${MODEL[@]}" "run.out_dir=$WORK/records" "run.warmup_s=$WARMUP_S")
   [[ $REHEARSE == 1 ]] && REC+=(run.limit=1 run.max_new_tokens=16)
   runs "experiment=fafo_baselines decoder=vanilla" "experiment=fafo_table1 decoder=fafo" \
     "experiment=fafo_baselines decoder=pld" "experiment=fafo_baselines decoder=lookahead" \
     "experiment=fafo_table1 decoder=fafo_2forward"
 }
 
-export -f settings smoke_stage shapes_stage long_stage kernels_stage mtbench_stage runs pack_records say
-export PY OUT STATE REHEARSE T0
+export -f settings smoke_stage shapes_stage long_stage kernels_stage mtbench_stage check_runs runs pack_records say
+export PY OUT STATE REHEARSE QUICK T0
 
 # name:limit (s) in the order of their value; GPU_<NAME>_S overrides a limit, GPU_STAGES the list
 STAGES=(${GPU_STAGES:-smoke shapes long kernels mtbench})

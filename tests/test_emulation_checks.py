@@ -4,6 +4,8 @@ a captured run (tests/test_captured_graphs.py): each check beside a capture bug 
 - bf16: the replayed forwards in bf16 give the eager twin's tokens and cache (with the checks below on).
 - poisoned temporaries: what a recorded run allocated for itself is poisoned after the capture, as later
   replays overwrite a CUDA graph's private pool; code that reads one outside the graph fails.
+- precision: a float buffer of another dtype than the model's read by a captured run (an fp32 buffer in a
+  bf16 run, which PyTorch and a CUDA graph cast silently) fails the capture.
 - one device: `one_device` fails code that mixes a host tensor into a device operator, as CUDA does, on
   the eager paths too (the earlier GPU windows' CUDA-only failures)."""
 
@@ -66,6 +68,38 @@ def test_a_capture_time_temporary_read_outside_the_graph_is_poisoned():
         assert torch.isnan(kept["doubled"]).all()  # the escaped temporary is poison
         x.fill_(2.0)
         assert torch.equal(replay(("shape",)), torch.full((4,), 5.0))
+
+
+def test_an_fp32_buffer_in_a_bf16_captured_run_fails():
+    """The planted bug: a staged buffer made fp32 (`torch.zeros(n)`, no dtype) in a bf16 run; the
+    replay adds it to the bf16 weights' product, and PyTorch promotes the result to fp32 without a word.
+    The same buffer made in the model's dtype captures."""
+    weight = torch.randn(64, 8, dtype=torch.bfloat16)
+    x = torch.randn(8, dtype=torch.bfloat16)
+
+    def replay_with(bias: torch.Tensor) -> torch.Tensor:
+        replay = decode_graph.Replay(lambda: weight @ x + bias, capture=True, device=torch.device("cpu"))
+        with emulated_capture():
+            return replay(("shape",))
+
+    with pytest.raises(AssertionError, match="float32 buffer in a torch.bfloat16 run"):
+        replay_with(torch.zeros(64))  # the bug: no dtype, so fp32
+    assert replay_with(torch.zeros(64, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_bf16_cast_inside_the_run_is_the_runs_own():
+    """Upcasts a run makes itself (a norm's or a softmax's `x.float()`) are no planted buffer."""
+    weight = torch.randn(64, 8, dtype=torch.bfloat16)
+    x = torch.randn(8, dtype=torch.bfloat16)
+    scale = torch.ones(64, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        h = (weight @ x).float()
+        return (h * torch.rsqrt(h.pow(2).mean() + 1e-6)).to(torch.bfloat16) * scale
+
+    replay = decode_graph.Replay(run, capture=True, device=torch.device("cpu"))
+    with emulated_capture():
+        assert replay(("shape",)).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("case", ONE_DEVICE_CASES)
