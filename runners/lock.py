@@ -8,10 +8,36 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from core.types import HarnessError
+
+
+def _hold(path: Path, busy: Callable[[str], str], holder_line: str) -> IO[str]:
+    """`path` opened and exclusively `flock`ed, `holder_line` written into it; when another process holds
+    it, `busy(holder)` (given what the file says of that process) is the one error line."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")  # noqa: SIM115 - held for the lifetime of the run
+    except OSError as exc:  # a read-only or full file system, a file where a folder should be
+        raise HarnessError(
+            f"cannot write the run's records in {path.parent} ({exc.strerror}): "
+            "set run.out_dir to a writable folder"
+        ) from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise HarnessError(busy(holder)) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(holder_line)
+    fh.flush()
+    return fh
 
 
 class RunLock:
@@ -23,29 +49,14 @@ class RunLock:
         self._fh: IO[str] | None = None
 
     def __enter__(self) -> RunLock:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a+")  # noqa: SIM115 - held for the lifetime of the run
-        except OSError as exc:  # a read-only or full file system, a file where a folder should be
-            raise HarnessError(
-                f"cannot write the run's records in {self.path.parent} ({exc.strerror}): "
-                "set run.out_dir to a writable folder"
-            ) from None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise HarnessError(
+        self._fh = _hold(
+            self.path,
+            lambda holder: (
                 f"run {self.path.parent.name} is being written by {holder}; wait for it to finish "
                 "(its records are resumed, not duplicated, by a rerun afterwards)"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        fh.flush()
-        self._fh = fh
+            ),
+            f"pid {os.getpid()} on {socket.gethostname()}\n",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -71,29 +82,17 @@ class CommandLock:
     def __enter__(self) -> CommandLock:
         self._made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(self.path, "a+")  # noqa: SIM115 - held for the lifetime of the run
-        except OSError as exc:
+            self._fh = _hold(
+                self.path,
+                lambda holder: (
+                    f"the same run is already running ({holder}) with its records in {self.path.parent}; "
+                    "wait for it to finish (a rerun afterwards skips or resumes it)"
+                ),
+                f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n",
+            )
+        except HarnessError:
             self._remove_made()
-            raise HarnessError(
-                f"cannot write the run's records in {self.path.parent} ({exc.strerror}): "
-                "set run.out_dir to a writable folder"
-            ) from None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise HarnessError(
-                f"the same run is already running ({holder}) with its records in {self.path.parent}; "
-                "wait for it to finish (a rerun afterwards skips or resumes it)"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n")
-        fh.flush()
-        self._fh = fh
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

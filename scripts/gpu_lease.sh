@@ -156,7 +156,7 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
   check_plan || { echo "  FAILED: the plan does not fit the tool's limits" && return 1; }
   local r py m
   FAILS=0
-  r="$(mktemp -d "${TMPDIR:-/tmp}/gpu-rehearsal.XXXXXX")"
+  r="$(mktemp -d -t gpu-rehearsal.XXXXXX)"  # under $TMPDIR, else the system default
   py="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
   mkdir -p "$r/tree"
   git ls-files -co --exclude-standard -z | grep -zv -e '^checkpoints/' -e '^results/paper/' -e '^results/gpu/' |
