@@ -27,6 +27,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.block_cost import read_bandwidth
 from core.attention import CausalView
 from core.cost_curve import fill_cache
 from core.engine import Engine, onednn_applies
@@ -49,17 +50,6 @@ def group_of(name: str, shapes: list, vocab: int) -> str:
     if name in ("aten::rms_norm", "aten::_fused_rms_norm"):
         return "norms"
     return "elementwise etc."
-
-
-def read_bandwidth(mib: int, reps: int = 7) -> float:
-    """Bytes per second of `sum` over `mib` MiB of float32 (the best of `reps`)."""
-    x = torch.ones(mib * 2**20 // 4)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
 
 
 def bytes_per_token(eng: Engine, context: int) -> int:
@@ -132,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     linear = args.linear if args.linear != "auto" else ("onednn" if onednn_applies(lm.model) else "aten")
     eng = Engine(lm.model, linear=linear)
     per, ops, wall = breakdown(eng, args.context, args.reps)
-    bandwidth = read_bandwidth(args.probe_mib)
+    bandwidth = read_bandwidth(args.probe_mib, reps=7)
     need = bytes_per_token(eng, args.context)
     floor_ms = need / bandwidth * 1e3
     where = f"{args.model} float32 on {device_name(eng.device)}, torch {torch.__version__}"
