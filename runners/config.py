@@ -280,13 +280,6 @@ def check_decoder(cfg: Any) -> None:
         pass
 
 
-def check_task(cfg: Any) -> None:
-    """The task's own checks of its fields (HumanEval's sandbox options, say): it is constructed, which
-    loads no data."""
-    if cfg.get("task") is not None:
-        build(cfg.task, "task")
-
-
 def check_config(cfg: Any) -> RunSettings:
     """Everything about a composed config that can be checked before a model is loaded or anything is
     written; returns the typed `run.*` settings. Raises one HarnessError for the first bad field."""
@@ -296,19 +289,21 @@ def check_config(cfg: Any) -> RunSettings:
     check_sections(cfg)
     check_local_paths(cfg)
     check_environment(cfg)
-    check_task(cfg)
-    check_task_data(cfg, settings)
+    check_task(cfg, settings)
     return settings
 
 
-def check_task_data(cfg: Any, settings: RunSettings) -> None:
-    """A local `task.data_path` is read and every row checked now, before a model is loaded (a local
-    file reads in well under a second): a damaged file is one error line naming its file, line and
-    field, and in a sweep it stops the command before any job runs."""
-    task = cfg.get("task") or {}
-    if not task.get("data_path") or task.get("source") == "hub":  # the hub is not read before the model
+def check_task(cfg: Any, settings: RunSettings) -> None:
+    """The task is constructed, which runs its own checks of its fields (HumanEval's sandbox options,
+    say) and loads no data; a local `task.data_path` is then read and every row checked now, before a
+    model is loaded (a local file reads in well under a second): a damaged file is one error line naming
+    its file, line and field, and in a sweep it stops the command before any job runs."""
+    task = cfg.get("task")
+    if task is None:
         return
     loader = build(task, "task", limit=settings.limit, stratify=settings.stratify)
+    if not task.get("data_path") or task.get("source") == "hub":  # the hub is not read before the model
+        return
     loader.limit_field = settings.limit_field
     loader.load()
 
