@@ -65,6 +65,14 @@ def one_step(eng: Engine, tok: torch.Tensor, context: int, view: CausalView) -> 
     eng.commit([])
 
 
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # a compiled forward (`--compile`): its fused kernels inside
+
+
+def is_operator(ev) -> bool:
+    """An aten or oneDNN operator (outside a compiled forward, or one it calls: its GEMMs, its SDPA)."""
+    return ev is not None and ev.name.startswith(("aten::", "mkldnn::"))
+
+
 def operators(ev) -> int:
     """An operator event and all the operators it calls (each pays the profiler's own cost)."""
     return 1 + sum(operators(c) for c in ev.cpu_children)
@@ -84,7 +92,10 @@ def breakdown(eng: Engine, context: int, reps: int) -> tuple[dict[str, float], d
     per: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
     for ev in prof.events():
-        if ev.cpu_parent is not None or not ev.name.startswith(("aten::", "mkldnn::")):
+        if ev.name.startswith(COMPILED_GRAPH):  # inductor's fused kernels: the graph's own time
+            per["elementwise etc."] += ev.self_cpu_time_total / 1e3 / reps
+            continue
+        if is_operator(ev.cpu_parent) or not is_operator(ev):
             continue  # an outermost operator only: its children's time is inside its own
         group = group_of(ev.name, ev.input_shapes or [], eng.w.vocab_size)
         per[group] += ev.cpu_time_total / 1e3 / reps
@@ -114,20 +125,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=64)
     ap.add_argument("--linear", choices=("auto", "aten", "onednn"), default="auto")
     ap.add_argument("--probe-mib", type=int, default=1024, help="MiB the bandwidth probe sums")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="the step compiled by inductor (run.compile: aten GEMMs; fused elementwise work)",
+    )
     args = ap.parse_args(argv)
     if min(args.threads, args.context, args.reps, args.probe_mib) < 1:
         raise SystemExit("error: --threads, --context, --reps and --probe-mib must be positive")
     torch.set_num_threads(args.threads)
     lm = load_model("packaged", args.model, dtype="float32", device="cpu")
-    linear = args.linear if args.linear != "auto" else ("onednn" if onednn_applies(lm.model) else "aten")
-    eng = Engine(lm.model, linear=linear)
+    if args.compile and args.linear == "onednn":
+        raise SystemExit("error: --compile compiles aten GEMMs, not prepacked oneDNN ones: use --linear aten")
+    auto = "onednn" if onednn_applies(lm.model) and not args.compile else "aten"
+    linear = args.linear if args.linear != "auto" else auto
+    eng = Engine(lm.model, linear=linear, compiled=args.compile)
     per, ops, wall = breakdown(eng, args.context, args.reps)
     bandwidth = read_bandwidth(args.probe_mib, reps=7)
     need = bytes_per_token(eng, args.context)
     floor_ms = need / bandwidth * 1e3
     where = f"{args.model} float32 on {device_name(eng.device)}, torch {torch.__version__}"
     print(f"# forward_breakdown: {where}")
-    print(f"\n{args.threads} threads, linear={linear}, one-row greedy step over {args.context} entries\n")
+    how = "compiled (inductor), " if args.compile else ""
+    print(
+        f"\n{args.threads} threads, {how}linear={linear}, one-row greedy step over {args.context} entries\n"
+    )
     print("| group | ms per forward | share | operators per forward |\n|---|---:|---:|---:|")
     total = sum(per.values())
     for g in GROUPS:

@@ -130,16 +130,26 @@ def cache_dir() -> Path:
 
 
 def curve_key(
-    device: str, model: str, dtype: str, linear: str, threads: int, *, graphs: bool, model_name: str = ""
+    device: str,
+    model: str,
+    dtype: str,
+    linear: str,
+    threads: int,
+    *,
+    graphs: bool,
+    model_name: str = "",
+    compiled: bool = False,
 ) -> dict[str, object]:
     """The environment a curve belongs to. `graphs`: measured on forwards replayed as CUDA graphs, which
     cost apart (absent when False, so an eager curve keeps the key and cache name it always had).
     `model_name`: the weights behind the config name `model` where they differ from it (`model=hf
-    model.name=<id>`: one config name, any model), absent otherwise for the same reason."""
+    model.name=<id>`: one config name, any model), absent otherwise for the same reason. `compiled`: on
+    forwards compiled by inductor (`run.compile`), absent when False likewise."""
     key = {"device": device, "model": model, "dtype": dtype, "linear": linear, "threads": threads}
     if model_name and model_name != model:
         key["model_name"] = model_name
-    return {**key, "graphs": True} if graphs else key
+    key = {**key, "graphs": True} if graphs else key
+    return {**key, "compiled": True} if compiled else key
 
 
 def cache_name(key: dict[str, object]) -> str:
@@ -149,12 +159,13 @@ def cache_name(key: dict[str, object]) -> str:
     parts = [str(key.get(k, "?")) for k in ("device", "model", "dtype", "linear", "threads")]
     parts += [str(key["model_name"])] if key.get("model_name") else []
     parts += ["graphs"] if key.get("graphs") else []
+    parts += ["compiled"] if key.get("compiled") else []
     return "-".join("".join(c if c.isalnum() else "_" for c in p) for p in parts) + ".json"
 
 
 def _plain(key: dict[str, object]) -> dict[str, str]:
     """A key as compared: values as text (JSON keeps them), `graphs` False the same as absent."""
-    return {str(k): str(v) for k, v in key.items() if not (k == "graphs" and not v)}
+    return {str(k): str(v) for k, v in key.items() if not (k in ("graphs", "compiled") and not v)}
 
 
 def key_mismatch(stored: dict[str, object], wanted: dict[str, object]) -> str:

@@ -37,6 +37,7 @@ them against `Engine.step`, and `make test-gpu` checks the captured graphs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -85,23 +86,49 @@ class Replay:
     paid for some (`runners.timing.DecodeClocks`)."""
 
     total_captures = 0
+    total_compile_s = 0.0  # seconds of every compiling call (`compiled`) of the process
 
-    def __init__(self, run: Callable[[], Any], capture: bool, device: torch.device, state=()) -> None:
+    def __init__(
+        self, run: Callable[[], Any], capture: bool, device: torch.device, state=(), compiled: bool = False
+    ) -> None:
         self.run, self.capture, self.device, self.state = run, capture, device, tuple(state)
+        self.compiled = compiled  # `run` is compiled: its first call per shape compiles it
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
         self.out: Any = None  # the graph's output buffers
         self.captures = 0
+        self.compiled_for: tuple | None = None  # the shape (the key less its address) last compiled for
 
     def __call__(self, key: tuple) -> Any:
         if not self.capture:
+            if self.compiled and key[1:] != self.compiled_for:
+                return self._compiling_call(key)
             return self.run()
         if self.graph is None or key != self.key:
+            if self.compiled and key[1:] != self.compiled_for:
+                self._compiling_call(key)  # compiled outside the capture (and timed apart from it)
             self._capture()
             Replay.total_captures += 1
             self.key = key
         self.graph.replay()
         return self.out
+
+    def _compiling_call(self, key: tuple) -> Any:
+        """The first run of a compiled `run` at a new shape: it compiles (or takes inductor's cache), so
+        it counts as a capture (a clock sees a timed decode that paid for one) and its seconds go to
+        `total_compile_s`, reported apart from decode time. Its state is restored like a warm-up's."""
+        saved = [t.clone() for t in self.state]
+        start = time.perf_counter()
+        out = self.run()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        Replay.total_compile_s += time.perf_counter() - start
+        Replay.total_captures += 1
+        self.compiled_for = key[1:]
+        if self.capture:
+            for t, before in zip(self.state, saved, strict=True):
+                t.copy_(before)
+        return out
 
     def _capture(self) -> None:
         """Warm up on a side stream (allocator, kernel selection), then record one run."""
@@ -124,8 +151,8 @@ class StaticForwards:
     """The fixed-shape forwards of `engine`, one per padded block size (captured as CUDA graphs when
     `capture`). `applies` says whether a step can take them; calling it runs one like `Engine.step`."""
 
-    def __init__(self, engine, capture: bool) -> None:
-        self.engine, self.capture = engine, capture
+    def __init__(self, engine, capture: bool, compiled: bool = False) -> None:
+        self.engine, self.capture, self.compiled = engine, capture, compiled
         self.by_rows: dict[int, StaticForward] = {}  # plain visibility (causal, block, one mask)
         # the per-layer selection forwards, by (rows, gathered slots or None, the layers read whole)
         self.by_rows_selected: dict[tuple, StaticForward] = {}
@@ -169,7 +196,7 @@ class StaticForwards:
             key = (rows, view.selector_key, holed)
             fwd = self.by_rows_in_forward.get(key)
             if fwd is None:
-                fwd = StaticForward(self.engine, rows, self.capture, holed=holed)
+                fwd = StaticForward(self.engine, rows, self.capture, holed=holed, compiled=self.compiled)
                 self.by_rows_in_forward[key] = fwd
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
@@ -186,6 +213,7 @@ class StaticForwards:
                     gather=key[1],
                     whole_layers=key[2],
                     holed=holed,
+                    compiled=self.compiled,
                 )
                 self.by_rows_selected[key] = fwd
             return fwd
@@ -199,7 +227,13 @@ class StaticForwards:
             forwards = self.by_rows_holed if holed else self.by_rows
         if rows not in forwards:
             forwards[rows] = StaticForward(
-                self.engine, rows, self.capture, observed=observed, masked=masked, holed=holed
+                self.engine,
+                rows,
+                self.capture,
+                observed=observed,
+                masked=masked,
+                holed=holed,
+                compiled=self.compiled,
             )
         return forwards[rows]
 
@@ -240,6 +274,7 @@ class StaticForward:
         whole_layers: frozenset[int] = frozenset(),
         masked: bool = False,
         holed: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.engine, self.rows, self.capture, self.layered = engine, rows, capture, layered
         self.gather, self.whole_layers, self.masked, self.holed = gather, whole_layers, masked, holed
@@ -268,7 +303,13 @@ class StaticForward:
         self.selector = None
         # captured with the greedy choice too: one small kernel, no launch of its own. Both the warm-up
         # and the capture write the staged slots only, which the replay that follows writes again.
-        self.replay = Replay(lambda: self.forward(), capture, dev)  # looked up per run (tests patch it)
+        # `compiled`: the forward compiled by inductor (`run.compile`), one compile per shape, fusing the
+        # elementwise work between the GEMMs and dropping the per-operator dispatch; under a capture too
+        self.compiled = compiled
+        self.kv_heads = torch.arange(w.n_kv_heads, device=dev)[:, None]  # `_write_kv`'s head index
+        # eager, `forward` is looked up per run (tests patch it)
+        run = compile_forward(self.forward) if compiled else lambda: self.forward()
+        self.replay = Replay(run, capture, dev, compiled=compiled)
 
     def __call__(
         self,
@@ -426,8 +467,7 @@ class StaticForward:
         def attend(
             li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor
         ) -> torch.Tensor:
-            cache.k[li].index_copy_(1, slots, k)
-            cache.v[li].index_copy_(1, slots, v)
+            self._write_kv(li, slots, k, v)
             mask = visible
             if self.queries is not None:
                 self.queries[li].copy_(q)
@@ -442,6 +482,20 @@ class StaticForward:
         h = eng.layers_forward(self.token, position, attend)
         logits = eng.lm_logits(eng.w.final_norm(h))
         return logits, logits.argmax(dim=-1)
+
+    def _write_kv(self, li: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Layer `li`'s block K/V `[n_kv_heads, rows, d]` into its slots. Compiled, the write indexes the
+        whole cache: inductor turns an in-place write into a view of a graph input (`cache.k[li]`) into a
+        copy of the whole layer, which made a compiled SmolLM2 forward ~20x slower than eager (a
+        1024-slot cache: 78 copies of 196,608 floats per token)."""
+        cache = self.engine.cache
+        if not self.compiled:
+            cache.k[li].index_copy_(1, slots, k)
+            cache.v[li].index_copy_(1, slots, v)
+            return
+        where = (torch.full((1, 1), li, dtype=torch.long, device=slots.device), self.kv_heads, slots[None, :])
+        cache.k.index_put_(where, k)
+        cache.v.index_put_(where, v)
 
     def _gather_order(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each layer's and KV head's first `gather` slots among those its rows may read (the selection,
@@ -466,3 +520,15 @@ class StaticForward:
         heads = q.shape[0]
         mask = seen.repeat_interleave(heads // order.shape[0], dim=0, output_size=heads).unsqueeze(0)
         return sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, self.engine.scale)
+
+
+def compile_forward(forward: Callable[[], Any]) -> Callable[[], Any]:
+    """`forward` compiled by inductor for its fixed shapes (`run.compile`). Every fixed-shape forward is
+    the same function, compiled once per instance and cache allocation, so dynamo's limit of 8 compiled
+    variants per function (past which it silently runs eagerly) is raised."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    cfg.cache_size_limit = max(cfg.cache_size_limit, 256)
+    cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 1024)
+    return torch.compile(forward, dynamic=False)

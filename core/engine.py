@@ -57,6 +57,7 @@ class Engine:
         prefill_chunk: int = 1024,
         linear: str = "aten",
         cuda_graphs: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.model = model
         self.w: DecoderWeights = extract_weights(model)
@@ -78,17 +79,18 @@ class Engine:
         # decode steps (every step but the prefill's) that took the fixed-shape forward, or would have
         # with graphs on: what `run.cuda_graphs` covers (the runner's `static_frac`)
         self.fixed_shape_steps = 0
-        if cuda_graphs:
-            if self.device.type != "cuda":
-                raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
-            self.use_graphs(capture=True)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, not {self.device}")
+        if cuda_graphs or compiled:
+            self.use_graphs(capture=cuda_graphs, compiled=compiled)
 
-    def use_graphs(self, capture: bool) -> None:
+    def use_graphs(self, capture: bool, compiled: bool = False) -> None:
         """Send this engine's fixed-shape steps through `core.decode_graph.StaticForwards`: captured CUDA
-        graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs)."""
+        graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs);
+        `compiled`: each compiled by inductor first (`run.compile`)."""
         from core.decode_graph import StaticForwards
 
-        self.graphs = StaticForwards(self, capture=capture)
+        self.graphs = StaticForwards(self, capture=capture, compiled=compiled)
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):
@@ -262,7 +264,7 @@ class Engine:
         sub.cache = KVCache(w.n_layers, w.n_kv_heads, w.head_dim, w.dtype, w.device)
         sub.graphs, sub.fixed_shape_steps = None, 0  # the parent's graphs hold the parent's layers and cache
         if self.graphs is not None:  # a self-draft's steps are graphed like the target's
-            sub.use_graphs(self.graphs.capture)
+            sub.use_graphs(self.graphs.capture, self.graphs.compiled)
         return sub
 
     @torch.inference_mode()

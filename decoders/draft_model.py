@@ -224,7 +224,7 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
     check_same_vocabulary(target_lm.tokenizer, lm.tokenizer, label)
     engine = Engine(lm.model, prefill_chunk=target.prefill_chunk)
     if target.graphs is not None:  # the draft's steps are graphed like the target's
-        engine.use_graphs(target.graphs.capture)
+        engine.use_graphs(target.graphs.capture, target.graphs.compiled)
     return DraftModel(engine, label, vocab, **cache)
 
 

@@ -50,6 +50,7 @@ class RunSettings:
     prefill_chunk: int
     linear: str
     cuda_graphs: bool | str  # "emulate": captures emulated (runners.emulated_graphs)
+    compile: bool  # the fixed-shape decode forwards compiled by inductor (core.decode_graph.compile_forward)
     out_dir: Path
     device: torch.device  # where model.device puts the model on this machine
 
@@ -75,6 +76,12 @@ def run_settings(cfg: Any) -> RunSettings:
         warmup_s = checks.number("run.warmup_s", warmup_s, 0)
     device = model_device(cfg.get("model") or {})
     cuda_graphs = graphs_choice(run.get("cuda_graphs"), device)
+    linear = checks.choice("run.linear", run.get("linear") or "auto", LINEARS)
+    compiled = checks.flag("run.compile", run.get("compile", False))
+    if compiled and linear == "onednn":  # inductor has no lowering for a prepacked oneDNN weight
+        raise HarnessError(
+            "run.compile=true compiles aten GEMMs, not prepacked oneDNN ones: use run.linear=aten"
+        )
     return RunSettings(
         limit=limit,
         limit_field=limit_field,
@@ -88,8 +95,9 @@ def run_settings(cfg: Any) -> RunSettings:
         keep_steps=checks.flag("run.keep_steps", run.get("keep_steps", True)),
         count_syncs=checks.integer("run.count_syncs", run.get("count_syncs", 8), 0),
         prefill_chunk=checks.integer("run.prefill_chunk", run.get("prefill_chunk", 1024), 1),
-        linear=checks.choice("run.linear", run.get("linear") or "auto", LINEARS),
+        linear=linear,
         cuda_graphs=cuda_graphs,
+        compile=compiled,
         out_dir=writable_folder("run.out_dir", run.get("out_dir")),
         device=device,
     )
@@ -404,11 +412,12 @@ def pin_threads(value: Any) -> int:
     return n
 
 
-def resolve_linear(choice: str | None, lm) -> str:
-    """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU)."""
+def resolve_linear(choice: str | None, lm, compiled: bool = False) -> str:
+    """`run.linear`: aten | onednn | auto (onednn where it applies: fp32 on an x86 CPU; aten for compiled
+    forwards, whose GEMMs inductor calls itself)."""
     choice = choice or "auto"
     if choice == "auto":
-        return "onednn" if onednn_applies(lm.model) else "aten"
+        return "onednn" if onednn_applies(lm.model) and not compiled else "aten"
     if choice not in ("aten", "onednn"):
         raise HarnessError(f"run.linear must be aten, onednn or auto, got {choice!r}")
     if choice == "onednn" and not onednn_applies(lm.model):

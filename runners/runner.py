@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from core import checks
 from core.cost_curve import cache_name, cached_or_measured, curve_key
+from core.decode_graph import Replay
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
@@ -79,10 +80,14 @@ class Runner:
         limit = settings.limit
         torch.manual_seed(settings.seed)
         self.lm = build(cfg.model, "model")
-        linear = resolve_linear(run.get("linear"), self.lm)
+        linear = resolve_linear(run.get("linear"), self.lm, settings.compile)
         graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
         self.engine = Engine(
-            self.lm.model, prefill_chunk=prefill_chunk, linear=linear, cuda_graphs=graphs is True
+            self.lm.model,
+            prefill_chunk=prefill_chunk,
+            linear=linear,
+            cuda_graphs=graphs is True,
+            compiled=settings.compile,
         )
         if graphs == "emulate":
             from runners.emulated_graphs import emulate_graphs
@@ -162,6 +167,8 @@ class Runner:
             self.identity["stratify"] = True
         if graphs:  # absent = no CUDA graphs (keeps earlier runs' ids)
             self.identity["cuda_graphs"] = graphs  # True, or "emulate"
+        if settings.compile:  # absent = eager forwards (keeps earlier runs' ids)
+            self.identity["compile"] = True
         self.run_id = run_id_for(self.identity)
         self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
         provenance.require_clean_tree(REPO, run.out_dir)  # paper records: from a commit only
@@ -174,11 +181,23 @@ class Runner:
         # time measured, so they count in an untimed generation of up to this many new tokens (0: none)
         self.count_syncs = checks.integer("run.count_syncs", run.get("count_syncs", 8), 0)
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
+        self._compile_from = Replay.total_compile_s
         self.audit = (
             VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", self._reference_key())
             if settings.audit and self.greedy
             else None
         )
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the fixed-shape forwards are captured (CUDA graphs, or their emulation), not only
+        compiled or run eagerly."""
+        return self.engine.graphs is not None and self.engine.graphs.capture
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds this run's compiling calls took (`run.compile`: each shape's first forward)."""
+        return round(Replay.total_compile_s - self._compile_from, 3)
 
     def _reference_key(self) -> str:
         """Everything that changes a vanilla greedy output on this engine."""
@@ -192,7 +211,9 @@ class Runner:
                 "prefill_chunk": self.identity["prefill_chunk"],
                 "torch": self.versions.get("torch"),
                 "transformers": self.versions.get("transformers"),
-                **({"cuda_graphs": True} if self.engine.graphs is not None else {}),
+                **({"cuda_graphs": True} if self.graphed else {}),
+                # compiled kernels may round differently from eager ones: their own reference
+                **({"compile": True} if self.identity.get("compile") else {}),
             },
             REPO,
         )
@@ -226,6 +247,8 @@ class Runner:
             self.engine.reserve(self._capacity_bound(samples))
             if todo and cfg.run.warmup:
                 self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
+            if self.compile_s:
+                print(f"[run] compiled the fixed-shape forwards in {self.compile_s:.1f} s (not decode time)")
             self._run_samples(todo, len(done))
             failed = self.rundir.failed_samples()
             tables = self.rundir.consolidate()
@@ -252,9 +275,15 @@ class Runner:
         if getattr(self.decoder, "block", "fixed") != "auto":
             return
         eng, model, dtype = self.engine, self.names["model"], self.identity["dtype"]
-        graphs = eng.graphs is not None
         key = curve_key(
-            self.device_name, model, dtype, eng.linear, self.threads, graphs=graphs, model_name=self.lm.name
+            self.device_name,
+            model,
+            dtype,
+            eng.linear,
+            self.threads,
+            graphs=self.graphed,
+            model_name=self.lm.name,
+            compiled=bool(self.identity.get("compile")),
         )
         announce = lambda text: print(f"[run] block=auto: {text}", flush=True)  # noqa: E731
         curve, _ = cached_or_measured(self.engine, key, self.decoder.max_block(), on_measure=announce)
@@ -497,7 +526,10 @@ class Runner:
             "model_name": self.lm.name,
             "dtype": self.identity["dtype"],
             "linear": self.engine.linear,
-            "cuda_graphs": self.engine.graphs is not None,
+            "cuda_graphs": self.graphed,
+            "compile": bool(self.identity.get("compile")),
+            # seconds the warm-up spent compiling (first calls per shape), apart from any decode time
+            "compile_s": self.compile_s,
             "warmup_s": self.warmup_s,
             "decoder": self.names["decoder"],
             "decoder_params": json.dumps(self.identity["decoder_params"]),
@@ -532,6 +564,7 @@ IDENTITY_RUN = (
     "prefill_chunk",
     "linear",
     "cuda_graphs",
+    "compile",
     "stratify",
 )
 

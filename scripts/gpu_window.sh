@@ -196,7 +196,8 @@ mtbench_stage() {  # graphed vanilla first: the reference of every speedup
   [[ $REHEARSE == 1 ]] && REC+=(run.limit=1 run.max_new_tokens=16)
   runs "experiment=fafo_baselines decoder=vanilla" "experiment=fafo_table1 decoder=fafo" \
     "experiment=fafo_baselines decoder=pld" "experiment=fafo_baselines decoder=lookahead" \
-    "experiment=fafo_table1 decoder=fafo_2forward"
+    "experiment=fafo_table1 decoder=fafo_2forward" \
+    "experiment=fafo_baselines decoder=vanilla run.compile=true"  # #94: compiled inside the graphs, if time is left
 }
 
 export -f settings smoke_stage shapes_stage long_stage kernels_stage mtbench_stage check_runs runs pack_records say

@@ -87,6 +87,8 @@ CASES = [
     _c("run.linear must be one of aten, onednn, auto", "run.linear=fast"),
     _c("run.cuda_graphs must be true, false, auto or emulate", "run.cuda_graphs=maybe"),
     _c("run.cuda_graphs=true needs a CUDA device", "run.cuda_graphs=true", "model.device=cpu"),
+    _c("run.compile", "run.compile=maybe"),
+    _c("run.compile=true compiles aten GEMMs", "run.compile=true", "run.linear=onednn"),
     # paths
     _c("run.out_dir must be a folder path", "run.out_dir="),
     _c("run.out_dir must be a folder path", "run.out_dir=null"),
