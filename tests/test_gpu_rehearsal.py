@@ -136,6 +136,7 @@ def test_the_quick_rehearsal_passes(tmp_path):
         assert told in report, told
 
 
+@pytest.mark.slow  # the checker's own test (~25 s); make test keeps the quick rehearsal that uses it
 def test_the_quick_rehearsal_fails_on_planted_mistakes(tmp_path):
     """A bad override in a stage's run (an unknown key), a stage whose rows go elsewhere than OUT: the
     measure call's checks name each; then a tree too big to carry fails before any call."""
