@@ -95,7 +95,7 @@ def test_report_from_records(tmp_path):
     assert "0.5 |" in text and "2 |" in text  # the two speedups vs the vanilla run
     assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu (model=qwen25-coder-0.5b" in text
     assert "No runs yet: `python run.py -m experiment=fafo_table11`" in text
-    assert "| LongSpec | Tables 3-4, Figures 5-7 |" in text and "Same protocol, other scale" in text
+    assert "| LongSpec | Table 3, Figures 5-7 |" in text and "Same protocol, other scale" in text
     assert "### LongSpec Figure 4" in text
     assert "No runs yet: `python run.py -m experiment=longspec_table1_cpu" in text
     # a cell holding two runs is refused in the report, not pooled
