@@ -454,7 +454,7 @@ def _sfi() -> list[Claim]:
         ),
         Claim(
             "SFI",
-            "Tables 1, 5",
+            "Table 1",
             "SFI's throughput on B200 with vLLM at 8k-128k",
             "speed",
             "none",
