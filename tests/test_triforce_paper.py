@@ -202,6 +202,7 @@ def test_table2_rows_of_one_temperature_beside_the_papers_at_that_temperature():
         "Skipping Layers (Draft&Verify; uses 68% of KV)",
     ]
     assert t.loc["TriForce", "ours_speedup"] == pytest.approx(2.0)
+    assert t.loc["TriForce", "ours_decode_speedup"] == pytest.approx(3.0)  # (4 - 1) / (2 - 1)
     assert t.loc["Retrieval w/o Hierarchy", "ours_speedup"] == pytest.approx(0.5)
     assert t.loc["TriForce", "ours_acceptance"] == pytest.approx(0.75)
     assert t.loc["TriForce", "temperature"] == pytest.approx(0.6)
