@@ -230,4 +230,5 @@ def test_figure3_reads_its_own_runs_at_temperature_1_without_table_1s_paper_colu
     ] == pytest.approx(2.0)
     assert t.loc["LongSpec", "tau"] == pytest.approx(2.0)
     assert "paper_tau" not in t.columns and "Figure 3" in t.attrs["title"]
+    assert "matches_vanilla" not in t.columns  # sampled runs: no greedy audit
     assert lp.load_figure3(t1).empty
