@@ -313,8 +313,9 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
      "7B-32B targets and their released drafts (decoder.checkpoint=sail/longspec-* loads them for users "
      "with the hub)"),
     ("LongSpec", "Table 4", "not run yet: tau and the draft / target / verify times over prefill lengths fit "
-     "the embedded model's 1k-7k contexts, but its slice (the 68-node tree at 7k, with vanilla beside) "
-     "outgrew the ~15 min a slice may take on the shared 2-core box"),
+     "the embedded model's 1k-7k contexts, but a 1k-7k sweep of the 68-node tree with vanilla beside is "
+     "estimated above the ~15 min a slice may take on the shared 2-core box (Figure 3's 2k slice of three "
+     "runs took ~7 min)"),
 ]  # fmt: skip
 
 
