@@ -100,6 +100,16 @@ def _triforce_table8(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
     return tri.table8(t8) if (t8["decoder"] == "triforce").any() else pd.DataFrame()
 
 
+def _triforce_table2(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
+    t2 = from_experiments(s, ("triforce_table2_cpu",))
+    return tri.table2(t2) if (t2["decoder"] != "vanilla").any() else pd.DataFrame()
+
+
+def _triforce_table7(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
+    t7 = from_experiments(s, ("triforce_table7_cpu",))
+    return tri.table7(t7) if (t7["decoder"] == "triforce").any() else pd.DataFrame()
+
+
 def _sfi_table4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
     from analysis.load import load_runs, load_table
 
@@ -123,6 +133,16 @@ def _sfi_ablation(fn: Callable[..., pd.DataFrame], names: tuple[str, ...]) -> Ta
         return fn(runs, load_table(root, "scores", load_runs(root)))
 
     return make
+
+
+def _sfi_quality(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
+    from analysis.load import load_runs, load_table
+
+    runs = from_experiments(s, ("sfi_table5_cpu", "sfi_table4_sfi_cpu", "sfi_table4_dense_cpu"))
+    if not (runs["decoder"] == "sfi").any():
+        return pd.DataFrame()
+    root = Path(str(runs["path"].iloc[0])).parents[1]
+    return sfi.quality(runs, load_table(root, "scores", load_runs(root)))
 
 
 def _sfi_figure4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
@@ -177,6 +197,18 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
     ),
     (
         "TriForce",
+        "Tables 2 and 5",
+        _triforce_table2,
+        "python -m runners.paper_runs --experiment triforce_table2_cpu (one run per row and temperature)",
+    ),
+    (
+        "TriForce",
+        "Table 7",
+        _triforce_table7,
+        "python -m runners.paper_runs --experiment triforce_table7_cpu (one run per row and length)",
+    ),
+    (
+        "TriForce",
         "Table 8",
         _triforce_table8,
         "python run.py -m experiment=triforce_table8a_cpu (and 8b_cpu; experiment=triforce_pg19_vanilla_cpu)",
@@ -186,6 +218,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         "Figure 6",
         _triforce_figure6,
         "python run.py -m experiment=triforce_figure6a_cpu (and 6b_cpu)",
+    ),
+    (
+        "SFI",
+        "Tables 2-3 and 5",
+        _sfi_quality,
+        "python -m runners.paper_runs --experiment sfi_table5_cpu (long-context rows: the Table 4 runs)",
     ),
     (
         "SFI",
@@ -217,6 +255,12 @@ REPRODUCED: list[tuple[str, str, TableFn, str]] = [
         "Table 1",
         lambda s, _out: longspec.load_table1(s),
         "python run.py -m experiment=longspec_table1_cpu (and longspec_table1_magicdec_cpu)",
+    ),
+    (
+        "LongSpec",
+        "Figure 3",
+        lambda s, _out: longspec.load_figure3(s),
+        "python -m runners.paper_runs --experiment longspec_figure3_cpu (one run per row, all at T 1)",
     ),
     (
         "LongSpec",
@@ -252,16 +296,26 @@ NOT_REPRODUCED: list[tuple[str, str, str]] = [
     ("FAFO", "Tables 5-7", "AIME24 / Multi-IF / SCBench on 7-8B models: no experiment files yet"),
     ("FAFO", "Table 9", "NarrativeQA needs the dataset hub (no offline stand-in); most paper cells "
      "were lost"),
-    ("TriForce", "Tables 2-5, 7", "speedups of a 7B model at 122k-127k contexts on an A100 or offloaded to "
-     "RTX 4090s, batching: a hardware regime (KV reads dominate every forward) a 2-core CPU and a 135M model "
-     "cannot show; Table 8's kv_bound_speedup column and benchmarks/bench_selfspec give the predicted "
-     "speedup in that regime from our counts"),
+    ("TriForce", "Tables 3-4", "offloading to RTX 4090s and batching with a 7B model at 122k-127k contexts: "
+     "a hardware regime (KV reads dominate every forward) a 2-core CPU and a 135M model cannot show; "
+     "Table 8's kv_bound_speedup column and benchmarks/bench_selfspec predict"
+     " the speedup in that regime"),
+    ("TriForce", "Tables 2, 5 (rows)", "Table 2's naive policy (JackFram/llama-68m drafting alone through a "
+     "StreamingLLM cache: no decoder verifies a separate draft model without the middle level) and its "
+     "temperatures 0.0-0.4, 0.8, 1.2 (ours: 0.6 and 1.0; greedy is Table 8); Table 5's REST (no retrieval "
+     "datastore decoder)"),
     ("TriForce", "Table 6", "LWM-Text 256K/512K: models far beyond the embedded model's 8k context"),
-    ("SFI", "Tables 1-3, 5", "vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 models "
+    ("SFI", "Table 1", "vLLM kernels and B200 throughput at 8k-128k contexts with Qwen3 models "
      "(Figure 4's trend is reproduced in shape above)"),
-    ("LongSpec", "Tables 3-4, Figures 3, 5-7", "EAGLE baseline, latency breakdown, T=1 speedups, QwQ-32B on "
-     "AIME24, batch sizes: GPU kernels, 7B-32B targets and their released drafts (decoder.checkpoint="
-     "sail/longspec-* loads them for users with the hub)"),
+    ("SFI", "Tables 2-3, 5 (rows)", "LongBench-V1/V2, GPQA-Diamond and MMLU need the dataset hub and Qwen3 "
+     "4B-235B models; the offline stand-ins (RULER-style QA and needle, GSM8K) give the table in shape"),
+    ("LongSpec", "Table 3, Figures 5-7", "EAGLE baseline, QwQ-32B on AIME24, batch sizes: GPU kernels, "
+     "7B-32B targets and their released drafts (decoder.checkpoint=sail/longspec-* loads them for users "
+     "with the hub)"),
+    ("LongSpec", "Table 4", "not run yet: tau and the draft / target / verify times over prefill lengths fit "
+     "the embedded model's 1k-7k contexts, but a 1k-7k sweep of the 68-node tree with vanilla beside is "
+     "estimated above the ~15 min a slice may take on the shared 2-core box (Figure 3's 2k slice of three "
+     "runs took ~7 min)"),
 ]  # fmt: skip
 
 

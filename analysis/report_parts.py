@@ -4,6 +4,7 @@ code versions of each table's runs (what rerunning it at one commit costs)."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from dataclasses import dataclass
@@ -100,10 +101,30 @@ def setups(samples: pd.DataFrame) -> list[Setup]:
         if len(clash) > 1:
             differ = [c for c in SETUP if len({k[c] for k in clash}) > 1]
             names = [
-                n + "".join(f"+{c}={k[c]}" for c in differ) if n == name else n for k, n in zip(keys, names)
+                n + "".join(f"+{_field_text(c, k[c])}" for c in differ) if n == name else n
+                for k, n in zip(keys, names)
             ]
     out = [Setup(name, key, samples[mask]) for key, name, mask in zip(keys, names, masks)]
     return sorted(out, key=lambda s: s.name)
+
+
+def _field_text(col: str, value: str) -> str:
+    """A SETUP field that tells two setups apart, as a name shows it: sampling by its temperature (and
+    top_p / top_k where they are not the defaults: `T=0.6`, `T=1,top_p=0.9`), any other as col=value."""
+    if col != "sampling":
+        return f"{col}={value}"
+    try:
+        cfg = json.loads(value)
+    except (TypeError, ValueError):
+        return f"{col}={value}"
+    if not isinstance(cfg, dict):
+        return f"{col}={value}"
+    text = f"T={float(cfg.get('temperature', 0.0)):g}"
+    if float(cfg.get("top_p", 1.0)) != 1.0:
+        text += f",top_p={float(cfg['top_p']):g}"
+    if int(cfg.get("top_k", 0) or 0):
+        text += f",top_k={int(cfg['top_k'])}"
+    return text
 
 
 def _sha(version: str) -> str:

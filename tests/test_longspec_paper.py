@@ -214,3 +214,21 @@ def test_tau_over_prompts_refuses_methods_on_other_prompts():
     with pytest.raises(AnalysisError, match="same prompts.*LongSpec \\(paper tree\\) 3, Lookahead 2"):
         lp.tau_over_prompts(df)
     assert lp.load_tau_over_prompts(tau_frame({"lookahead": [(20, 10)]})).empty  # before a LongSpec run
+
+
+def test_figure3_reads_its_own_runs_at_temperature_1_without_table_1s_paper_columns():
+    t1 = frame().assign(experiment="longspec_table1_cpu")
+    f3 = pd.DataFrame(
+        rows("v3", "vanilla", "full", 6.0, 60, 60)
+        + rows("t3", "longspec", "full", 4.0, 60, 30, **{"decoder.widths": "[4, 16, 16, 16, 16]"})
+        + rows("m3", "selfspec", "streaming", 3.0, 60, 40)
+    ).assign(experiment="longspec_figure3_cpu", sampling='{"temperature": 1.0, "top_p": 1.0, "top_k": 0}')
+    t = lp.load_figure3(pd.concat([t1, f3], ignore_index=True)).set_index("method")
+    assert sorted(t.index) == ["LongSpec", "MagicDec", "Vanilla"]  # Table 1's runs stay out
+    assert t.loc["LongSpec", "speedup"] == pytest.approx(1.5) and t.loc[
+        "MagicDec", "speedup"
+    ] == pytest.approx(2.0)
+    assert t.loc["LongSpec", "tau"] == pytest.approx(2.0)
+    assert "paper_tau" not in t.columns and "Figure 3" in t.attrs["title"]
+    assert "matches_vanilla" not in t.columns  # sampled runs: no greedy audit
+    assert lp.load_figure3(t1).empty

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
-from analysis import paper
+from analysis import paper, report_parts
 from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 
 
@@ -94,7 +95,7 @@ def test_report_from_records(tmp_path):
     assert "0.5 |" in text and "2 |" in text  # the two speedups vs the vanilla run
     assert "No runs yet: `python run.py -m experiment=triforce_table1_cpu (model=qwen25-coder-0.5b" in text
     assert "No runs yet: `python run.py -m experiment=fafo_table11`" in text
-    assert "| LongSpec | Tables 3-4, Figures 3, 5-7 |" in text and "Same protocol, other scale" in text
+    assert "| LongSpec | Table 3, Figures 5-7 |" in text and "Same protocol, other scale" in text
     assert "### LongSpec Figure 4" in text
     assert "No runs yet: `python run.py -m experiment=longspec_table1_cpu" in text
     # a cell holding two runs is refused in the report, not pooled
@@ -324,3 +325,21 @@ def test_setup_names():
     assert paper.setup_name({**plain, "model": "smollm2-135m", "scale": "cpu"}) == "cpu-epyc2-fp32@cpu"
     gpu = {"device_name": "NVIDIA H100 80GB HBM3", "threads": "16", "dtype": "bfloat16", "scale": "paper"}
     assert paper.setup_name({**gpu, "model": "qwen25-coder-0.5b"}) == "h100-bf16-qwen25-coder-0.5b@paper"
+
+
+def test_setups_told_apart_by_sampling_are_named_by_temperature():
+    def run(run_id: str, sampling: str) -> dict:
+        return {
+            "run_id": run_id,
+            "model": "smollm2-135m",
+            "dtype": "float32",
+            "device_name": "cpu: AMD EPYC x2 threads",
+            "threads": 2,
+            "scale": "cpu",
+            "sampling": sampling,
+        }
+
+    greedy = '{"temperature": 0.0, "top_p": 1.0, "top_k": 0}'
+    hot = '{"temperature": 0.6, "top_p": 0.9, "top_k": 0}'
+    names = [s.name for s in report_parts.setups(pd.DataFrame([run("a", greedy), run("b", hot)]))]
+    assert names == ["cpu-epyc2-fp32@cpu+T=0", "cpu-epyc2-fp32@cpu+T=0.6,top_p=0.9"]

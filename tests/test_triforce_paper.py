@@ -177,3 +177,62 @@ def test_table1_keeps_a_rebuilt_retrieval_run_apart_from_the_papers_build_once()
     assert t.loc["retrieval", "ours_acceptance"] == pytest.approx(0.4)
     assert t.loc["retrieval rebuilt every 1 verification", "ours_acceptance"] == pytest.approx(0.9)
     assert t.loc["retrieval rebuilt below acceptance 0.5", "ours_acceptance"] == pytest.approx(0.6)
+
+
+def sampled(rows_: list[dict], temperature: float, kv: str | None = None) -> list[dict]:
+    text = f'{{"temperature": {temperature}, "top_p": 1.0, "top_k": 0}}'
+    return [dict(r, sampling=text, **({"kv": kv} if kv else {})) for r in rows_]
+
+
+def test_table2_rows_of_one_temperature_beside_the_papers_at_that_temperature():
+    df = pd.DataFrame(
+        sampled(tri_rows("v", "vanilla", None, None, 4.0, 100.0), 0.6)
+        + sampled(tri_rows("t", "triforce", 2, 6, 2.0, 25.0), 0.6)
+        + sampled([dict(r, decoder="selfspec") for r in tri_rows("s", "triforce", 2, 6, 8.0, 50.0)], 0.6)
+        + sampled(tri_rows("st", "triforce", 2, 6, 4.0, 25.0), 0.6, kv="streaming")
+        + sampled(
+            [dict(r, decoder="swift") for r in tri_rows("sw", "triforce", 2, 6, 5.0, 100.0)], 0.6, "full"
+        )
+    )
+    t = tp.table2(df).set_index("method")
+    assert list(t.index) == [
+        "TriForce",
+        "Retrieval w/o Hierarchy",
+        "StreamingLLM w/ Hierarchy",
+        "Skipping Layers (Draft&Verify; uses 68% of KV)",
+    ]
+    assert t.loc["TriForce", "ours_speedup"] == pytest.approx(2.0)
+    assert t.loc["TriForce", "ours_decode_speedup"] == pytest.approx(3.0)  # (4 - 1) / (2 - 1)
+    assert t.loc["Retrieval w/o Hierarchy", "ours_speedup"] == pytest.approx(0.5)
+    assert t.loc["TriForce", "ours_acceptance"] == pytest.approx(0.75)
+    assert t.loc["TriForce", "temperature"] == pytest.approx(0.6)
+    # the paper's numbers at the run's own temperature (0.6), Table 5's row without one
+    assert t.loc["TriForce", "paper_acceptance"] == pytest.approx(0.9137)
+    assert t.loc["TriForce", "paper_speedup"] == pytest.approx(2.19)
+    assert t.loc["StreamingLLM w/ Hierarchy", "paper_speedup"] == pytest.approx(1.9)
+    assert t.loc["Skipping Layers (Draft&Verify; uses 68% of KV)", "paper_speedup"] == pytest.approx(1.36)
+    at1 = pd.DataFrame(
+        sampled(tri_rows("v1", "vanilla", None, None, 4.0, 100.0), 1.0)
+        + sampled(tri_rows("t1", "triforce", 2, 6, 2.0, 25.0), 1.0)
+    )
+    assert tp.table2(at1)["paper_acceptance"].iloc[0] == pytest.approx(0.9004)  # "temperature=1.0"
+    with pytest.raises(AnalysisError, match="setups"):  # two temperatures are two setups
+        tp.table2(pd.concat([df, at1]))
+
+
+def test_table7_one_row_per_output_length_against_that_lengths_vanilla_run():
+    def at(rows_: list[dict], n: int) -> list[dict]:
+        return [dict(r, max_new_tokens=n) for r in rows_]
+
+    df = pd.DataFrame(
+        at(tri_rows("v64", "vanilla", None, None, 4.0, 100.0), 64)
+        + at(tri_rows("t64", "triforce", 2, 6, 2.0, 25.0), 64)
+        + at(tri_rows("v256", "vanilla", None, None, 12.0, 100.0), 256)
+        + at(tri_rows("t256", "triforce", 2, 6, 4.0, 25.0), 256)
+    )
+    t = tp.table7(df).set_index("max_new_tokens")
+    assert list(t.index) == [64, 256]
+    assert t.loc[64, "ours_speedup"] == pytest.approx(2.0) and t.loc[256, "ours_speedup"] == pytest.approx(
+        3.0
+    )
+    assert pd.isna(t.loc[64, "paper_speedup"]) and t.loc[256, "paper_speedup"] == pytest.approx(2.31)
