@@ -76,8 +76,8 @@ def run_table(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
     env = with_env(ok)
     rows = []
     for _, group in env.groupby(ENV, sort=True):
-        base = baseline_of(group)
         for run_id, run in group.groupby("run_id"):
+            base = baseline_of(group, run)
             first = run.iloc[0]
             row = {
                 c: first[c]

@@ -116,11 +116,11 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         df["committed"] = df["tau"] * df["forwards"]
     out = []
     for env_key, group in df.groupby(ENV, sort=True):
-        base = baseline_of(group)
         keys = ["method", *by]
         for key, run in group[group["decoder"] != "vanilla"].groupby(keys, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
             check_one_run(run, f"{dict(zip(keys, key))} on {run['task'].iloc[0]}")
+            base = baseline_of(group, run)  # its own experiment's vanilla run where it made one
             row = dict(zip(ENV, env_key))
             row.update(dict(zip(keys, key)))
             fw = run["forwards"].sum()
