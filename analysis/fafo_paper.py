@@ -11,6 +11,8 @@ lost in the paper's text extraction).
 - `table1`   FAFO-Stream vs FAFO-2forward vs Lookahead (peak memory, speedup, tau), MT-Bench.
 - `table2`   speedup and tau per method (FAFO-Stream/Quest/SnapKV/H2O, Lookahead, PLD, TriForce) x
              task (MT-Bench, GSM8K, HumanEval); FAFO-SnapKV's paper numbers are Table 8's.
+- `table4`   the same when sampling (temperature > 0): FAFO-Stream, FAFO-Quest, Lookahead. Every other
+             table reads greedy runs only (`greedy`), this one sampled runs only.
 - `table10`  PG-19 by context length (1k-3k): FAFO-Stream, FAFO-Quest, Lookahead, TriForce.
 - `table11`  k sweep (guess length), FAFO-Stream, MT-Bench.
 - `table12`  n sweep (fumble streams), FAFO-Stream and FAFO-Quest.
@@ -45,6 +47,7 @@ from analysis.metrics import (
     paired_speedup,
     scale_label,
     set_caption,
+    temperature,
     with_env,
 )
 
@@ -105,10 +108,17 @@ def one_setup(samples: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+def greedy(samples: pd.DataFrame, sampled: bool = False) -> pd.DataFrame:
+    """The greedy rows (`sampled=True`: the rows sampled at a temperature > 0): the paper's tables are
+    greedy except Table 4, so a sampled run fills Table 4 alone."""
+    return samples[(temperature(samples) > 0) == sampled]
+
+
+def aggregate(samples: pd.DataFrame, by: list[str], sampled: bool = False) -> pd.DataFrame:
     """One row per (task environment, method, *by): tau, tok/s, KV activity, speedup vs the vanilla
-    kv=full run of the same environment, peak memory. One run per cell, or an AnalysisError."""
-    df = one_setup(samples)
+    kv=full run of the same environment, peak memory. One run per cell, or an AnalysisError. Greedy runs
+    only (`sampled=True`: sampled runs only, Table 4)."""
+    df = one_setup(greedy(samples, sampled))
     if "error" in df.columns:
         df = df[df["error"].isna()]
     df["method"] = [method_of(d, k) for d, k in zip(df["decoder"], df["kv"])]
@@ -318,6 +328,43 @@ def table2(
     return _caption(out, "Tables 2 and 8", samples, paper_model, fixed)
 
 
+def table4(
+    samples: pd.DataFrame,
+    paper_model: str = "Llama-2-7b-chat",
+    tasks: tuple[str, ...] = ("mtbench", "gsm8k", "humaneval"),
+    fixed: dict | None = None,
+) -> pd.DataFrame:
+    """Table 4: speedup and tau of FAFO-Stream, FAFO-Quest and Lookahead when sampling (the paper: its
+    models' generation_config.json, Llama temperature 0.6, top-p 0.9), each paired with a vanilla run
+    sampled at the same setting. Sampled runs only; the caption says their sampling setting."""
+    fixed = PAPER_SETTING if fixed is None else fixed
+    ours = aggregate(hold(samples[samples["task"].isin(tasks)], fixed), [], sampled=True)
+    ours["paper_task"] = ours["task"].map(lambda t: TASKS.get(t, t))
+    paper = paper_rows("Table 4")
+    keys = [
+        {"method": m, "task": TASKS.get(t, t)}
+        for m in ("FAFO-Stream", "FAFO-Quest", "Lookahead")
+        for t in tasks
+    ]
+    out = _join_paper(
+        ours,
+        keys,
+        paper[paper["model"] == paper_model],
+        {"speedup": "speedup", "tau": "tau"},
+        {"method": "method", "task": "paper_task"},
+    )
+    sampled = greedy(samples, sampled=True)
+    settings = sorted(set(sampled["sampling"].astype(str))) if "sampling" in sampled.columns else []
+    return _caption(
+        out,
+        "Table 4 (sampling)",
+        samples,
+        paper_model,
+        fixed,
+        ours="; ".join(f"sampling {v}" for v in settings),
+    )
+
+
 def _sweep(
     samples: pd.DataFrame,
     table: str,
@@ -392,6 +439,7 @@ def table13(samples: pd.DataFrame, task: str | None = "multi_if", fixed: dict | 
     budget as a fraction of each context (experiment=fafo_table13_frac, for scale=cpu) are shown under
     the paper budget they stand for: fraction x PAPER_CONTEXT. A setup whose FAFO-Stream runs are all on
     other tasks is refused with that said (their runs are Tables 1, 2 and 10's, not this one's)."""
+    samples = greedy(samples)
     stream = samples[samples["decoder"].astype(str).str.startswith("fafo") & (samples["kv"] == "streaming")]
     if task is not None and len(stream) and not (stream["task"] == task).any():
         others = ", ".join(TASKS.get(t, t) for t in sorted(set(stream["task"])))
@@ -501,7 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (setup, part) in enumerate(setups):
             if len(setups) > 1:
                 print(f"=== setup {i + 1} of {len(setups)}: {dict(zip(SETUP, setup))}\n")
-            for fn in (table1, table2, table10, table11, table12, table13):
+            for fn in (table1, table2, table4, table10, table11, table12, table13):
                 print(render(fn(part)), end="\n\n")
             stem = "fafo_figure1" + (f"-{i + 1}" if len(setups) > 1 else "")
             figure = args.figure or Path(args.root) / "figures" / f"{stem}.png"

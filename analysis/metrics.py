@@ -18,6 +18,7 @@ summary, the paper tables and the end-of-run report.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,20 @@ def _as_text(v: object) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     return str(v)
+
+
+def temperature(samples: pd.DataFrame) -> pd.Series:
+    """Each row's sampling temperature, read from its recorded `sampling` (0 = greedy: records without
+    the field, or with it unknown, were made before sampling was recorded, all greedy)."""
+    if "sampling" not in samples.columns:
+        return pd.Series(0.0, index=samples.index)
+    return samples["sampling"].map(_temperature)
+
+
+def _temperature(sampling: object) -> float:
+    if not isinstance(sampling, str) or not sampling.startswith("{"):
+        return 0.0
+    return float(json.loads(sampling).get("temperature", 0.0))
 
 
 def is_baseline(df: pd.DataFrame) -> pd.Series:
