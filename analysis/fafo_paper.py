@@ -13,6 +13,7 @@ lost in the paper's text extraction).
              task (MT-Bench, GSM8K, HumanEval); FAFO-SnapKV's paper numbers are Table 8's.
 - `table4`   the same when sampling (temperature > 0): FAFO-Stream, FAFO-Quest, Lookahead. Every other
              table reads greedy runs only (`greedy`), this one sampled runs only.
+- `table5`, `table6`  the same three methods on AIME24 and on Multi-IF.
 - `table10`  PG-19 by context length (1k-3k): FAFO-Stream, FAFO-Quest, Lookahead, TriForce.
 - `table11`  k sweep (guess length), FAFO-Stream, MT-Bench.
 - `table12`  n sweep (fumble streams), FAFO-Stream and FAFO-Quest.
@@ -56,7 +57,13 @@ __all__ = ["scale_label"]  # re-exported: callers read the scale sentence of a c
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_fafo.csv"
 PAPER_ENV = "fp16, batch 1, 1x A100-80GB"
 KV_LABEL = {"streaming": "Stream", "quest": "Quest", "snapkv": "SnapKV", "h2o": "H2O", "full": "Full"}
-TASKS = {"mtbench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval-Completion", "multi_if": "Multi-IF"}
+TASKS = {
+    "mtbench": "MT-Bench",
+    "gsm8k": "GSM8K",
+    "humaneval": "HumanEval-Completion",
+    "multi_if": "Multi-IF",
+    "aime24": "AIME24",
+}
 # The setting each table holds fixed (the paper's best, conf/decoder/fafo.yaml + kv budget 760, and
 # Lookahead's README G=7); a sweep frees its own column. Pass `fixed=` for other presets (e.g. CPU).
 PAPER_SETTING = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "decoder.G": 7}
@@ -328,6 +335,33 @@ def table2(
     return _caption(out, "Tables 2 and 8", samples, paper_model, fixed)
 
 
+METHODS_3 = ("FAFO-Stream", "FAFO-Quest", "Lookahead")  # the rows of FAFO Tables 4-6
+
+
+def _by_task(
+    samples: pd.DataFrame,
+    table: str,
+    tasks: tuple[str, ...],
+    paper_model: str,
+    fixed: dict | None,
+    sampled: bool = False,
+) -> pd.DataFrame:
+    """Speedup and tau of FAFO-Stream, FAFO-Quest and Lookahead per task beside the paper's `table`
+    (`paper_model`'s rows), each run paired with the vanilla run of its environment."""
+    fixed = PAPER_SETTING if fixed is None else fixed
+    ours = aggregate(hold(samples[samples["task"].isin(tasks)], fixed), [], sampled=sampled)
+    ours["paper_task"] = ours["task"].map(lambda t: TASKS.get(t, t))
+    paper = paper_rows(table)
+    keys = [{"method": m, "task": TASKS.get(t, t)} for m in METHODS_3 for t in tasks]
+    return _join_paper(
+        ours,
+        keys,
+        paper[paper["model"] == paper_model],
+        {"speedup": "speedup", "tau": "tau"},
+        {"method": "method", "task": "paper_task"},
+    )
+
+
 def table4(
     samples: pd.DataFrame,
     paper_model: str = "Llama-2-7b-chat",
@@ -337,31 +371,30 @@ def table4(
     """Table 4: speedup and tau of FAFO-Stream, FAFO-Quest and Lookahead when sampling (the paper: its
     models' generation_config.json, Llama temperature 0.6, top-p 0.9), each paired with a vanilla run
     sampled at the same setting. Sampled runs only; the caption says their sampling setting."""
-    fixed = PAPER_SETTING if fixed is None else fixed
-    ours = aggregate(hold(samples[samples["task"].isin(tasks)], fixed), [], sampled=True)
-    ours["paper_task"] = ours["task"].map(lambda t: TASKS.get(t, t))
-    paper = paper_rows("Table 4")
-    keys = [
-        {"method": m, "task": TASKS.get(t, t)}
-        for m in ("FAFO-Stream", "FAFO-Quest", "Lookahead")
-        for t in tasks
-    ]
-    out = _join_paper(
-        ours,
-        keys,
-        paper[paper["model"] == paper_model],
-        {"speedup": "speedup", "tau": "tau"},
-        {"method": "method", "task": "paper_task"},
-    )
+    out = _by_task(samples, "Table 4", tasks, paper_model, fixed, sampled=True)
     sampled = greedy(samples, sampled=True)
     settings = sorted(set(sampled["sampling"].astype(str))) if "sampling" in sampled.columns else []
+    held = PAPER_SETTING if fixed is None else fixed
+    ours = "; ".join(f"sampling {v}" for v in settings)
+    return _caption(out, "Table 4 (sampling)", samples, paper_model, held, ours=ours)
+
+
+def table5(
+    samples: pd.DataFrame, paper_model: str = "DeepSeek-R1-Distill-Qwen-7B", fixed: dict | None = None
+) -> pd.DataFrame:
+    """Table 5: AIME24 (the paper: reasoning models' long chains of thought; ours: the task's offline
+    copy under our model, whose short answers are not a reasoning trace)."""
+    out = _by_task(samples, "Table 5", ("aime24",), paper_model, fixed)
+    return _caption(out, "Table 5 (AIME24)", samples, paper_model, PAPER_SETTING if fixed is None else fixed)
+
+
+def table6(
+    samples: pd.DataFrame, paper_model: str = "Llama-2-7b-chat", fixed: dict | None = None
+) -> pd.DataFrame:
+    """Table 6: Multi-IF, multi-turn instruction following (three turns per conversation)."""
+    out = _by_task(samples, "Table 6", ("multi_if",), paper_model, fixed)
     return _caption(
-        out,
-        "Table 4 (sampling)",
-        samples,
-        paper_model,
-        fixed,
-        ours="; ".join(f"sampling {v}" for v in settings),
+        out, "Table 6 (Multi-IF)", samples, paper_model, PAPER_SETTING if fixed is None else fixed
     )
 
 
@@ -549,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (setup, part) in enumerate(setups):
             if len(setups) > 1:
                 print(f"=== setup {i + 1} of {len(setups)}: {dict(zip(SETUP, setup))}\n")
-            for fn in (table1, table2, table4, table10, table11, table12, table13):
+            for fn in (table1, table2, table4, table5, table6, table10, table11, table12, table13):
                 print(render(fn(part)), end="\n\n")
             stem = "fafo_figure1" + (f"-{i + 1}" if len(setups) > 1 else "")
             figure = args.figure or Path(args.root) / "figures" / f"{stem}.png"

@@ -303,3 +303,20 @@ def test_sampled_runs_fill_table4_alone(samples):
     assert cell(t4, "paper_tau", method="Lookahead", task="MT-Bench") == pytest.approx(2.01)
     assert "temperature" in t4.attrs["caption"]
     assert fp.table2(sampled)["ours_speedup"].isna().all()
+
+
+def test_aime24_and_multi_if_runs_fill_tables_5_and_6():
+    """experiment=fafo_table5 (AIME24) and fafo_table6 (Multi-IF): each task's runs fill its own table
+    beside the paper's numbers, paired with that task's vanilla run."""
+    r = []
+    for task, wall in (("aime24", 6.0), ("multi_if", 8.0)):
+        r += rows("vanilla", "full", wall, 1.0, task)
+        r += rows("fafo", "quest", wall / 2, 2.1, task, **{"decoder.k": 6, "decoder.n": 40})
+        r += rows("lookahead", "full", wall / 4, 1.5, task, **{"decoder.G": 7})
+    df = pd.DataFrame(r)
+    t5, t6 = fp.table5(df), fp.table6(df)
+    assert cell(t5, "ours_speedup", method="FAFO-Quest", task="AIME24") == pytest.approx(2.0)
+    assert cell(t5, "paper_speedup", method="FAFO-Quest", task="AIME24") == pytest.approx(1.46)
+    assert cell(t6, "ours_speedup", method="Lookahead", task="Multi-IF") == pytest.approx(4.0)
+    assert cell(t6, "paper_tau", method="FAFO-Stream", task="Multi-IF") == pytest.approx(2.84)
+    assert "AIME24" not in set(t6["task"])
