@@ -99,7 +99,7 @@ def test_fafo_sampling_swift_and_triforce_claims_are_testable():
     """FAFO's TriForce, SWIFT and sampling claims read runs (experiments fafo_triforce, fafo_swift,
     fafo_table4) instead of standing as not testable."""
     by = {c.statement: c for c in CLAIMS}
-    for text in ("(TriForce) slows chat", "SWIFT (layer", "when sampling"):
+    for text in ("(TriForce) slows chat", "SWIFT (layer", "when sampling", "AIME24 reasoning"):
         (claim,) = [c for s, c in by.items() if text in s and c.paper == "FAFO"]
         assert claim.compare != "none", claim.statement
     sampled = runs(fafo_wall=20.0, fafo_tau=1.7).assign(sampling='{"temperature": 0.6, "top_p": 0.9}')
