@@ -15,9 +15,17 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.metrics import ENV, baseline_of, bootstrap_ratio, divergences_at_ties, paired_speedup, with_env
+from analysis.metrics import (
+    ENV,
+    baseline_of,
+    bootstrap_ratio,
+    divergences_at_ties,
+    paired_speedup,
+    temperature,
+    with_env,
+)
 from analysis.report_parts import setups
-from analysis.verdict import DIFFERS, HOLDS, NOISE, UNTESTABLE, Measure, at_least, order
+from analysis.verdict import DIFFERS, HOLDS, NOISE, UNTESTABLE, Measure, at_least, at_most, order
 
 PAPERS = ("FAFO", "TriForce", "SFI", "LongSpec")
 
@@ -25,7 +33,8 @@ PAPERS = ("FAFO", "TriForce", "SFI", "LongSpec")
 @dataclass(frozen=True)
 class Claim:
     """One claim of a paper. `compare`: "order" (a above b), "at_least" (a at least `threshold`),
-    "parity" (a not below b beyond noise), "none" (not testable here: `untestable` says why)."""
+    "at_most" (a at most `threshold`), "parity" (a not below b beyond noise), "none" (not testable
+    here: `untestable` says why)."""
 
     paper: str
     where: str
@@ -76,8 +85,8 @@ def run_table(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
     env = with_env(ok)
     rows = []
     for _, group in env.groupby(ENV, sort=True):
-        base = baseline_of(group)
         for run_id, run in group.groupby("run_id"):
+            base = baseline_of(group, run)
             first = run.iloc[0]
             row = {
                 c: first[c]
@@ -98,6 +107,7 @@ def run_table(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
                 or c.startswith(("decoder.", "kv.", "task.", "draft."))
             }
             row["run_id"], row["setup"] = str(run_id), names.get(str(run_id), "?")
+            row["temperature"] = float(temperature(run).iloc[0])  # 0 = greedy (claims on sampling read it)
             sid = run["sample_id"]
             row["tau"] = run["committed"].sum() / run["forwards"].sum()
             row["tau_lo"], row["tau_hi"] = bootstrap_ratio(run["committed"], run["forwards"], sid)
@@ -224,8 +234,9 @@ def verdict_in(claim: Claim, runs: pd.DataFrame) -> dict | None:
         }
     found = []
     for _, a in a_runs.iterrows():
-        if claim.compare == "at_least":
-            v, margin = at_least(_measure(a, claim.metric), claim.threshold)
+        if claim.compare in ("at_least", "at_most"):
+            bound = at_least if claim.compare == "at_least" else at_most
+            v, margin = bound(_measure(a, claim.metric), claim.threshold)
             found.append((v, margin, a, None))
             continue
         for _, b in _matches(same_task(runs, a, claim.b), claim.b).iterrows():

@@ -294,8 +294,8 @@ def run_predictions(root: Path, curves: list[CostCurve]) -> pd.DataFrame:
         return pd.DataFrame()
     out = []
     for _, group in samples.groupby(ENV, sort=False):
-        base = baseline_of(group)
         for run_id, run in group[group["decoder"] != "vanilla"].groupby("run_id"):
+            base = baseline_of(group, run)
             first = run.iloc[0]
             curve = curve_for_run(curves, first)
             shape = SHAPES.get(str(first["model"])) or (shape_of(curve) if curve else None)

@@ -11,6 +11,9 @@ lost in the paper's text extraction).
 - `table1`   FAFO-Stream vs FAFO-2forward vs Lookahead (peak memory, speedup, tau), MT-Bench.
 - `table2`   speedup and tau per method (FAFO-Stream/Quest/SnapKV/H2O, Lookahead, PLD, TriForce) x
              task (MT-Bench, GSM8K, HumanEval); FAFO-SnapKV's paper numbers are Table 8's.
+- `table4`   the same when sampling (temperature > 0): FAFO-Stream, FAFO-Quest, Lookahead. Every other
+             table reads greedy runs only (`greedy`), this one sampled runs only.
+- `table5`, `table6`  the same three methods on AIME24 and on Multi-IF.
 - `table10`  PG-19 by context length (1k-3k): FAFO-Stream, FAFO-Quest, Lookahead, TriForce.
 - `table11`  k sweep (guess length), FAFO-Stream, MT-Bench.
 - `table12`  n sweep (fumble streams), FAFO-Stream and FAFO-Quest.
@@ -45,6 +48,7 @@ from analysis.metrics import (
     paired_speedup,
     scale_label,
     set_caption,
+    temperature,
     with_env,
 )
 
@@ -53,7 +57,13 @@ __all__ = ["scale_label"]  # re-exported: callers read the scale sentence of a c
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_fafo.csv"
 PAPER_ENV = "fp16, batch 1, 1x A100-80GB"
 KV_LABEL = {"streaming": "Stream", "quest": "Quest", "snapkv": "SnapKV", "h2o": "H2O", "full": "Full"}
-TASKS = {"mtbench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval-Completion", "multi_if": "Multi-IF"}
+TASKS = {
+    "mtbench": "MT-Bench",
+    "gsm8k": "GSM8K",
+    "humaneval": "HumanEval-Completion",
+    "multi_if": "Multi-IF",
+    "aime24": "AIME24",
+}
 # The setting each table holds fixed (the paper's best, conf/decoder/fafo.yaml + kv budget 760, and
 # Lookahead's README G=7); a sweep frees its own column. Pass `fixed=` for other presets (e.g. CPU).
 PAPER_SETTING = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760, "decoder.G": 7}
@@ -105,10 +115,17 @@ def one_setup(samples: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+def greedy(samples: pd.DataFrame, sampled: bool = False) -> pd.DataFrame:
+    """The greedy rows (`sampled=True`: the rows sampled at a temperature > 0): the paper's tables are
+    greedy except Table 4, so a sampled run fills Table 4 alone."""
+    return samples[(temperature(samples) > 0) == sampled]
+
+
+def aggregate(samples: pd.DataFrame, by: list[str], sampled: bool = False) -> pd.DataFrame:
     """One row per (task environment, method, *by): tau, tok/s, KV activity, speedup vs the vanilla
-    kv=full run of the same environment, peak memory. One run per cell, or an AnalysisError."""
-    df = one_setup(samples)
+    kv=full run of the same environment, peak memory. One run per cell, or an AnalysisError. Greedy runs
+    only (`sampled=True`: sampled runs only, Table 4)."""
+    df = one_setup(greedy(samples, sampled))
     if "error" in df.columns:
         df = df[df["error"].isna()]
     df["method"] = [method_of(d, k) for d, k in zip(df["decoder"], df["kv"])]
@@ -116,11 +133,11 @@ def aggregate(samples: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         df["committed"] = df["tau"] * df["forwards"]
     out = []
     for env_key, group in df.groupby(ENV, sort=True):
-        base = baseline_of(group)
         keys = ["method", *by]
         for key, run in group[group["decoder"] != "vanilla"].groupby(keys, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
             check_one_run(run, f"{dict(zip(keys, key))} on {run['task'].iloc[0]}")
+            base = baseline_of(group, run)  # its own experiment's vanilla run where it made one
             row = dict(zip(ENV, env_key))
             row.update(dict(zip(keys, key)))
             fw = run["forwards"].sum()
@@ -318,6 +335,69 @@ def table2(
     return _caption(out, "Tables 2 and 8", samples, paper_model, fixed)
 
 
+METHODS_3 = ("FAFO-Stream", "FAFO-Quest", "Lookahead")  # the rows of FAFO Tables 4-6
+
+
+def _by_task(
+    samples: pd.DataFrame,
+    table: str,
+    tasks: tuple[str, ...],
+    paper_model: str,
+    fixed: dict | None,
+    sampled: bool = False,
+) -> pd.DataFrame:
+    """Speedup and tau of FAFO-Stream, FAFO-Quest and Lookahead per task beside the paper's `table`
+    (`paper_model`'s rows), each run paired with the vanilla run of its environment."""
+    fixed = PAPER_SETTING if fixed is None else fixed
+    ours = aggregate(hold(samples[samples["task"].isin(tasks)], fixed), [], sampled=sampled)
+    ours["paper_task"] = ours["task"].map(lambda t: TASKS.get(t, t))
+    paper = paper_rows(table)
+    keys = [{"method": m, "task": TASKS.get(t, t)} for m in METHODS_3 for t in tasks]
+    return _join_paper(
+        ours,
+        keys,
+        paper[paper["model"] == paper_model],
+        {"speedup": "speedup", "tau": "tau"},
+        {"method": "method", "task": "paper_task"},
+    )
+
+
+def table4(
+    samples: pd.DataFrame,
+    paper_model: str = "Llama-2-7b-chat",
+    tasks: tuple[str, ...] = ("mtbench", "gsm8k", "humaneval"),
+    fixed: dict | None = None,
+) -> pd.DataFrame:
+    """Table 4: speedup and tau of FAFO-Stream, FAFO-Quest and Lookahead when sampling (the paper: its
+    models' generation_config.json, Llama temperature 0.6, top-p 0.9), each paired with a vanilla run
+    sampled at the same setting. Sampled runs only; the caption says their sampling setting."""
+    out = _by_task(samples, "Table 4", tasks, paper_model, fixed, sampled=True)
+    sampled = greedy(samples, sampled=True)
+    settings = sorted(set(sampled["sampling"].astype(str))) if "sampling" in sampled.columns else []
+    held = PAPER_SETTING if fixed is None else fixed
+    ours = "; ".join(f"sampling {v}" for v in settings)
+    return _caption(out, "Table 4 (sampling)", samples, paper_model, held, ours=ours)
+
+
+def table5(
+    samples: pd.DataFrame, paper_model: str = "DeepSeek-R1-Distill-Qwen-7B", fixed: dict | None = None
+) -> pd.DataFrame:
+    """Table 5: AIME24 (the paper: reasoning models' long chains of thought; ours: the task's offline
+    copy under our model, whose short answers are not a reasoning trace)."""
+    out = _by_task(samples, "Table 5", ("aime24",), paper_model, fixed)
+    return _caption(out, "Table 5 (AIME24)", samples, paper_model, PAPER_SETTING if fixed is None else fixed)
+
+
+def table6(
+    samples: pd.DataFrame, paper_model: str = "Llama-2-7b-chat", fixed: dict | None = None
+) -> pd.DataFrame:
+    """Table 6: Multi-IF, multi-turn instruction following (three turns per conversation)."""
+    out = _by_task(samples, "Table 6", ("multi_if",), paper_model, fixed)
+    return _caption(
+        out, "Table 6 (Multi-IF)", samples, paper_model, PAPER_SETTING if fixed is None else fixed
+    )
+
+
 def _sweep(
     samples: pd.DataFrame,
     table: str,
@@ -392,6 +472,7 @@ def table13(samples: pd.DataFrame, task: str | None = "multi_if", fixed: dict | 
     budget as a fraction of each context (experiment=fafo_table13_frac, for scale=cpu) are shown under
     the paper budget they stand for: fraction x PAPER_CONTEXT. A setup whose FAFO-Stream runs are all on
     other tasks is refused with that said (their runs are Tables 1, 2 and 10's, not this one's)."""
+    samples = greedy(samples)
     stream = samples[samples["decoder"].astype(str).str.startswith("fafo") & (samples["kv"] == "streaming")]
     if task is not None and len(stream) and not (stream["task"] == task).any():
         others = ", ".join(TASKS.get(t, t) for t in sorted(set(stream["task"])))
@@ -501,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (setup, part) in enumerate(setups):
             if len(setups) > 1:
                 print(f"=== setup {i + 1} of {len(setups)}: {dict(zip(SETUP, setup))}\n")
-            for fn in (table1, table2, table10, table11, table12, table13):
+            for fn in (table1, table2, table4, table5, table6, table10, table11, table12, table13):
                 print(render(fn(part)), end="\n\n")
             stem = "fafo_figure1" + (f"-{i + 1}" if len(setups) > 1 else "")
             figure = args.figure or Path(args.root) / "figures" / f"{stem}.png"

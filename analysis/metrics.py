@@ -18,6 +18,7 @@ summary, the paper tables and the end-of-run report.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -62,15 +63,34 @@ def _as_text(v: object) -> str:
     return str(v)
 
 
+def temperature(samples: pd.DataFrame) -> pd.Series:
+    """Each row's sampling temperature, read from its recorded `sampling` (0 = greedy: records without
+    the field, or with it unknown, were made before sampling was recorded, all greedy)."""
+    if "sampling" not in samples.columns:
+        return pd.Series(0.0, index=samples.index)
+    return samples["sampling"].map(_temperature)
+
+
+def _temperature(sampling: object) -> float:
+    if not isinstance(sampling, str) or not sampling.startswith("{"):
+        return 0.0
+    return float(json.loads(sampling).get("temperature", 0.0))
+
+
 def is_baseline(df: pd.DataFrame) -> pd.Series:
     return (df["decoder"] == "vanilla") & (df["kv"] == "full")
 
 
-def baseline_of(group: pd.DataFrame) -> pd.DataFrame | None:
-    """The vanilla+full samples of one environment's rows; refuses when two runs qualify."""
+def baseline_of(group: pd.DataFrame, run: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """The vanilla+full samples of one environment's rows; refuses when two runs qualify. Given the
+    `run` it is for, an experiment that ran its own vanilla run in this environment is paired with that
+    one (timed minutes apart on the same box), not with another experiment's."""
     base = group[is_baseline(group)]
     if base.empty:
         return None
+    if run is not None and len(run) and "experiment" in base.columns and "experiment" in run.columns:
+        own = base[base["experiment"].astype(str) == str(run["experiment"].iloc[0])]
+        base = own if len(own) else base
     if "run_id" in base.columns and base["run_id"].nunique() > 1:
         ids = ", ".join(sorted(base["run_id"].astype(str).unique()))
         raise AnalysisError(f"two vanilla kv=full runs share one environment ({ids}); remove one of them")
@@ -366,8 +386,8 @@ def summarize(samples: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.D
         ok["run_id"] = ok["decoder"].astype(str) + "+" + ok["kv"].astype(str)
     out = []
     for env, group in ok.groupby(ENV, sort=True):
-        base = baseline_of(group)
         for run_id, run in group.groupby("run_id"):
+            base = baseline_of(group, run)
             first = run.iloc[0]
             row = dict(zip(ENV, env))
             fw = run["forwards"].sum()

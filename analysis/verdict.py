@@ -62,3 +62,17 @@ def at_least(a: Measure, threshold: float, what: str = "") -> tuple[str, str]:
     if hi < threshold:
         return DIFFERS, margin
     return NOISE, margin + " (interval spans it)"
+
+
+def at_most(a: Measure, threshold: float, what: str = "") -> tuple[str, str]:
+    """(verdict, margin) on "a is at most `threshold`" (e.g. a slowdown: speedup at most 1x): the
+    interval decides, as in `at_least`."""
+    if a.missing:
+        return UNTESTABLE, "no run of ours"
+    lo, hi = a.bounds()
+    margin = f"{a.text()} vs {what or f'{threshold:.3g}'}, margin {a.value - threshold:+.3g}"
+    if hi <= threshold:
+        return HOLDS, margin
+    if lo > threshold:
+        return DIFFERS, margin
+    return NOISE, margin + " (interval spans it)"

@@ -84,3 +84,26 @@ def test_the_ledger_holds_at_least_30_claims_with_the_issues_contradictions():
                  "temperature", "full attention"):  # fmt: skip
         assert text in said, text
     assert all(c.untestable for c in CLAIMS if c.compare == "none")
+
+
+def test_a_slowdown_claim_holds_when_the_speedup_interval_lies_at_or_below_one():
+    """ "at_most" (FAFO's TriForce claim: 0.21x): holds below the threshold, differs above it."""
+    slow = Claim(
+        "FAFO", "Table 1", "FAFO slows decoding", "speed", "at_most", "speedup", STREAM, threshold=1.0
+    )
+    assert ledger(runs(fafo_wall=20.0, fafo_tau=1.7), [slow])["verdict"].iloc[0] == "holds"
+    assert ledger(runs(fafo_wall=2.0, fafo_tau=1.7), [slow])["verdict"].iloc[0] == "differs"
+
+
+def test_fafo_sampling_swift_and_triforce_claims_are_testable():
+    """FAFO's TriForce, SWIFT and sampling claims read runs (experiments fafo_triforce, fafo_swift,
+    fafo_table4) instead of standing as not testable."""
+    by = {c.statement: c for c in CLAIMS}
+    for text in ("(TriForce) slows chat", "SWIFT (layer", "when sampling", "AIME24 reasoning"):
+        (claim,) = [c for s, c in by.items() if text in s and c.paper == "FAFO"]
+        assert claim.compare != "none", claim.statement
+    sampled = runs(fafo_wall=20.0, fafo_tau=1.7).assign(sampling='{"temperature": 0.6, "top_p": 0.9}')
+    sampled = sampled.assign(**{"decoder.k": 6, "decoder.n": 40})
+    (claim,) = [c for s, c in by.items() if "when sampling" in s]
+    row = ledger(sampled, [claim]).iloc[0]
+    assert row["verdict"] == "differs" and row["why"].startswith("cost curve")

@@ -266,3 +266,57 @@ def test_swift_runs_fill_the_swift_rows_of_tables_1_and_2(samples):
     t2 = fp.table2(both, tasks=("mtbench", "gsm8k"))
     assert cell(t2, "ours_speedup", method="SWIFT", task="GSM8K") == pytest.approx(0.5)
     assert cell(t2, "paper_tau", method="SWIFT", task="GSM8K") == 2.43
+
+
+def test_a_run_pairs_with_its_own_experiments_vanilla_run():
+    """Two experiments that each ran their own vanilla run in one environment (experiment=fafo_swift
+    beside fafo_baselines): each method's speedup is over its own experiment's vanilla run, timed
+    beside it, instead of a refusal for two vanilla runs."""
+    r = []
+    for exp, decoder, kv, wall, tau in (
+        ("fafo_baselines", "vanilla", "full", 4.0, 1.0),
+        ("fafo_baselines", "lookahead", "full", 2.0, 1.6),
+        ("fafo_swift", "vanilla", "full", 10.0, 1.0),
+        ("fafo_swift", "swift", "full", 5.0, 1.7),
+    ):
+        r += [{**x, "experiment": exp, "run_id": f"{exp}-{decoder}"} for x in rows(decoder, kv, wall, tau)]
+    t1 = fp.table1(pd.DataFrame(r), fixed={})
+    assert cell(t1, "ours_speedup", method="SWIFT") == pytest.approx(10.0 / 5.0)
+    assert cell(t1, "ours_speedup", method="Lookahead") == pytest.approx(4.0 / 2.0)
+
+
+SAMPLED = '{"temperature": 0.6, "top_p": 0.9, "top_k": 0}'
+
+
+def test_sampled_runs_fill_table4_alone(samples):
+    """Runs sampled at temperature 0.6 (experiment=fafo_table4) fill Table 4 beside the paper's sampled
+    numbers and no greedy table; greedy runs fill no cell of Table 4."""
+    greedy = samples.assign(sampling='{"temperature": 0.0, "top_p": 1.0, "top_k": 0}')
+    assert fp.table4(greedy)["ours_speedup"].isna().all()
+    r = []
+    for decoder, kv, wall, tau in (("vanilla", "full", 6.0, 1.0), ("fafo", "streaming", 3.0, 2.2)):
+        r += rows(decoder, kv, wall, tau, "gsm8k", sampling=SAMPLED, **{"decoder.k": 6, "decoder.n": 40})
+    sampled = pd.DataFrame(r)
+    t4 = fp.table4(sampled)
+    assert cell(t4, "ours_speedup", method="FAFO-Stream", task="GSM8K") == pytest.approx(2.0)
+    assert cell(t4, "paper_speedup", method="FAFO-Stream", task="GSM8K") == pytest.approx(1.95)
+    assert cell(t4, "paper_tau", method="Lookahead", task="MT-Bench") == pytest.approx(2.01)
+    assert "temperature" in t4.attrs["caption"]
+    assert fp.table2(sampled)["ours_speedup"].isna().all()
+
+
+def test_aime24_and_multi_if_runs_fill_tables_5_and_6():
+    """experiment=fafo_table5 (AIME24) and fafo_table6 (Multi-IF): each task's runs fill its own table
+    beside the paper's numbers, paired with that task's vanilla run."""
+    r = []
+    for task, wall in (("aime24", 6.0), ("multi_if", 8.0)):
+        r += rows("vanilla", "full", wall, 1.0, task)
+        r += rows("fafo", "quest", wall / 2, 2.1, task, **{"decoder.k": 6, "decoder.n": 40})
+        r += rows("lookahead", "full", wall / 4, 1.5, task, **{"decoder.G": 7})
+    df = pd.DataFrame(r)
+    t5, t6 = fp.table5(df), fp.table6(df)
+    assert cell(t5, "ours_speedup", method="FAFO-Quest", task="AIME24") == pytest.approx(2.0)
+    assert cell(t5, "paper_speedup", method="FAFO-Quest", task="AIME24") == pytest.approx(1.46)
+    assert cell(t6, "ours_speedup", method="Lookahead", task="Multi-IF") == pytest.approx(4.0)
+    assert cell(t6, "paper_tau", method="FAFO-Stream", task="Multi-IF") == pytest.approx(2.84)
+    assert "AIME24" not in set(t6["task"])
