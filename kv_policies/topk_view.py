@@ -19,7 +19,7 @@ from kv_policies.view import InForwardSelector, InForwardView
 
 
 class TopKView(InForwardView):
-    selects_with_tail = True  # core.decode_graph may take it with a draft tail: the selector stages it
+    selector_takes_tail = True  # core.decode_graph may take it with a draft tail: the selector stages it
 
     @property
     def selector_key(self) -> tuple:

@@ -26,11 +26,11 @@ queries to `policy.observe` (H2O accumulates attention even while the budget sti
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from core.attention import CausalView, MaskView, sdpa
+from core.attention import CausalView, MaskView, ViewKind, sdpa
 from core.types import DeviceReads
 
 
@@ -78,6 +78,8 @@ def causal_block(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tens
 
 
 class RestrictedView:
+    kind: ClassVar[ViewKind] = ViewKind.REGULAR  # the policy's `visible` runs inside the regular forward
+
     def __init__(
         self,
         policy: Any,
@@ -136,7 +138,10 @@ class InForwardView(RestrictedView):
     (Quest, Top-K): a subclass names its `selector_key` and builds its `selector` (an
     `InForwardSelector`); the entries the selector chose come back through `take_reads`."""
 
-    selects_in_forward = True
+    kind: ClassVar[ViewKind] = ViewKind.SELECTED_IN_FORWARD
+    # whether the selector stages a self-drafting decoder's fresh tail (`tail_from`), so that
+    # `core.decode_graph` may take such a block too
+    selector_takes_tail: ClassVar[bool] = False
 
     def take_reads(self, reads: torch.Tensor, cache_len: int) -> None:
         """Every layer's chosen entries per KV head (`[n_layers]`, on the device) from the fixed-shape
@@ -255,6 +260,8 @@ class HoleView(SelectionView):
     and the block when they change and builds the whole cache, the block and the hole into its own
     visibility inside the graph, so a restricted block costs the step no mask of its own."""
 
+    kind: ClassVar[ViewKind] = ViewKind.HOLE
+
     def __init__(
         self,
         block_mask: torch.Tensor,
@@ -322,7 +329,7 @@ class LayerSelectionView:
     otherwise). The policy's activity is noted for the whole forward when the view is built, read when
     the generation is summarised."""
 
-    layer_selection = True  # core.decode_graph stages `chosen` and `restricted` for the fixed-shape path
+    kind: ClassVar[ViewKind] = ViewKind.LAYER_SELECTION  # core.decode_graph stages `chosen`, `restricted`
     # set for a compressed-region backend on an engine with fixed-shape forwards, every row restricted:
     # the policy's bound on what it selects (`max_selected`), so that the fixed-shape forward reads
     # only the selected entries, by gather; `whole_layers`: the layers that keep every entry
@@ -428,7 +435,8 @@ class LayerSelectionView:
 class ObservedCausalView(CausalView):
     """`CausalView` that first shows every layer's queries to `policy.observe` (all rows restricted)."""
 
-    observes_queries = True  # core.decode_graph keeps every layer's queries, hands them to `observe_layers`
+    # core.decode_graph keeps every layer's queries and hands them to `observe_layers`
+    kind: ClassVar[ViewKind] = ViewKind.CAUSAL_SHOWN_TO_POLICY
 
     def __init__(self, scale: float, policy: Any) -> None:
         super().__init__(scale)

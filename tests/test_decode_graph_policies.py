@@ -289,7 +289,8 @@ def test_staged_selections_and_restricted_rows_are_those_of_the_step_staged_last
     masks = [torch.tensor([True, False, True, True]), torch.tensor([False, True])]
 
     def view(sel_len: int, mask: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=mask)
+        chosen = torch.rand(layers, hkv, sel_len, generator=gen) < 0.5
+        return SimpleNamespace(chosen=chosen, restricted=mask, prefix_of=None)
 
     def staged(fwd: StaticForward, v: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
         fwd._stage_selection(v, v.restricted.numel(), 20, capacity)
@@ -327,9 +328,8 @@ def test_a_stack_prefix_is_copied_again_only_when_a_length_falls_inside_its_mask
 
     def view(source: torch.Tensor | None, sel_len: int) -> SimpleNamespace:
         if source is None:
-            return SimpleNamespace(
-                chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=restricted
-            )
+            chosen = torch.rand(layers, hkv, sel_len, generator=gen) < 0.5
+            return SimpleNamespace(chosen=chosen, restricted=restricted, prefix_of=None)
         return SimpleNamespace(
             chosen=source[:, :, :sel_len], restricted=restricted, prefix_of=(source, width)
         )
