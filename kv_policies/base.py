@@ -413,7 +413,7 @@ class KVPolicy:
         rows: slice | None,
     ) -> Any:
         """A `RestrictedView` whose choice can also be made inside a fixed-shape forward (a policy that
-        chooses from the forward's own queries, such as Quest: `kv_policies.quest_view`); None: the
+        chooses from the forward's own queries, such as Quest: its `Selector`); None: the
         plain `RestrictedView`, which takes the regular forward."""
         return None
 

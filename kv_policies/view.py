@@ -135,13 +135,24 @@ class RestrictedView:
 class InForwardView(RestrictedView):
     """`RestrictedView` (the regular forward is unchanged) whose choice can also be made inside a
     fixed-shape forward (`core.decode_graph`), for a policy that chooses from the forward's own queries
-    (Quest, Top-K): a subclass names its `selector_key` and builds its `selector` (an
-    `InForwardSelector`); the entries the selector chose come back through `take_reads`."""
+    (Quest, Top-K): the policy names its `selector_key()` and its `Selector` (an `InForwardSelector`
+    that calls the same rule as the policy's `select`, over buffers of the allocation's capacity); the
+    entries the selector chose come back through `take_reads`."""
 
     kind: ClassVar[ViewKind] = ViewKind.SELECTED_IN_FORWARD
-    # whether the selector stages a self-drafting decoder's fresh tail (`tail_from`), so that
-    # `core.decode_graph` may take such a block too
-    selector_takes_tail: ClassVar[bool] = False
+
+    @property
+    def selector_takes_tail(self) -> bool:
+        """Whether the selector stages a self-drafting decoder's fresh tail (`tail_from`), so that
+        `core.decode_graph` may take such a block too."""
+        return self.policy.Selector.takes_tail
+
+    @property
+    def selector_key(self) -> tuple:
+        return self.policy.selector_key()
+
+    def selector(self, static: Any) -> InForwardSelector:
+        return self.policy.Selector(static, self.policy)
 
     def take_reads(self, reads: torch.Tensor, cache_len: int) -> None:
         """Every layer's chosen entries per KV head (`[n_layers]`, on the device) from the fixed-shape
@@ -158,6 +169,8 @@ class InForwardSelector:
     every policy with its view's `selector_key` on one engine (a fixed-shape forward, and its graph, is
     kept per key): what a step needs of a policy's state it stages from `view.policy`, never from the
     policy it was made for."""
+
+    takes_tail: ClassVar[bool] = False  # whether `stage` handles a draft's fresh tail (`tail_from`)
 
     def __init__(self, static: Any, policy: Any) -> None:
         eng = static.engine

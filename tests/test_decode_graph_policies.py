@@ -27,8 +27,8 @@ FIXED_POLICIES = {  # at budgets below the 60-token prompt
 def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
     """A restricted block is one staged visibility when the policy chooses before the forward
     (`SelectionView`, `LayerSelectionView`), or chooses inside the fixed-shape forward from its queries
-    (Quest, `QuestView`; Top-K, `TopKView`): vanilla + the policy and FAFO with it take the fixed-shape
-    forward on every decode step and give the tokens, KV reads and policy activity of the regular
+    (Quest, `QuestSelector`; Top-K, `TopKSelector`): vanilla + the policy and FAFO with it take the
+    fixed-shape forward on every decode step and give the tokens, KV reads and policy activity of the regular
     `RestrictedView`."""
     from core.types import Counts
     from decoders.fafo.decoder import FAFO

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from kv_policies.quest import Quest, page_minmax
+from kv_policies.quest import Quest
+from tests.helpers import page_minmax
 from tests.test_kv_policies import FakeEngine
 
 
