@@ -11,7 +11,7 @@ import torch
 from core.attention import BlockView, CausalView
 from core.engine import Engine
 from kv_policies.base import KVPolicy
-from tests.test_decode_graph import _static
+from tests.helpers import _static
 
 FIXED_POLICIES = {  # at budgets below the 60-token prompt
     "streaming": {"budget": 20, "sinks": 4},  # one selection for every layer and head

@@ -15,7 +15,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.sfi import SFI
 from kv_policies.sfi_selector import PAPER, sfi_select
 from tests.conftest import prefill_under
-from tests.test_lossless_lookahead import varied_prompts
+from tests.helpers import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 40
