@@ -26,12 +26,26 @@ queries to `policy.observe` (H2O accumulates attention even while the budget sti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from core.attention import CausalView, MaskView, ViewKind, sdpa
 from core.types import DeviceReads
+
+
+@dataclass
+class ViewMemo:
+    """What a policy's views remember between steps (`KVPolicy.view_memo`): typed fields, not entries
+    a view writes into the policy itself. `kept_of`: (a selection stack, what it keeps per layer and KV
+    head, plus) when the policy knows it (`LayerSelectionView.build` then counts no more); `prefix_of`:
+    (a selection, the stack it is a prefix of, the stack's mask width) (`LayerSelectionView.prefix_of`);
+    `draft_mask`: (a selection, the one-row draft buffer written for it) (`_one_row_draft_mask`)."""
+
+    kept_of: tuple[torch.Tensor, Any, int] | None = None
+    prefix_of: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    draft_mask: tuple[Any, torch.Tensor] | None = None
 
 
 def selectable_length(cache_len: int, tail_from: int | None) -> int:
@@ -318,7 +332,8 @@ def _one_row_draft_mask(
     tensor, or the `(lo, hi)` hole of every slot but `[lo, hi)`), then the draft's fresh tail and the row
     itself. The rows of one draft share the selection and differ only in how much tail they see, so each
     is a prefix of one buffer written once per draft (no operator a row)."""
-    last = policy.__dict__.get("_draft_mask")  # (selection, buffer): `selection` covers `[0, sel_len)`
+    memo = policy.view_memo
+    last = memo.draft_mask  # (selection, buffer): `selection` covers `[0, sel_len)`
     if last is None or not _same_selection(last[0], selection) or last[1].shape[1] <= cache_len:
         width = max(cache_len + 1, engine.cache.capacity)
         buffer = torch.ones(1, width, dtype=torch.bool, device=engine.device)
@@ -326,7 +341,7 @@ def _one_row_draft_mask(
             buffer[0, selection[0] : selection[1]] = False
         else:
             buffer[0, :sel_len] = selection
-        last = policy.__dict__["_draft_mask"] = (selection, buffer)
+        last = memo.draft_mask = (selection, buffer)
     return last[1][:, : cache_len + 1]
 
 
@@ -403,12 +418,12 @@ class LayerSelectionView:
         chosen = policy.layer_selections(sel_len)  # [n_layers, n_kv_heads, sel_len]
         # (stack, per layer, plus): what `chosen` keeps per layer and KV head, as `RestrictedView` counts
         # it, is `per layer + plus`; a policy may serve one stack to a draft's rounds, or know its counts
-        memo = policy.__dict__.get("_kept_of")
-        if memo is not None and memo[0] is chosen:
-            kept, plus = memo[1], memo[2]
+        memo = policy.view_memo
+        if memo.kept_of is not None and memo.kept_of[0] is chosen:
+            kept, plus = memo.kept_of[1], memo.kept_of[2]
         else:
             kept, plus = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads, 0
-            policy.__dict__["_kept_of"] = (chosen, kept, plus)
+            memo.kept_of = (chosen, kept, plus)
         policy.activity.note_forward(kept, sel_len, plus)
         if restricted.device != engine.device:
             restricted = restricted.to(engine.device)
@@ -418,7 +433,7 @@ class LayerSelectionView:
             rows = restricted.nonzero().squeeze(1)
         read = DeviceReads(kept, plus + cache_len - sel_len)  # the tail: read by every row
         view = cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
-        prefix = policy.__dict__.get("_prefix_of")
+        prefix = memo.prefix_of
         if prefix is not None and prefix[0] is chosen:
             view.prefix_of = (prefix[1], prefix[2])
         return view
