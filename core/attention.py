@@ -14,12 +14,45 @@ cost, recorded per forward).
   fumble layouts). Dense SDPA with a mask: the reference every sparse path is tested against.
 Sparse views (FlexAttention block masks, KV-policy restricted views) live next to their users and
 follow the same two-method shape.
+
+Every view says what it is with one `kind` (`ViewKind`), the one thing the engine dispatches on
+(`core.decode_graph.fits` and `StaticForwards.forward_for`): which fixed-shape forward can replay it,
+or none.
 """
 
 from __future__ import annotations
 
+import enum
+from typing import ClassVar, Protocol
+
 import torch
 import torch.nn.functional as F
+
+
+class ViewKind(enum.Enum):
+    """What a view lets a forward see, as far as the engine needs to know to choose the forward."""
+
+    REGULAR = "regular"  # the regular forward only (per-head masks, hybrid trees, a region's layout)
+    CAUSAL = "causal"  # the whole cache, causal inside the block (`CausalView`)
+    CAUSAL_SHOWN_TO_POLICY = "causal_shown"  # `CAUSAL` whose every layer's queries a policy is shown
+    WHOLE_CACHE_BLOCK = "whole_cache_block"  # the whole cache, `block_mask [n, n]` inside the block
+    MASK = "mask"  # one visibility `mask [n, L + n]` for every layer and head
+    HOLE = "hole"  # the whole cache but `cache_hole` for the restricted rows (`HoleView`)
+    LAYER_SELECTION = "layer_selection"  # a per-layer selection chosen before the forward
+    SELECTED_IN_FORWARD = "selected_in_forward"  # each layer's selection made from its own queries
+    # a compressed region's layout (the regular forward); with graphs on the same step reads the same
+    # set by gather with one shape, so it counts as a fixed-shape step
+    REGION_GATHERABLE = "region_gatherable"
+
+
+class View(Protocol):
+    """What every attention view offers the engine."""
+
+    kind: ViewKind
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+    def kv_read(self, cache_len: int) -> object: ...
 
 
 def sdpa(
@@ -174,6 +207,8 @@ def one_row_two_slices(
 class CausalView:
     """Whole cache visible; causal inside the block."""
 
+    kind: ClassVar[ViewKind] = ViewKind.CAUSAL
+
     def __init__(self, scale: float) -> None:
         self.scale = scale
         self._mask: torch.Tensor | None = None
@@ -208,7 +243,7 @@ class BlockView:
     """The whole cache visible to every row; `block_mask [n, n]` (True = visible) inside the block. Dense
     SDPA with the mask `[cache: all | block_mask]`, exactly as `MaskView` over that mask."""
 
-    whole_cache_block = True  # a view with this attribute true is replayed by `core.decode_graph` as this one
+    kind: ClassVar[ViewKind] = ViewKind.WHOLE_CACHE_BLOCK
 
     def __init__(self, block_mask: torch.Tensor, scale: float) -> None:
         self.block_mask = block_mask
@@ -228,6 +263,8 @@ class BlockView:
 
 class MaskView:
     """Dense SDPA with an explicit visibility mask (True = may attend)."""
+
+    kind: ClassVar[ViewKind] = ViewKind.MASK
 
     def __init__(self, mask: torch.Tensor, scale: float) -> None:
         self.mask = mask if mask.dim() == 2 else mask.unsqueeze(0)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from core.attention import one_row_attention, sdpa
+from core.attention import ViewKind, one_row_attention, sdpa
 from core.sparse_attention import (
     KV_BLOCK,
     RegionBlockMask,
@@ -307,7 +307,7 @@ class RegionView:
         self._read: list[int] = []
         self._mask: RegionBlockMask | None = None
         # with graphs on, the step reads the selection by gather instead and keeps one shape
-        self.gathered_with_graphs = region.policy.gathers(rows)
+        self.kind = ViewKind.REGION_GATHERABLE if region.policy.gathers(rows) else ViewKind.REGULAR
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         reg, policy = self.region, self.region.policy

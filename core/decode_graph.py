@@ -10,19 +10,18 @@ through a boolean visibility of every slot.
 A block of n rows runs padded to the next power of two (one graph per padded size and cache
 allocation; `KVCache.reset` reallocates only to grow). Pad rows repeat the last position, see the
 cache and their own slot, are never committed, and their logits are dropped.
-`Engine(cuda_graphs=True)` sends here every decode step under a plain `CausalView`, a `BlockView`,
-a two-dimensional `MaskView` (a KV policy's one selection for every layer among them;
-StreamingLLM's window as a `cache_hole` in the whole cache, built into the forward's own visibility
-without a mask), a per-layer selection (a view with
-`layer_selection`: `selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
-inside the block, `observe_layers(queries)`) or a causal view whose policy watches the queries
-(`observes_queries`, `observe_layers(queries)`), with no hooks, whose padded block fits the cache:
-vanilla's steps, every verification over the full cache (PLD's chains, Lookahead's and FAFO's
-blocks, LongSpec's tree under its masked backend: a view with `whole_cache_block`), the blocks
-restricted by a policy that chooses before the forward (StreamingLLM, SnapKV, H2O, retrieval,
-kvpress presses, SFI's fast steps), SFI's slow steps, and Quest's and Top-K's blocks, whose choice
-runs inside the forward (a view that `selects_in_forward`: the `selector` below; Top-K's with a
-self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
+`Engine(cuda_graphs=True)` sends here every decode step whose view's `kind` (`core.attention.ViewKind`)
+has a fixed-shape forward, with no hooks, whose padded block fits the cache: `CAUSAL` (vanilla's
+steps), `CAUSAL_SHOWN_TO_POLICY` (a causal view whose policy is shown the queries:
+`observe_layers(queries)`), `WHOLE_CACHE_BLOCK` (every verification over the full cache: PLD's
+chains, Lookahead's and FAFO's blocks, LongSpec's tree under its masked backend), `MASK` (one
+visibility for every layer, a KV policy's one selection among them), `HOLE` (StreamingLLM's window
+as a `cache_hole` in the whole cache, built into the forward's own visibility without a mask),
+`LAYER_SELECTION` (`selection [n_layers, n_kv_heads, L]` for its `restricted` rows, `block_mask`
+inside the block, `observe_layers(queries)`: the blocks restricted by a policy that chooses before
+the forward: SnapKV, H2O, retrieval, kvpress presses, SFI's fast steps) and `SELECTED_IN_FORWARD`
+(Quest's and Top-K's blocks, whose choice runs inside the forward: the `selector` below; Top-K's
+with a self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
 (`Engine.use_graphs`), LongSpec's draft too (`decoders/longspec/static_draft.py`). A per-layer
 selection view with a `gather_budget` (a compressed-region backend's all-restricted block, built by
 `KVPolicy.gathered_view` instead of moving entries) reads each layer's selected slots by gather from a
@@ -43,7 +42,7 @@ from typing import Any
 
 import torch
 
-from core.attention import CausalView, MaskView, sdpa
+from core.attention import View, ViewKind, sdpa
 from core.positions import StagedPositions, flat_on, same_key, version_of
 
 
@@ -57,25 +56,24 @@ def has_room(cache, n: int) -> bool:
     return cache.length + padded_rows(n) <= cache.capacity
 
 
-def fits(cache, n: int, view) -> bool:
+def fits(cache, n: int, view: View) -> bool:
     """Whether a step of `n` rows under `view` can run as a fixed-shape forward over `cache` (hooks
     aside: the engine decides those)."""
     if not has_room(cache, n):
         return False
-    if getattr(view, "cache_hole", None) is not None:  # the whole cache but a hole (`HoleView`)
-        return tuple(view.block_mask.shape) == (n, n) and view.cache_len == cache.length
-    if isinstance(view, MaskView):  # one visibility for every head, over exactly [cache | block]
+    kind = view.kind
+    if kind in (ViewKind.CAUSAL, ViewKind.CAUSAL_SHOWN_TO_POLICY):
+        return True
+    if kind is ViewKind.MASK:  # one visibility for every head, over exactly [cache | block]
         return tuple(view.mask.shape) == (n, cache.length + n)
-    if getattr(view, "whole_cache_block", False):  # BlockView, LongSpec's tree (masked backend)
+    if kind is ViewKind.WHOLE_CACHE_BLOCK:  # BlockView, LongSpec's tree (masked backend)
         return tuple(view.block_mask.shape) == (n, n)
-    if getattr(view, "layer_selection", False):
+    if kind in (ViewKind.HOLE, ViewKind.LAYER_SELECTION):
         return tuple(view.block_mask.shape) == (n, n) and view.cache_len == cache.length
-    if getattr(view, "selects_in_forward", False):  # a draft tail only where the selector stages it
-        tail_ok = view.tail_from is None or getattr(view, "selects_with_tail", False)
+    if kind is ViewKind.SELECTED_IN_FORWARD:  # a draft tail only where the selector stages it
+        tail_ok = view.tail_from is None or view.selector_takes_tail
         return tuple(view.block_mask.shape) == (n, n) and tail_ok
-    return isinstance(view, CausalView) and (
-        type(view) is CausalView or getattr(view, "observes_queries", False)
-    )
+    return False  # REGULAR, REGION_GATHERABLE
 
 
 class Replay:
@@ -191,8 +189,9 @@ class StaticForwards:
     def forward_for(self, rows: int, view) -> StaticForward:
         """The fixed-shape forward of `rows` padded rows that serves `view` (made on first use): one per
         kind of visibility, since each builds its own inside the graph."""
-        holed = getattr(view, "cache_hole", None) is not None  # a `HoleView`: the cache but a hole
-        if getattr(view, "selects_in_forward", False):
+        kind = view.kind
+        holed = kind is ViewKind.HOLE  # the cache but a hole
+        if kind is ViewKind.SELECTED_IN_FORWARD:
             key = (rows, view.selector_key, holed)
             fwd = self.by_rows_in_forward.get(key)
             if fwd is None:
@@ -201,7 +200,7 @@ class StaticForwards:
             if fwd.selector is None or fwd.selector.capacity != self.engine.cache.capacity:
                 fwd.selector = view.selector(fwd)  # buffers sized by the allocation (a new one recaptures)
             return fwd
-        if getattr(view, "layer_selection", False):
+        if kind is ViewKind.LAYER_SELECTION:
             key = (rows, *self.gathered(view, rows), holed)
             fwd = self.by_rows_selected.get(key)
             if fwd is None:
@@ -217,8 +216,8 @@ class StaticForwards:
                 )
                 self.by_rows_selected[key] = fwd
             return fwd
-        observed = getattr(view, "observes_queries", False)
-        masked = isinstance(view, MaskView) and not holed
+        observed = kind is ViewKind.CAUSAL_SHOWN_TO_POLICY
+        masked = kind is ViewKind.MASK
         if observed:
             forwards = self.by_rows_observed
         elif masked:
@@ -241,7 +240,7 @@ class StaticForwards:
         """A per-layer selection view with a `gather_budget` (every row restricted): the slots each KV
         head's rows read, a fixed count (the policy's bound on what it selects, plus the draft's tail
         and the block padded to a power of two), and the layers it reads whole. (None, {}) otherwise."""
-        budget = getattr(view, "gather_budget", None)
+        budget = view.gather_budget
         if budget is None:
             return None, frozenset()
         tail = view.cache_len - view.sel_len
@@ -370,7 +369,7 @@ class StaticForward:
         """The block's visibility `[rows, rows]`: the view's `block_mask` (a causal view's is the lower
         triangle), the pad rows their own slot. Staged again only for another mask, a mask written in
         place since (its version), or another row count."""
-        causal = isinstance(view, CausalView)
+        causal = view.kind in (ViewKind.CAUSAL, ViewKind.CAUSAL_SHOWN_TO_POLICY)
         source = None if causal else view.block_mask
         key = (n,) if causal else (n, source, version_of(source))
         if self.staged_block is not None and same_key(self.staged_block, key):
@@ -423,7 +422,7 @@ class StaticForward:
         if self.selection.shape != (layers, hkv, capacity):
             self.selection = torch.ones(layers, hkv, capacity, dtype=torch.bool, device=self.engine.device)
             self.selected_to, self.staged_stack = 0, None
-        prefix, staged = getattr(view, "prefix_of", None), self.staged_stack
+        prefix, staged = view.prefix_of, self.staged_stack
         # the same stack, both lengths past its masks: what lies between them is True in both already
         same = prefix is not None and staged is not None and prefix[0] is staged[0]
         if not (same and min(sel_len, self.selected_to) >= prefix[1]):

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from core.attention import CausalView
+from core.attention import CausalView, ViewKind
 from core.decode_graph import fits, has_room
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
@@ -163,7 +163,7 @@ class Engine:
             self.fixed_shape_steps += 1
             if self.graphs is not None:
                 return self.graphs(tokens, position_ids, view, logits_rows, argmax, with_logits)
-        elif replay and not hooks and getattr(view, "gathered_with_graphs", False):
+        elif replay and not hooks and view.kind is ViewKind.REGION_GATHERABLE:
             # a compressed region's step that, with graphs on, reads its selection by gather instead
             # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
             self.fixed_shape_steps += has_room(self.cache, tokens.numel())

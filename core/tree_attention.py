@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from core.attention import few_rows_applies, few_rows_attention, one_row_attention, sdpa
+from core.attention import ViewKind, few_rows_applies, few_rows_attention, one_row_attention, sdpa
 
 BACKENDS = ("hybrid", "masked")
 
@@ -80,10 +80,10 @@ class HybridTreeView:
         self.scale = scale
 
     @property
-    def whole_cache_block(self) -> bool:
+    def kind(self) -> ViewKind:
         """The masked backend is `BlockView`'s attention (whole cache, `block_mask` inside the block), so
         `run.cuda_graphs` can replay it; the hybrid split stays on the regular forward."""
-        return self.backend == "masked"
+        return ViewKind.WHOLE_CACHE_BLOCK if self.backend == "masked" else ViewKind.REGULAR
 
     @property
     def block_mask(self) -> torch.Tensor:

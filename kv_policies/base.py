@@ -61,6 +61,7 @@ from kv_policies.view import (
     ObservedCausalView,
     RestrictedView,
     SelectionView,
+    ViewMemo,
     causal_block,
     stack_masks,
 )
@@ -123,6 +124,14 @@ class KVPolicy:
     engine: Any = None
     region: Any = None  # the CompressedRegion currently laying out this policy's selection, if any
     _noted_large: bool = False
+    # made on first use (a subclass's constructor need not call this one's): the activity counters, the
+    # views' memo, and `stacked_keep`'s stack (its layers, its last prefix, what its layers keep)
+    _activity: SelectionActivity | None = None
+    _view_memo: ViewMemo | None = None
+    _stack: torch.Tensor | None = None
+    _stack_layers: int | None = None
+    _stacked: tuple[int, torch.Tensor] | None = None
+    _kept_beyond: tuple[int, torch.Tensor] | None = None
 
     @property
     def may_fix_selection(self) -> bool:
@@ -174,10 +183,16 @@ class KVPolicy:
 
     @property
     def activity(self) -> SelectionActivity:
-        act = self.__dict__.get("_activity")
-        if act is None:
-            act = self.__dict__["_activity"] = SelectionActivity()
-        return act
+        if self._activity is None:
+            self._activity = SelectionActivity()
+        return self._activity
+
+    @property
+    def view_memo(self) -> ViewMemo:
+        """What this policy's views remember between steps (`kv_policies.view.ViewMemo`)."""
+        if self._view_memo is None:
+            self._view_memo = ViewMemo()
+        return self._view_memo
 
     def activity_summary(self, forwards: int) -> Activity:
         """How much this generation's `forwards` decode forwards were restricted."""
@@ -254,35 +269,34 @@ class KVPolicy:
         visible). The masks are stacked once per generation over the whole allocation, so that a step's
         selection is the stack's first `cache_len` slots (a view; a compressed region's map: a gather)."""
         cache = self.engine.cache
-        stacked = self.__dict__.get("_stack_layers") == len(keep)  # `reset` drops the last generation's
-        last = self.__dict__.get("_stacked")
+        stacked = self._stack_layers == len(keep)  # `reset` drops the last generation's
+        last = self._stacked
         if stacked and last is not None and last[0] == cache_len and self.region is None:
             return last[1]  # a draft's rounds select over the same entries, which committing never moves
-        stack = self.__dict__.get("_stack")
+        stack = self._stack
         if not stacked or stack is None or stack.shape[2] < cache_len:
             shape = (cache.n_layers, cache.n_kv_heads, max(cache_len, cache.capacity))
-            stack = self.__dict__["_stack"] = stack_masks(keep, shape, cache.device)
-            self.__dict__["_stack_layers"] = len(keep)
+            stack = self._stack = stack_masks(keep, shape, cache.device)
+            self._stack_layers = len(keep)
             # what each layer keeps of its first `width` positions per KV head, less `width`: past the
             # masks every entry is kept, so of `cache_len >= width` positions it keeps this + cache_len
             width = max((m.shape[1] for m in keep.values()), default=0)
             beyond = stack[:, :, :width].sum(dim=(1, 2)) // cache.n_kv_heads - width
-            self.__dict__["_kept_beyond"] = (width, beyond)
+            self._kept_beyond = (width, beyond)
         logical = stack.narrow(2, 0, cache_len)  # one call, not tuple indexing
         physical = self.physical_stack(logical)
-        self.__dict__["_stacked"] = (cache_len, physical)  # committed slots keep their entries
-        width, beyond = self.__dict__["_kept_beyond"]
+        self._stacked = (cache_len, physical)  # committed slots keep their entries
+        width, beyond = self._kept_beyond
         if cache_len >= width and self.region is None:  # slots 0..cache_len-1 hold positions 0..cache_len-1
-            self.__dict__["_kept_of"] = (physical, beyond, cache_len)  # `LayerSelectionView` counts no more
+            self.view_memo.kept_of = (physical, beyond, cache_len)  # `LayerSelectionView` counts no more
         if physical is logical:  # the stack's own prefix (`LayerSelectionView.prefix_of`)
-            self.__dict__["_prefix_of"] = (physical, stack, width)
+            self.view_memo.prefix_of = (physical, stack, width)
         return physical
 
     def forget_stack(self) -> None:
         """Drop `stacked_keep`'s stack: the keep masks changed (a new generation, a rebuild)."""
-        self.__dict__.pop("_stack_layers", None)
-        self.__dict__.pop("_stacked", None)
-        self.__dict__.pop("_prefix_of", None)
+        self._stack_layers = self._stacked = None
+        self.view_memo.prefix_of = None
 
     def physical_stack(self, logical: torch.Tensor) -> torch.Tensor:
         """Every layer's selection `[n_layers, n_kv_heads, L]` over logical positions, mapped onto
@@ -413,7 +427,7 @@ class KVPolicy:
         rows: slice | None,
     ) -> Any:
         """A `RestrictedView` whose choice can also be made inside a fixed-shape forward (a policy that
-        chooses from the forward's own queries, such as Quest: `kv_policies.quest_view`); None: the
+        chooses from the forward's own queries, such as Quest: its `Selector`); None: the
         plain `RestrictedView`, which takes the regular forward."""
         return None
 

@@ -1,22 +1,22 @@
-"""Quest: query-aware page selection with per-page key min/max (Tang et al. 2024).
+"""Quest: query-aware page selection with per-page key min/max (Tang et al. 2024, arXiv 2406.10774).
 
 Keys are grouped into pages of `page_size` consecutive positions; each page keeps, per channel, the
 minimum and maximum key. For a query q the page's upper bound on q.k is
 `sum_d max(q_d * kmax_d, q_d * kmin_d)` (never below the true max over the page's keys, because each
 term bounds its channel's product); the top pages by bound are attended.
 
-As in the reference: the last page (the one the newest entry is in) is always attended and is part
-of the page budget; the first `dense_layers` layers (2 in the paper) see everything; a budget of
+As in the reference: the last page (the newest entry's) is always attended and is part of the page
+budget; the first `dense_layers` layers (2 in the paper) see everything; a budget of
 `budget // page_size` pages. GQA-aware (the reference repeats KV and picks per query head): one page
-choice per KV head, scored by the max over its query heads (and over the restricted rows) of their
-bounds, which is an upper bound on the max score any of them can reach in that page.
-Unlike the Quest reference implementation's `max(3, budget // page)` rule, a budget that covers the
-context keeps everything. `page_size` must divide the compressed-region block (128) so pages tile
-the region's blocks.
+choice per KV head, scored by the max over its query heads (and restricted rows) of their bounds, an
+upper bound on the max score any of them can reach in that page. Unlike the reference's
+`max(3, budget // page)` rule, a budget that covers the context keeps everything. `page_size` must
+divide the compressed-region block (128) so pages tile the region's blocks.
 
-The page metadata of every layer is kept in one tensor and extended incrementally as entries are
-committed (read from the cache the first time a layer is scored after they arrive; before a fixed-shape
-forward, every layer in one pass); a shorter cache (rollback) re-reads the cut page.
+The page extremes of every layer live in one tensor, extended as entries are committed (read the first
+time a layer is scored after they arrive; before a fixed-shape forward, every layer in one pass); a
+rollback re-reads the cut page. The choice is one function, `choose_pages`, that `Quest.select` (the
+regular forward) and `QuestSelector` (inside a fixed-shape forward) both call.
 """
 
 from __future__ import annotations
@@ -28,30 +28,88 @@ import torch
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
+from kv_policies.pages import PageExtremes, page_bounds
+from kv_policies.view import InForwardSelector, InForwardView
 
 REGION_BLOCK = 128
 
 
-def page_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
-    """Upper bounds `[..., rows, pages]` on q.k within each page, from q `[..., rows, d]` and page
-    key extremes `[..., pages, d]`: sum over channels of max(q_d kmax_d, q_d kmin_d)."""
-    q = q.float()
-    return q.clamp(min=0) @ kmax.float().transpose(-1, -2) + q.clamp(max=0) @ kmin.float().transpose(-1, -2)
+def choose_pages(
+    q: torch.Tensor,
+    kmin: torch.Tensor,
+    kmax: torch.Tensor,
+    n_pages: int,
+    last: int | torch.Tensor,
+    page_index: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Quest's rule: bool `[n_kv_heads, pages]`, the page `last` (the newest entry's, always kept) and
+    the `n_pages - 1` pages before it with the highest bound for queries `q [h, rows, d]` (the max over
+    each KV head's query heads and its rows, those `rows` flags if given) against the page extremes
+    `kmin`/`kmax [n_kv_heads, pages, d]`. Pages from `last` on (a partial page, free ones) never
+    compete. `last`: an int, or a one-element device tensor (staged for a fixed-shape forward);
+    `page_index`: `arange(pages)`."""
+    hkv = kmin.shape[0]
+    h, n, d = q.shape
+    g = h // hkv
+    bounds = page_bounds(q.reshape(hkv, g * n, d), kmin, kmax)  # query heads of KV head j: j*g .. j*g+g-1
+    if rows is not None:
+        bounds = torch.where(rows.repeat(g)[None, :, None], bounds, float("-inf"))
+    bounds = torch.where(page_index[None, :] < last, bounds.amax(1), float("-inf"))  # [hkv, pages]
+    chosen = torch.zeros(bounds.shape, dtype=torch.bool, device=bounds.device)
+    chosen.scatter_(1, bounds.topk(n_pages - 1, dim=1).indices, True)
+    return chosen | (page_index[None, :] == last)
 
 
-def page_minmax(k: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-page channel min and max `[..., pages, d]` of keys `[..., L, d]` (last page may be partial)."""
-    *lead, length, d = k.shape
-    pages = -(-length // page_size)
-    pad = pages * page_size - length
-    kp = torch.nn.functional.pad(k.float(), (0, 0, 0, pad), value=float("nan"))
-    kp = kp.reshape(*lead, pages, page_size, d)
-    return kp.nan_to_num(float("inf")).amin(-2), kp.nan_to_num(float("-inf")).amax(-2)
+class QuestSelector(InForwardSelector):
+    """Quest's page choice inside a fixed-shape forward of `static` (a `core.decode_graph.StaticForward`):
+    the page extremes of every layer in buffers of the cache's capacity, brought up to date before each
+    step (outside a CUDA graph), `choose_pages` over every page inside the forward."""
+
+    def __init__(self, static: Any, policy: Any) -> None:
+        super().__init__(static, policy)
+        cache = self.engine.cache
+        self.page, self.n_pages = policy.page_size, policy.n_pages
+        pages = -(-cache.capacity // self.page)
+        shape = (cache.n_layers, cache.n_kv_heads, pages, cache.head_dim)
+        dev = self.engine.device
+        self.kmin = torch.full(shape, float("inf"), device=dev)
+        self.kmax = torch.full(shape, float("-inf"), device=dev)
+        self.page_index = torch.arange(pages, device=dev)
+        self.last_page = torch.zeros(1, dtype=torch.long, device=dev)  # the page of the newest entry
+
+    def stage(self, view: Any, n: int, length: int) -> None:
+        """The page extremes of the `length` cached entries, every selected layer, and the last page."""
+        super().stage(view, n, length)
+        pol = view.policy  # this step's policy: a later one with the same settings shares the forward
+        pages, first = -(-length // self.page), self.dense
+        pol.sync_layers(first, length)
+        self.kmin[first:, :, :pages].copy_(pol._kmin[first:, :, :pages])
+        self.kmax[first:, :, :pages].copy_(pol._kmax[first:, :, :pages])
+        self.last_page.fill_(pages - 1)
+
+    def select(
+        self, layer: int, q: torch.Tensor, restricted: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """bool `[n_kv_heads, capacity]`: the slots layer `layer`'s restricted rows see (the cache's
+        chosen pages; every slot from `length` on, the block's, is left to the block's visibility)."""
+        if layer < self.dense:
+            return self.dense_layer(layer, slots)
+        hkv, beyond = self.kmin.shape[1], slots >= self.length  # the block and the free slots
+        chosen = choose_pages(
+            q, self.kmin[layer], self.kmax[layer], self.n_pages, self.last_page, self.page_index, restricted
+        )
+        logical = chosen.repeat_interleave(self.page, dim=1, output_size=chosen.shape[1] * self.page)
+        positions = self.engine.cache.slot_pos[: slots.numel()].clamp(0, logical.shape[1] - 1)
+        sel = logical.gather(1, positions.expand(hkv, -1)) & ~beyond
+        self.reads[layer].copy_(sel.sum() // hkv)
+        return sel | beyond
 
 
-class Quest(KVPolicy):
+class Quest(PageExtremes, KVPolicy):
     name = "quest"
     keeps_alike = True  # `keeps_all`: one answer for every layer past the dense ones
+    Selector = QuestSelector
 
     def __init__(
         self,
@@ -111,74 +169,6 @@ class Quest(KVPolicy):
     def max_selected(self, capacity: int) -> int:
         return min(self.n_pages * self.page_size, capacity)
 
-    # --- page metadata -------------------------------------------------------------------------
-    def _ensure(self, k_cache: torch.Tensor, pages: int, layers: int) -> None:
-        """Room for `pages` pages of the first `layers` layers' extremes at least (every layer of the
-        attached engine's cache; `k_cache`: one layer's keys, for the shape)."""
-        have = self._kmin
-        if have is not None and have.shape[2] >= pages and have.shape[0] >= layers:
-            return
-        hkv, _, d = k_cache.shape
-        n_layers = max(layers, self.engine.cache.n_layers if self.engine is not None else 0)
-        if have is not None:
-            n_layers, pages = max(n_layers, have.shape[0]), max(pages, 2 * have.shape[2])
-        shape = (n_layers, hkv, max(pages, 64), d)
-        kmin = torch.full(shape, float("inf"), device=k_cache.device)
-        kmax = torch.full(shape, float("-inf"), device=k_cache.device)
-        if have is not None:
-            kmin[: have.shape[0], :, : have.shape[2]] = have
-            kmax[: have.shape[0], :, : have.shape[2]] = self._kmax
-        self._kmin, self._kmax = kmin, kmax
-
-    @torch.inference_mode()
-    def sync(self, layer: int, k_cache: torch.Tensor, cache_len: int) -> None:
-        """Bring layer `layer`'s page extremes up to `cache_len` entries."""
-        self._ensure(k_cache, -(-cache_len // self.page_size), layer + 1)
-        seen = self._forget_cut(slice(layer, layer + 1), self._seen.get(layer, 0), cache_len)
-        if cache_len > seen:
-            pos = torch.arange(seen, cache_len, device=k_cache.device)
-            keys = self.gather_keys(layer, k_cache, pos).float()  # [hkv, m, d]
-            self._extend(self._kmin[layer], self._kmax[layer], keys, pos)
-        self._seen[layer] = cache_len
-
-    @torch.inference_mode()
-    def sync_layers(self, first: int, cache_len: int) -> None:
-        """`sync` of layers `first..` over the engine's cache, every layer in one pass when they have
-        read as many entries and share one slot map (no compressed region): the fixed-shape forward's
-        staging, before every step (one scatter per bound instead of one per layer)."""
-        cache = self.engine.cache
-        layers = range(first, cache.n_layers)
-        seen = {self._seen.get(li, 0) for li in layers}
-        if len(seen) != 1 or self.region is not None:
-            for li in layers:
-                self.sync(li, cache.k[li, :, :cache_len], cache_len)
-            return
-        self._ensure(cache.k[first], -(-cache_len // self.page_size), cache.n_layers)
-        done = self._forget_cut(slice(first, None), seen.pop(), cache_len)
-        if cache_len > done:
-            pos = torch.arange(done, cache_len, device=cache.k.device)
-            if self.in_order():
-                keys = cache.k[first:, :, done:cache_len]
-            else:  # one slot map for every layer and head
-                keys = cache.k[first:].index_select(2, self.physical(first, pos, 1)[0])
-            self._extend(self._kmin[first:], self._kmax[first:], keys.float(), pos)
-        self._seen.update(dict.fromkeys(layers, cache_len))
-
-    def _forget_cut(self, layers: slice, seen: int, cache_len: int) -> int:
-        """After a rollback below `seen`, forget the cut pages of `layers`; the entries still read."""
-        if cache_len >= seen:
-            return seen
-        first = cache_len // self.page_size  # the partial page is read again
-        self._kmin[layers, :, first:].fill_(float("inf"))
-        self._kmax[layers, :, first:].fill_(float("-inf"))
-        return first * self.page_size
-
-    def _extend(self, kmin: torch.Tensor, kmax: torch.Tensor, keys: torch.Tensor, pos: torch.Tensor) -> None:
-        """Fold `keys [..., m, d]` of positions `pos [m]` into their pages' extremes `[..., pages, d]`."""
-        idx = (pos // self.page_size).view(*[1] * (keys.dim() - 2), -1, 1).expand_as(keys)
-        kmin.scatter_reduce_(-2, idx, keys, "amin")
-        kmax.scatter_reduce_(-2, idx, keys, "amax")
-
     def forward_view(
         self,
         engine: Any,
@@ -187,12 +177,14 @@ class Quest(KVPolicy):
         tail_from: int | None,
         rows: slice | None,
     ) -> Any:
-        """`QuestView`: the page choice also runs inside the fixed-shape forward (no draft tail there)."""
+        """The page choice also runs inside the fixed-shape forward (`QuestSelector`; no draft tail)."""
         if tail_from is not None or self.region is not None:
             return None
-        from kv_policies.quest_view import QuestView
+        return InForwardView(self, engine.scale, block_mask, restricted, tail_from, rows)
 
-        return QuestView(self, engine.scale, block_mask, restricted, tail_from, rows)
+    def selector_key(self) -> tuple:
+        """The settings a fixed-shape forward's selector is built for (policies alike share it)."""
+        return ("quest", self.page_size, self.n_pages, self.dense_layers)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
@@ -200,14 +192,8 @@ class Quest(KVPolicy):
         if self.keeps_all(layer, cache_len):
             return torch.ones(hkv, cache_len, dtype=torch.bool, device=k_cache.device)
         self.sync(layer, k_cache, cache_len)
-        p = self.page_size
-        pages = -(-cache_len // p)
-        h, rows, d = q.shape
-        qg = q.reshape(hkv, (h // hkv) * rows, d)  # query heads of KV head j: j*G .. j*G+G-1
-        older = pages - 1  # the last page is always kept
-        bounds = page_bounds(qg, self._kmin[layer][:, :older], self._kmax[layer][:, :older]).amax(1)
-        chosen = torch.zeros(hkv, pages, dtype=torch.bool, device=k_cache.device)
-        chosen[:, older] = True
-        top = bounds.topk(min(self.n_pages - 1, older), dim=1).indices
-        chosen.scatter_(1, top, True)
-        return chosen.repeat_interleave(p, dim=1)[:, :cache_len]
+        pages = -(-cache_len // self.page_size)  # more than `n_pages`: the cache exceeds the budget
+        kmin, kmax = self._kmin[layer][:, :pages], self._kmax[layer][:, :pages]
+        index = torch.arange(pages, device=k_cache.device)
+        chosen = choose_pages(q, kmin, kmax, self.n_pages, pages - 1, index)
+        return chosen.repeat_interleave(self.page_size, dim=1)[:, :cache_len]

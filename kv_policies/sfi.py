@@ -43,6 +43,11 @@ def _nonneg_int(name: str, value: Any) -> int:
 
 class SFI(KVPolicy):
     name = "sfi"
+    # `layer_selections`' stack of the Selector's choice, what it keeps below each position, and the
+    # (capacity, pass) it was made for
+    _long_stack: torch.Tensor | None = None
+    _long_below: torch.Tensor | None = None
+    _long_key: tuple | None = None
     keeps_alike = True  # `keeps_all`: one answer for every layer
     query_free = True  # a fast step's set was chosen at the last slow step (slow steps have their own view)
 
@@ -121,7 +126,7 @@ class SFI(KVPolicy):
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0
         self._sel, self._q, self._chosen, self._packed, self._passes = {}, {}, {}, {}, 0
         self._pending, self._norms, self._normed = {}, None, {}
-        self.__dict__.pop("_long_key", None)  # `layer_selections`' stack belongs to one generation
+        self._long_key = None  # `layer_selections`' stack belongs to one generation
         super().reset(prompt_len, context_len)
 
     # --- slow steps: the Selector ------------------------------------------------------------------
@@ -322,7 +327,7 @@ class SFI(KVPolicy):
         if self.keeps_all(0, cache_len):
             return super().layer_selections(cache_len)
         key = (cache.capacity, self._passes)
-        if self.__dict__.get("_long_key") != key:
+        if self._long_key != key:
             stack = torch.zeros(
                 cache.n_layers, cache.n_kv_heads, cache.capacity, dtype=torch.bool, device=cache.device
             )
@@ -338,15 +343,14 @@ class SFI(KVPolicy):
             # what each layer keeps per KV head below every position (`LayerSelectionView`'s count): a
             # fast step's count is then a view of it plus the window, no reduction a step
             below = stack.sum(1).cumsum(-1) // cache.n_kv_heads
-            self.__dict__["_long_stack"], self.__dict__["_long_below"] = stack, below
-            self.__dict__["_long_key"] = key
+            self._long_stack, self._long_below, self._long_key = stack, below, key
         window = max(cache_len - self.recent, 0)
-        logical = self.__dict__["_long_stack"][:, :, :cache_len].clone()
+        logical = self._long_stack[:, :, :cache_len].clone()
         logical[:, :, window:] = True
         chosen = self.physical_stack(logical)
-        below = self.__dict__["_long_below"]
+        below = self._long_below
         if window:  # (stack, per layer, plus), as `LayerSelectionView.build` reads it
-            self.__dict__["_kept_of"] = (chosen, below[:, window - 1], cache_len - window)
+            self.view_memo.kept_of = (chosen, below[:, window - 1], cache_len - window)
         return chosen
 
     @torch.inference_mode()

@@ -13,11 +13,12 @@ recent window too and so moves entries on every step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from core.attention import (
+    ViewKind,
     decode_logits,
     decode_weighted_values,
     one_row_attention,
@@ -45,7 +46,7 @@ class SFISlowView(ObservedCausalView):
 class SFIFastView:
     """Attention view of one fast step (one query row) of `decoder=sfi` with `kv=sfi backend=sliced`."""
 
-    gathered_with_graphs = True  # with graphs on, the step reads the same set by gather (fixed shape)
+    kind: ClassVar[ViewKind] = ViewKind.REGION_GATHERABLE  # with graphs on, read by gather (one shape)
 
     def __init__(self, policy: Any, region: Any) -> None:
         self.policy, self.region = policy, region

@@ -22,6 +22,7 @@ from kv_policies.checks import check_backend, check_budget, check_budget_frac, c
 
 class StreamingLLM(KVPolicy):
     name = "streaming"
+    _fixed: tuple | None = None  # `fixed_selection`'s last (key, answer): a draft's rounds ask alike
     query_free = True  # positions alone
     shared = True
 
@@ -68,10 +69,10 @@ class StreamingLLM(KVPolicy):
             return None
         pos = eng.cache.slot_pos
         key = (cache_len, self.sinks, self.recent, pos.data_ptr())
-        last = self.__dict__.get("_fixed")
+        last = self._fixed
         if last is None or last[0] != key:  # a draft's rounds select over the same entries: made once
             window = (pos[:cache_len] < self.sinks) | (pos[:cache_len] >= cache_len - self.recent)
-            last = self.__dict__["_fixed"] = (key, (window, min(cache_len, self.budget)))
+            last = self._fixed = (key, (window, min(cache_len, self.budget)))
         return last[1]
 
     def fixed_hole(self, cache_len: int) -> tuple[int, int, int] | None:

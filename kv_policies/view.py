@@ -26,12 +26,26 @@ queries to `policy.observe` (H2O accumulates attention even while the budget sti
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from core.attention import CausalView, MaskView, sdpa
+from core.attention import CausalView, MaskView, ViewKind, sdpa
 from core.types import DeviceReads
+
+
+@dataclass
+class ViewMemo:
+    """What a policy's views remember between steps (`KVPolicy.view_memo`): typed fields, not entries
+    a view writes into the policy itself. `kept_of`: (a selection stack, what it keeps per layer and KV
+    head, plus) when the policy knows it (`LayerSelectionView.build` then counts no more); `prefix_of`:
+    (a selection, the stack it is a prefix of, the stack's mask width) (`LayerSelectionView.prefix_of`);
+    `draft_mask`: (a selection, the one-row draft buffer written for it) (`_one_row_draft_mask`)."""
+
+    kept_of: tuple[torch.Tensor, Any, int] | None = None
+    prefix_of: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    draft_mask: tuple[Any, torch.Tensor] | None = None
 
 
 def selectable_length(cache_len: int, tail_from: int | None) -> int:
@@ -78,6 +92,8 @@ def causal_block(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tens
 
 
 class RestrictedView:
+    kind: ClassVar[ViewKind] = ViewKind.REGULAR  # the policy's `visible` runs inside the regular forward
+
     def __init__(
         self,
         policy: Any,
@@ -133,10 +149,24 @@ class RestrictedView:
 class InForwardView(RestrictedView):
     """`RestrictedView` (the regular forward is unchanged) whose choice can also be made inside a
     fixed-shape forward (`core.decode_graph`), for a policy that chooses from the forward's own queries
-    (Quest, Top-K): a subclass names its `selector_key` and builds its `selector` (an
-    `InForwardSelector`); the entries the selector chose come back through `take_reads`."""
+    (Quest, Top-K): the policy names its `selector_key()` and its `Selector` (an `InForwardSelector`
+    that calls the same rule as the policy's `select`, over buffers of the allocation's capacity); the
+    entries the selector chose come back through `take_reads`."""
 
-    selects_in_forward = True
+    kind: ClassVar[ViewKind] = ViewKind.SELECTED_IN_FORWARD
+
+    @property
+    def selector_takes_tail(self) -> bool:
+        """Whether the selector stages a self-drafting decoder's fresh tail (`tail_from`), so that
+        `core.decode_graph` may take such a block too."""
+        return self.policy.Selector.takes_tail
+
+    @property
+    def selector_key(self) -> tuple:
+        return self.policy.selector_key()
+
+    def selector(self, static: Any) -> InForwardSelector:
+        return self.policy.Selector(static, self.policy)
 
     def take_reads(self, reads: torch.Tensor, cache_len: int) -> None:
         """Every layer's chosen entries per KV head (`[n_layers]`, on the device) from the fixed-shape
@@ -153,6 +183,8 @@ class InForwardSelector:
     every policy with its view's `selector_key` on one engine (a fixed-shape forward, and its graph, is
     kept per key): what a step needs of a policy's state it stages from `view.policy`, never from the
     policy it was made for."""
+
+    takes_tail: ClassVar[bool] = False  # whether `stage` handles a draft's fresh tail (`tail_from`)
 
     def __init__(self, static: Any, policy: Any) -> None:
         eng = static.engine
@@ -255,6 +287,8 @@ class HoleView(SelectionView):
     and the block when they change and builds the whole cache, the block and the hole into its own
     visibility inside the graph, so a restricted block costs the step no mask of its own."""
 
+    kind: ClassVar[ViewKind] = ViewKind.HOLE
+
     def __init__(
         self,
         block_mask: torch.Tensor,
@@ -298,7 +332,8 @@ def _one_row_draft_mask(
     tensor, or the `(lo, hi)` hole of every slot but `[lo, hi)`), then the draft's fresh tail and the row
     itself. The rows of one draft share the selection and differ only in how much tail they see, so each
     is a prefix of one buffer written once per draft (no operator a row)."""
-    last = policy.__dict__.get("_draft_mask")  # (selection, buffer): `selection` covers `[0, sel_len)`
+    memo = policy.view_memo
+    last = memo.draft_mask  # (selection, buffer): `selection` covers `[0, sel_len)`
     if last is None or not _same_selection(last[0], selection) or last[1].shape[1] <= cache_len:
         width = max(cache_len + 1, engine.cache.capacity)
         buffer = torch.ones(1, width, dtype=torch.bool, device=engine.device)
@@ -306,7 +341,7 @@ def _one_row_draft_mask(
             buffer[0, selection[0] : selection[1]] = False
         else:
             buffer[0, :sel_len] = selection
-        last = policy.__dict__["_draft_mask"] = (selection, buffer)
+        last = memo.draft_mask = (selection, buffer)
     return last[1][:, : cache_len + 1]
 
 
@@ -322,7 +357,7 @@ class LayerSelectionView:
     otherwise). The policy's activity is noted for the whole forward when the view is built, read when
     the generation is summarised."""
 
-    layer_selection = True  # core.decode_graph stages `chosen` and `restricted` for the fixed-shape path
+    kind: ClassVar[ViewKind] = ViewKind.LAYER_SELECTION  # core.decode_graph stages `chosen`, `restricted`
     # set for a compressed-region backend on an engine with fixed-shape forwards, every row restricted:
     # the policy's bound on what it selects (`max_selected`), so that the fixed-shape forward reads
     # only the selected entries, by gather; `whole_layers`: the layers that keep every entry
@@ -383,12 +418,12 @@ class LayerSelectionView:
         chosen = policy.layer_selections(sel_len)  # [n_layers, n_kv_heads, sel_len]
         # (stack, per layer, plus): what `chosen` keeps per layer and KV head, as `RestrictedView` counts
         # it, is `per layer + plus`; a policy may serve one stack to a draft's rounds, or know its counts
-        memo = policy.__dict__.get("_kept_of")
-        if memo is not None and memo[0] is chosen:
-            kept, plus = memo[1], memo[2]
+        memo = policy.view_memo
+        if memo.kept_of is not None and memo.kept_of[0] is chosen:
+            kept, plus = memo.kept_of[1], memo.kept_of[2]
         else:
             kept, plus = chosen.sum(dim=(1, 2)) // engine.cache.n_kv_heads, 0
-            policy.__dict__["_kept_of"] = (chosen, kept, plus)
+            memo.kept_of = (chosen, kept, plus)
         policy.activity.note_forward(kept, sel_len, plus)
         if restricted.device != engine.device:
             restricted = restricted.to(engine.device)
@@ -398,7 +433,7 @@ class LayerSelectionView:
             rows = restricted.nonzero().squeeze(1)
         read = DeviceReads(kept, plus + cache_len - sel_len)  # the tail: read by every row
         view = cls(policy, engine.scale, block_mask, restricted, chosen, cache_len, read, rows)
-        prefix = policy.__dict__.get("_prefix_of")
+        prefix = memo.prefix_of
         if prefix is not None and prefix[0] is chosen:
             view.prefix_of = (prefix[1], prefix[2])
         return view
@@ -428,7 +463,8 @@ class LayerSelectionView:
 class ObservedCausalView(CausalView):
     """`CausalView` that first shows every layer's queries to `policy.observe` (all rows restricted)."""
 
-    observes_queries = True  # core.decode_graph keeps every layer's queries, hands them to `observe_layers`
+    # core.decode_graph keeps every layer's queries and hands them to `observe_layers`
+    kind: ClassVar[ViewKind] = ViewKind.CAUSAL_SHOWN_TO_POLICY
 
     def __init__(self, scale: float, policy: Any) -> None:
         super().__init__(scale)

@@ -24,18 +24,10 @@ from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla
 from tests.conftest import needs_smollm
+from tests.helpers import flat, steep, varied_prompts
 from tests.lossless_check import check_lossless, mtbench_lossless
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def flat(rows: int, ctx: float) -> float:  # a GPU-like curve: a block costs one step up to 512 rows
-    return 1.0 + max(rows - 512, 0) * 0.01
-
-
-def steep(rows: int, ctx: float) -> float:  # every row costs 40% of a step
-    return 1.0 + 0.4 * (rows - 1)
 
 
 def test_acceptance_stats_count_reached_positions():

@@ -212,7 +212,7 @@ def test_a_run_on_replayed_forwards_records_what_an_eager_run_does(tmp_path):
     import pandas as pd
 
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     columns = ["output_digest", "forwards", "accepted", "tau", "syncs_per_step", "restricted_frac"]
     records = []
@@ -240,7 +240,7 @@ def test_captures_inside_a_timed_decode_are_recorded_and_noted(tmp_path):
 
     from runners.report import capture_note
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     settings = ("decoder=fafo", "kv=streaming", "kv.budget=8", "run.warmup=false", "run.max_new_tokens=12")
     for graphed in (False, True):

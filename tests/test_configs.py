@@ -93,7 +93,7 @@ def test_slurm_launcher_resolves():
 def test_fafo_cpu_preset_is_the_tested_one():
     """The preset the lossless tests and bench_fafo name as conf/decoder/fafo_cpu.yaml is the file's."""
     from benchmarks.bench_fafo import CPU
-    from tests.test_lossless_fafo import CPU_PRESET
+    from tests.helpers import CPU_PRESET
 
     cfg = _compose("decoder=fafo_cpu").decoder
     assert {key: cfg[key] for key in CPU_PRESET} == CPU_PRESET == CPU

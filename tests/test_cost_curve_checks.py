@@ -104,7 +104,7 @@ def test_disagreeing_points_are_measured_again_and_a_sane_curve_cached(tmp_path,
 
 def test_a_block_auto_run_on_a_machine_too_busy_refuses_before_writing(tmp_path, monkeypatch):
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path / "cache"))
     fake_times(
@@ -129,7 +129,7 @@ def test_the_device_name_carries_the_isa_features_the_code_branches_on():
 
 def test_a_runs_identity_and_record_name_the_isa(tmp_path):
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     runner = Runner(make_cfg(tmp_path, "+task.n=1"))
     assert f"[{cpu_isa()}]" in runner.identity["device_name"]

@@ -21,7 +21,7 @@ from runners.forwards import MethodPatch
 from runners.host_syncs import HostSyncs, forwards_apart
 from runners.runner import Runner
 from runners.timing import DraftClock, StepClock, timed_generate
-from tests.test_runner import make_cfg
+from tests.helpers import make_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,7 +21,7 @@ from core.types import HarnessError
 from runners.records import RunDir
 from runners.runner import Runner
 from tests.bad_inputs import RECORD_CASES, RecordCase
-from tests.test_runner import make_cfg
+from tests.helpers import make_cfg
 
 PARTIAL = [c for c in RECORD_CASES if c.run == "partial"]
 COMPLETE = [c for c in RECORD_CASES if c.run == "complete"]

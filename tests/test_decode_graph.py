@@ -10,6 +10,7 @@ import torch
 from core.attention import BlockView, CausalView, MaskView
 from core.engine import Engine
 from core.tree_attention import HybridTreeView
+from tests.helpers import _static
 
 
 def _vanilla_with_steps(eng, prompt, n):
@@ -25,12 +26,6 @@ def _vanilla_with_steps(eng, prompt, n):
         rows.append(step[0])
         out.append(int(step[0].argmax()))
     return out, torch.stack(rows)
-
-
-def _static(tiny_lm) -> Engine:
-    eng = Engine(tiny_lm.model)
-    eng.use_graphs(capture=False)
-    return eng
 
 
 def test_static_decode_equals_the_regular_one_row_step(tiny_lm):

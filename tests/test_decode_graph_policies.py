@@ -11,7 +11,7 @@ import torch
 from core.attention import BlockView, CausalView
 from core.engine import Engine
 from kv_policies.base import KVPolicy
-from tests.test_decode_graph import _static
+from tests.helpers import _static
 
 FIXED_POLICIES = {  # at budgets below the 60-token prompt
     "streaming": {"budget": 20, "sinks": 4},  # one selection for every layer and head
@@ -27,8 +27,8 @@ FIXED_POLICIES = {  # at budgets below the 60-token prompt
 def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
     """A restricted block is one staged visibility when the policy chooses before the forward
     (`SelectionView`, `LayerSelectionView`), or chooses inside the fixed-shape forward from its queries
-    (Quest, `QuestView`; Top-K, `TopKView`): vanilla + the policy and FAFO with it take the fixed-shape
-    forward on every decode step and give the tokens, KV reads and policy activity of the regular
+    (Quest, `QuestSelector`; Top-K, `TopKSelector`): vanilla + the policy and FAFO with it take the
+    fixed-shape forward on every decode step and give the tokens, KV reads and policy activity of the regular
     `RestrictedView`."""
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
@@ -289,7 +289,8 @@ def test_staged_selections_and_restricted_rows_are_those_of_the_step_staged_last
     masks = [torch.tensor([True, False, True, True]), torch.tensor([False, True])]
 
     def view(sel_len: int, mask: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=mask)
+        chosen = torch.rand(layers, hkv, sel_len, generator=gen) < 0.5
+        return SimpleNamespace(chosen=chosen, restricted=mask, prefix_of=None)
 
     def staged(fwd: StaticForward, v: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
         fwd._stage_selection(v, v.restricted.numel(), 20, capacity)
@@ -327,9 +328,8 @@ def test_a_stack_prefix_is_copied_again_only_when_a_length_falls_inside_its_mask
 
     def view(source: torch.Tensor | None, sel_len: int) -> SimpleNamespace:
         if source is None:
-            return SimpleNamespace(
-                chosen=torch.rand(layers, hkv, sel_len, generator=gen) < 0.5, restricted=restricted
-            )
+            chosen = torch.rand(layers, hkv, sel_len, generator=gen) < 0.5
+            return SimpleNamespace(chosen=chosen, restricted=restricted, prefix_of=None)
         return SimpleNamespace(
             chosen=source[:, :, :sel_len], restricted=restricted, prefix_of=(source, width)
         )

@@ -18,7 +18,7 @@ from core.types import HarnessError
 from runners import runner as runner_module
 from runners.lock import CommandLock
 from runners.runner import Runner, command_key, run
-from tests.test_runner import make_cfg
+from tests.helpers import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,36 +13,16 @@ from hypothesis import strategies as st
 
 from core.compressed_region import CompressedRegion
 from core.engine import Engine
-from core.kv_cache import KVCache
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy, build_policy
 from kv_policies.h2o import H2O
-from kv_policies.quest import Quest, page_bounds, page_minmax
+from kv_policies.pages import page_bounds
+from kv_policies.quest import Quest
 from kv_policies.snapkv import SnapKV
 from kv_policies.streaming import StreamingLLM
 from kv_policies.view import selectable_length
-
-
-class FakeEngine:
-    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache`."""
-
-    def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
-        self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))
-        self.cache.reset(capacity)
-        self.scale, self.device = d**-0.5, torch.device("cpu")
-
-    @property
-    def length(self) -> int:
-        return self.cache.length
-
-    def append(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
-        """Commit entries with keys `k [layers, hkv, m, d]` at the next positions."""
-        c, m = self.cache, k.shape[2]
-        c.stage_positions(torch.arange(c.length, c.length + m))
-        for layer in range(c.n_layers):
-            c.write(layer, k[layer], k[layer] if v is None else v[layer])
-        c.commit(torch.arange(m))
+from tests.helpers import FakeEngine, page_minmax
 
 
 # --- bad input ------------------------------------------------------------------------------------

@@ -15,10 +15,8 @@ from core.types import Counts, HarnessError
 from decoders.longspec.auto import DraftCalibration, best_block, deeper_pays, node_probability, survivals
 from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
+from tests.helpers import TREES, TargetDraft, flat, steep, varied_prompts
 from tests.lossless_check import check_lossless, chi_square_pvalue, sample_generations, tiny_sampling_case
-from tests.test_block_auto import flat, steep
-from tests.test_lossless_longspec import TREES, TargetDraft
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -177,7 +175,7 @@ def test_runner_hands_the_curve_and_the_draft_is_timed_before(tmp_path, monkeypa
     import pandas as pd
 
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     monkeypatch.setenv("HARNESS_COST_CACHE", str(tmp_path / "curves"))
     base = ("decoder=longspec_chain", "decoder.checkpoint=random", "decoder.draft_vocab=null")

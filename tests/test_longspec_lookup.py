@@ -19,6 +19,7 @@ from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
 from runners.config import decoder_params
 from tests.conftest import needs_smollm
+from tests.helpers import TREES, TargetDraft, flat, steep, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -26,9 +27,6 @@ from tests.lossless_check import (
     sample_generations,
     tiny_sampling_case,
 )
-from tests.test_block_auto import flat, steep
-from tests.test_lossless_longspec import TREES, TargetDraft
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DECODERS = Path(__file__).resolve().parents[1] / "conf" / "decoder"

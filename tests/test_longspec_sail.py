@@ -19,8 +19,8 @@ from decoders.longspec.decoder import LongSpec
 from decoders.longspec.draft import LongSpecDraft, RMSNorm
 from decoders.longspec.sail import NAMES, UNUSED, is_sail, load_sail
 from decoders.vanilla import Vanilla
+from tests.helpers import varied_prompts
 from tests.lossless_check import check_lossless
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 24

@@ -16,7 +16,7 @@ from decoders.longspec.static_draft import LevelLengths
 from decoders.longspec.tree import DraftedTree
 from decoders.vanilla import Vanilla
 from runners.timing import DraftClock
-from tests.test_lossless_lookahead import varied_prompts
+from tests.helpers import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,6 +23,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from kv_policies.full import FullKV
 from tests.conftest import needs_smollm
+from tests.helpers import CPU_PRESET
 from tests.lossless_check import (
     check_lossless,
     check_pool_deferral,
@@ -104,7 +105,6 @@ NEEDS_KVPRESS = pytest.mark.skipif(
     importlib.util.find_spec("kvpress") is None,
     reason="kvpress not installed (scripts/install.sh installs it)",
 )
-CPU_PRESET = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf fafo_cpu
 # The full MT-Bench check's setting (it began before the preset went from 2 streams to 1): the preset
 # with two fumble streams, so two streams' restricted rows are checked against every policy each step.
 MTBENCH_CPU = {**CPU_PRESET, "n": 2}

@@ -11,17 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core.attention import CausalView, MaskView
 from core.engine import Engine
 from core.models import load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec.decoder import DraftedTree, LongSpec, Tree
 from decoders.longspec.draft import LongSpecDraft, weights_digest
-from decoders.longspec.tree import TreeDraft
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import needs_smollm
+from tests.helpers import TREES, TargetDraft, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -29,69 +28,9 @@ from tests.lossless_check import (
     sample_generations,
     tiny_sampling_case,
 )
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 32
-TREES = {
-    "chain": (4, [1, 1, 1, 1]),
-    "small": (4, [2, 2, 2, 2]),
-    "paper": (5, [4, 16, 16, 16, 16]),
-}
-
-
-class TargetDraft(TreeDraft):
-    """A test draft whose logits are the target model's own, run densely on a cache of its own over the
-    committed sequence plus the block rows each query may see: it proposes what the target will accept,
-    so long paths are accepted. Same protocol as `LongSpecDraft` (start / begin_block / step / commit);
-    it checks that the decoder gives it only committed target entries and contiguous commits."""
-
-    vocab_ids = None  # drafts over the whole vocabulary
-
-    def __init__(self, model, window: int = 8) -> None:
-        self.eng = Engine(model)  # an engine of its own over the target's weights
-        self.window, self.target_layer, self.label = window, 0, "the target as its own draft (tests)"
-        self.seq: list[int] = []
-        self.cached = 0
-
-    def start(self, prompt) -> None:
-        self.seq = list(prompt)
-        self.eng.reset(len(prompt) + 512)
-        self.eng.prefill(self.seq)
-        self.cached = min(self.window, len(self.seq))
-        self.begin_block()
-
-    def begin_block(self) -> None:
-        self.tokens: list[int] = []
-        self.positions: list[int] = []
-        self.rows: list[torch.Tensor] = []  # each staged row's visibility over the block
-
-    def step(self, tokens, positions, visible, target_len: int) -> torch.Tensor:
-        assert target_len == len(self.seq)  # the cross-attention may read committed entries only
-        assert visible[:, : self.cached].all()  # the window is always visible
-        self.tokens += tokens.tolist()
-        self.positions += positions.tolist()
-        self.rows += list(visible[:, self.cached :])
-        n, total = tokens.numel(), len(self.tokens)
-        block = torch.zeros(total, total, dtype=torch.bool)
-        for i, row in enumerate(self.rows):
-            block[i, : row.numel()] = row
-        mask = torch.cat([torch.ones(total, len(self.seq), dtype=torch.bool), block], dim=1)
-        logits = self.eng.step(
-            torch.tensor(self.tokens), torch.tensor(self.positions), MaskView(mask, self.eng.scale)
-        )
-        self.eng.crop(self.eng.length)
-        return logits[total - n :]
-
-    def commit(self, tokens, first_position: int) -> None:
-        assert first_position == len(self.seq)  # commits follow the committed sequence
-        tokens = list(tokens)
-        if tokens:
-            pos = torch.arange(first_position, first_position + len(tokens))
-            self.eng.step(torch.tensor(tokens), pos, CausalView(self.eng.scale))
-            self.eng.commit(list(range(len(tokens))))
-        self.seq += tokens
-        self.cached = min(self.window, len(self.seq))
 
 
 def make(eng, tree: str, draft: str, lm=None, **kw) -> LongSpec:

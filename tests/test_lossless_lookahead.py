@@ -6,8 +6,6 @@ bug 2), and sampling mode is lossless in distribution (chi-square against the ex
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +21,7 @@ from decoders.lookahead import JacobiWindow, Lookahead, build_layout
 from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy
 from tests.conftest import needs_smollm
+from tests.helpers import varied_prompts
 from tests.lossless_check import (
     check_lossless,
     check_pool_deferral,
@@ -32,24 +31,6 @@ from tests.lossless_check import (
 )
 
 CONFIGS = [(3, 1, 1), (3, 3, 2), (4, 4, 4), (5, 7, 7), (6, 3, 10)]
-
-
-def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    """Random token ids and byte text, short and long, so that candidates are accepted and rejected."""
-    rng = random.Random(seed)
-    texts = [
-        "The quick brown fox jumps over the lazy dog. " * 2,
-        "def f(x):\n    return x * x\n",
-        "1, 2, 3, 4, 5, 6, 7, 8",
-        "MT-Bench asks: compose a travel blog post about Hawaii.",
-    ]
-    out = []
-    for i in range(n):
-        if i % 2:
-            out.append(list(texts[(i // 2) % len(texts)].encode()))
-        else:
-            out.append([rng.randrange(256) for _ in range(rng.randint(2, 60))])
-    return out
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,6 +15,7 @@ from core.types import Counts, HarnessError
 from decoders.pld import NGramIndex, PromptLookup, find_candidate, match_candidate
 from decoders.vanilla import Vanilla
 from tests.conftest import needs_smollm
+from tests.helpers import varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -22,7 +23,6 @@ from tests.lossless_check import (
     sample_generations,
     tiny_sampling_case,
 )
-from tests.test_lossless_lookahead import varied_prompts
 
 CONFIGS = [(1, 1), (1, 4), (2, 10), (3, 5), (4, 20)]
 

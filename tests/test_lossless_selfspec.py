@@ -17,6 +17,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.base import KVPolicy, build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
 from tests.conftest import needs_smollm, prefill_under
+from tests.helpers import POLICIES, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -24,19 +25,9 @@ from tests.lossless_check import (
     sample_generations,
     tiny_sampling_case,
 )
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 32
-POLICIES = {
-    "full": {},
-    "streaming": {"budget": 24, "sinks": 4},
-    "quest": {"budget": 32, "page_size": 8, "dense_layers": 0},
-    "snapkv": {"budget": 24, "window": 4},
-    "h2o": {"budget": 24},
-    "retrieval": {"budget": 24, "chunk": 4},
-    "topk": {"budget": 16},
-}
 
 
 @pytest.fixture(scope="module")

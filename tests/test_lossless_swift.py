@@ -17,6 +17,7 @@ from decoders.swift import Swift
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import TEST_DEVICE, needs_smollm
+from tests.helpers import varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -24,7 +25,6 @@ from tests.lossless_check import (
     sample_generations,
     tiny_sampling_case,
 )
-from tests.test_lossless_lookahead import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 40

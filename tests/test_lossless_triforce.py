@@ -20,6 +20,7 @@ from decoders.triforce import TriForce
 from decoders.vanilla import Vanilla
 from kv_policies.base import build_policy
 from tests.conftest import TEST_DEVICE, needs_smollm
+from tests.helpers import POLICIES, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -29,8 +30,6 @@ from tests.lossless_check import (
     task_prompts,
     tiny_sampling_case,
 )
-from tests.test_lossless_lookahead import varied_prompts
-from tests.test_lossless_selfspec import POLICIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 40

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from kv_policies.quest import Quest, page_minmax
-from tests.test_kv_policies import FakeEngine
+from kv_policies.quest import Quest
+from tests.helpers import FakeEngine, page_minmax
 
 
 def test_quest_metadata_incremental_equals_scratch_and_rolls_back():

@@ -63,7 +63,7 @@ def test_a_tree_git_cannot_read_is_refused(tmp_path: Path):
 def test_the_runner_refuses_a_dirty_tree_before_writing(repo: Path, monkeypatch):
     """The runner checks the tree where it sets the run's code version: nothing is written."""
     from runners import runner as runner_module
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     (repo / "code.py").write_text("x = 2\n")
     monkeypatch.setattr(runner_module, "REPO", repo)

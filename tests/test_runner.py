@@ -10,31 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from core.attention import CausalView
 from core.types import HarnessError
 from runners.records import SAMPLE_COLUMNS, SCORE_COLUMNS, STEP_COLUMNS, RunDir
 from runners.runner import Runner
+from tests.helpers import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_cfg(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "model=tiny_llama",
-                "task._target_=tests.fake_task.FakeTask",
-                "run.max_new_tokens=6",
-                "run.limit=null",
-                "run.warmup=false",
-                f"run.out_dir={tmp_path}",
-                *overrides,
-            ],
-        )
-    return cfg
 
 
 def test_records_schema(tmp_path):

@@ -15,7 +15,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.sfi import SFI
 from kv_policies.sfi_selector import PAPER, sfi_select
 from tests.conftest import prefill_under
-from tests.test_lossless_lookahead import varied_prompts
+from tests.helpers import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 40
@@ -78,8 +78,9 @@ def test_fast_steps_see_sinks_recent_and_the_selection(setup):
 
 
 def test_fast_steps_count_what_their_selection_keeps_without_reducing_it(setup):
-    """A fast step's selection comes with its count per layer (`_kept_of`: read from the stack's counts
-    below the window, plus the window): the same as summing the selection, which the view then skips."""
+    """A fast step's selection comes with its count per layer (`view_memo.kept_of`: read from the
+    stack's counts below the window, plus the window): the same as summing the selection, which the
+    view then skips."""
     eng, cases = setup
     hkv, checked = eng.cache.n_kv_heads, []
     for prompt, _ in cases:
@@ -88,7 +89,7 @@ def test_fast_steps_count_what_their_selection_keeps_without_reducing_it(setup):
 
         def spy(cache_len, pol=pol, stacked=stacked):
             got = stacked(cache_len)
-            memo = pol.__dict__.get("_kept_of")
+            memo = pol.view_memo.kept_of
             if memo is not None and memo[0] is got:
                 checked.append(torch.equal(memo[1] + memo[2], got.sum(dim=(1, 2)) // hkv))
             return got

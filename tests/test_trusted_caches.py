@@ -123,7 +123,7 @@ def test_an_edited_vanilla_reference_is_made_again_not_trusted(tmp_path, capsys)
     import pandas as pd
 
     from runners.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     quick = ("+task.n=2", "run.count_syncs=0")
     Runner(make_cfg(tmp_path, *quick)).run()  # vanilla: stores the references

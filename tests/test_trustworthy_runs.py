@@ -23,7 +23,7 @@ from runners.lock import RunLock
 from runners.records import RunDir
 from runners.report import print_summary
 from runners.runner import Runner
-from tests.test_runner import make_cfg
+from tests.helpers import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 LOSSY = {

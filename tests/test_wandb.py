@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runners.runner import Runner
-from tests.test_runner import make_cfg
+from tests.helpers import make_cfg
 
 
 def test_wandb_offline_mirror(tmp_path, monkeypatch):

@@ -1,0 +1,172 @@
+"""Helpers shared by the test modules (no test module imports from another)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from core.attention import CausalView, MaskView
+from core.engine import Engine
+from core.kv_cache import KVCache
+from decoders.longspec.tree import TreeDraft
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def page_minmax(k: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute-force per-page channel min and max `[..., pages, d]` of keys `[..., L, d]` (the last page
+    may be partial): the reference Quest's incremental page extremes are checked against."""
+    *lead, length, d = k.shape
+    pages = -(-length // page_size)
+    pad = pages * page_size - length
+    kp = torch.nn.functional.pad(k.float(), (0, 0, 0, pad), value=float("nan"))
+    kp = kp.reshape(*lead, pages, page_size, d)
+    return kp.nan_to_num(float("inf")).amin(-2), kp.nan_to_num(float("-inf")).amax(-2)
+
+
+def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Random token ids and byte text, short and long, so that candidates are accepted and rejected."""
+    rng = random.Random(seed)
+    texts = [
+        "The quick brown fox jumps over the lazy dog. " * 2,
+        "def f(x):\n    return x * x\n",
+        "1, 2, 3, 4, 5, 6, 7, 8",
+        "MT-Bench asks: compose a travel blog post about Hawaii.",
+    ]
+    out = []
+    for i in range(n):
+        if i % 2:
+            out.append(list(texts[(i // 2) % len(texts)].encode()))
+        else:
+            out.append([rng.randrange(256) for _ in range(rng.randint(2, 60))])
+    return out
+
+
+def make_cfg(tmp_path: Path, *overrides: str):
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=tiny_llama",
+                "task._target_=tests.fake_task.FakeTask",
+                "run.max_new_tokens=6",
+                "run.limit=null",
+                "run.warmup=false",
+                f"run.out_dir={tmp_path}",
+                *overrides,
+            ],
+        )
+    return cfg
+
+
+class FakeEngine:
+    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache`."""
+
+    def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
+        self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))
+        self.cache.reset(capacity)
+        self.scale, self.device = d**-0.5, torch.device("cpu")
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Commit entries with keys `k [layers, hkv, m, d]` at the next positions."""
+        c, m = self.cache, k.shape[2]
+        c.stage_positions(torch.arange(c.length, c.length + m))
+        for layer in range(c.n_layers):
+            c.write(layer, k[layer], k[layer] if v is None else v[layer])
+        c.commit(torch.arange(m))
+
+
+def _static(tiny_lm) -> Engine:
+    eng = Engine(tiny_lm.model)
+    eng.use_graphs(capture=False)
+    return eng
+
+
+def steep(rows: int, ctx: float) -> float:  # every row costs 40% of a step
+    return 1.0 + 0.4 * (rows - 1)
+
+
+def flat(rows: int, ctx: float) -> float:  # a GPU-like curve: a block costs one step up to 512 rows
+    return 1.0 + max(rows - 512, 0) * 0.01
+
+
+class TargetDraft(TreeDraft):
+    """A test draft whose logits are the target model's own, run densely on a cache of its own over the
+    committed sequence plus the block rows each query may see: it proposes what the target will accept,
+    so long paths are accepted. Same protocol as `LongSpecDraft` (start / begin_block / step / commit);
+    it checks that the decoder gives it only committed target entries and contiguous commits."""
+
+    vocab_ids = None  # drafts over the whole vocabulary
+
+    def __init__(self, model, window: int = 8) -> None:
+        self.eng = Engine(model)  # an engine of its own over the target's weights
+        self.window, self.target_layer, self.label = window, 0, "the target as its own draft (tests)"
+        self.seq: list[int] = []
+        self.cached = 0
+
+    def start(self, prompt) -> None:
+        self.seq = list(prompt)
+        self.eng.reset(len(prompt) + 512)
+        self.eng.prefill(self.seq)
+        self.cached = min(self.window, len(self.seq))
+        self.begin_block()
+
+    def begin_block(self) -> None:
+        self.tokens: list[int] = []
+        self.positions: list[int] = []
+        self.rows: list[torch.Tensor] = []  # each staged row's visibility over the block
+
+    def step(self, tokens, positions, visible, target_len: int) -> torch.Tensor:
+        assert target_len == len(self.seq)  # the cross-attention may read committed entries only
+        assert visible[:, : self.cached].all()  # the window is always visible
+        self.tokens += tokens.tolist()
+        self.positions += positions.tolist()
+        self.rows += list(visible[:, self.cached :])
+        n, total = tokens.numel(), len(self.tokens)
+        block = torch.zeros(total, total, dtype=torch.bool)
+        for i, row in enumerate(self.rows):
+            block[i, : row.numel()] = row
+        mask = torch.cat([torch.ones(total, len(self.seq), dtype=torch.bool), block], dim=1)
+        logits = self.eng.step(
+            torch.tensor(self.tokens), torch.tensor(self.positions), MaskView(mask, self.eng.scale)
+        )
+        self.eng.crop(self.eng.length)
+        return logits[total - n :]
+
+    def commit(self, tokens, first_position: int) -> None:
+        assert first_position == len(self.seq)  # commits follow the committed sequence
+        tokens = list(tokens)
+        if tokens:
+            pos = torch.arange(first_position, first_position + len(tokens))
+            self.eng.step(torch.tensor(tokens), pos, CausalView(self.eng.scale))
+            self.eng.commit(list(range(len(tokens))))
+        self.seq += tokens
+        self.cached = min(self.window, len(self.seq))
+
+
+TREES = {
+    "chain": (4, [1, 1, 1, 1]),
+    "small": (4, [2, 2, 2, 2]),
+    "paper": (5, [4, 16, 16, 16, 16]),
+}
+
+
+POLICIES = {
+    "full": {},
+    "streaming": {"budget": 24, "sinks": 4},
+    "quest": {"budget": 32, "page_size": 8, "dense_layers": 0},
+    "snapkv": {"budget": 24, "window": 4},
+    "h2o": {"budget": 24},
+    "retrieval": {"budget": 24, "chunk": 4},
+    "topk": {"budget": 16},
+}
+
+
+CPU_PRESET = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf fafo_cpu
