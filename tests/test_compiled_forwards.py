@@ -13,7 +13,7 @@ from core.engine import Engine
 from core.types import Counts, HarnessError
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla
-from tests.test_lossless_lookahead import varied_prompts
+from tests.helpers import varied_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
