@@ -25,11 +25,10 @@ from analysis.metrics import (
 # Why a row of a paper's table has no run of ours in any setup, where "no run yet" is not the reason
 # (paper, method) -> reason; rows not named here say which command makes their runs.
 ROW_REASONS: dict[tuple[str, str], str] = {
-    ("FAFO", "SWIFT"): "no run of this setup: `python run.py -m experiment=fafo_swift` (decoder=swift; the "
-    "report's cpu slice runs MT-Bench alone, 2 samples: its skip-set search costs 2-4 CPU-minutes per "
-    "64-token turn on a 2-core box)",
-    ("FAFO", "TriForce"): "no run of this setup: `python run.py -m experiment=fafo_triforce` "
-    "(decoder=triforce on the chat tasks; its PG-19 rows are in FAFO Table 10 and TriForce's own tables)",
+    ("FAFO", "SWIFT"): "no run of this setup: `python run.py -m experiment=fafo_swift` (the cpu slice runs "
+    "MT-Bench alone: the skip-set search costs 2-4 CPU-minutes per 64-token turn)",
+    ("FAFO", "TriForce"): "no run of this setup: `python run.py -m experiment=fafo_triforce` (its PG-19 rows: "
+    "FAFO Table 10)",
 }
 # the columns that name a table's row (the others hold numbers)
 ROW_KEYS = ("method", "claim", "task", "decoder.k", "decoder.n", "kv.budget", "task.context_length")

@@ -5,6 +5,7 @@ harness cannot reproduce."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -343,3 +344,14 @@ def test_setups_told_apart_by_sampling_are_named_by_temperature():
     hot = '{"temperature": 0.6, "top_p": 0.9, "top_k": 0}'
     names = [s.name for s in report_parts.setups(pd.DataFrame([run("a", greedy), run("b", hot)]))]
     assert names == ["cpu-epyc2-fp32@cpu+T=0", "cpu-epyc2-fp32@cpu+T=0.6,top_p=0.9"]
+
+
+def test_the_committed_report_stays_readable():
+    """#95: a researcher reads REPORT.md as text too: no line over 400 characters (the gap table's
+    merged setups and reasons once ran to 438), and every table is reachable from the contents."""
+    text = (Path(__file__).resolve().parents[1] / "results" / "paper" / "REPORT.md").read_text()
+    long = [(i, len(line)) for i, line in enumerate(text.splitlines(), 1) if len(line) > 400]
+    assert not long, f"lines over 400 characters (line, length): {long}"
+    contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    for title in (line[3:] for line in text.splitlines() if line.startswith("## ") and line != "## Contents"):
+        assert f"[{title}]" in contents, title
