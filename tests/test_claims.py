@@ -104,6 +104,6 @@ def test_fafo_sampling_swift_and_triforce_claims_are_testable():
         assert claim.compare != "none", claim.statement
     sampled = runs(fafo_wall=20.0, fafo_tau=1.7).assign(sampling='{"temperature": 0.6, "top_p": 0.9}')
     sampled = sampled.assign(**{"decoder.k": 6, "decoder.n": 40})
-    (claim,) = [c for s, c in by.items() if "when sampling" in s]
+    (claim,) = [c for s, c in by.items() if "when sampling" in s and c.paper == "FAFO"]
     row = ledger(sampled, [claim]).iloc[0]
     assert row["verdict"] == "differs" and row["why"].startswith("cost curve")

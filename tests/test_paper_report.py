@@ -284,7 +284,7 @@ def test_report_reads_at_a_glance(tmp_path):
     # the rows left out are listed under "Not reproduced, and why" with their reason
     gaps = text[text.index("## Not reproduced, and why") :]
     swift = "| FAFO | Table 1 | `cpu-test2-fp32@paper` | SWIFT | no run of this setup: `python run.py -m "
-    swift += "experiment=fafo_swift` (decoder=swift; the report's cpu slice runs MT-Bench alone"
+    swift += "experiment=fafo_swift` (the cpu slice runs MT-Bench alone"
     assert swift in gaps
     assert (
         "| FAFO | Table 1 | `cpu-test2-fp32@paper` | FAFO-2forward; Lookahead | no run of this setup: "
