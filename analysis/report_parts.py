@@ -27,8 +27,8 @@ from analysis.metrics import (
 ROW_REASONS: dict[tuple[str, str], str] = {
     ("FAFO", "SWIFT"): "no run of this setup: `python run.py -m experiment=fafo_swift` (the cpu slice runs "
     "MT-Bench alone: the skip-set search costs 2-4 CPU-minutes per 64-token turn)",
-    ("FAFO", "TriForce"): "no run of this setup: `python run.py -m experiment=fafo_triforce` (its PG-19 rows: "
-    "FAFO Table 10)",
+    ("FAFO", "TriForce"): "no run of this setup: `python run.py -m experiment=fafo_triforce` "
+    "(its PG-19 rows: FAFO Table 10)",
 }
 # the columns that name a table's row (the others hold numbers)
 ROW_KEYS = ("method", "claim", "task", "decoder.k", "decoder.n", "kv.budget", "task.context_length")

@@ -35,13 +35,20 @@ from core.models import load_model
 
 GROUPS = ("layer GEMMs", "LM head", "attention", "KV write", "norms", "elementwise etc.", "dispatch")
 LINEAR_OPS = {"aten::linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::matmul"}
-ATTENTION_OPS = {"aten::scaled_dot_product_attention", "aten::softmax", "aten::bmm", "aten::_softmax"}
+ATTENTION_OPS = {
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",  # what a compiled forward calls
+    "aten::softmax",
+    "aten::bmm",
+    "aten::_softmax",
+}
 KV_WRITE_OPS = {"aten::copy_", "aten::index_copy_", "aten::index_put_", "aten::slice_scatter"}
 
 
 def group_of(name: str, shapes: list, vocab: int) -> str:
     if name in LINEAR_OPS:
-        is_head = any(len(s) == 2 and s[0] == vocab for s in shapes if isinstance(s, list))
+        # the head's weight [vocab, hidden], or its transpose as a compiled forward passes it
+        is_head = any(len(s) == 2 and vocab in s for s in shapes if isinstance(s, list))
         return "LM head" if is_head else "layer GEMMs"
     if name in ATTENTION_OPS:
         return "attention"
@@ -170,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from benchmarks.output import recorded
 
-    with recorded("forward_breakdown"):
+    with recorded("forward_breakdown-compiled" if "--compile" in sys.argv else "forward_breakdown"):
         main()
