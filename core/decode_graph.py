@@ -115,7 +115,7 @@ class Replay:
         """The first run of a compiled `run` at a new shape: it compiles (or takes inductor's cache), so
         it counts as a capture (a clock sees a timed decode that paid for one) and its seconds go to
         `total_compile_s`, reported apart from decode time. Its state is restored like a warm-up's."""
-        saved = [t.clone() for t in self.state]
+        saved = [t.clone() for t in self.state] if self.capture else []  # a warm-up only under a capture
         start = time.perf_counter()
         out = self.run()
         if self.device.type == "cuda":

@@ -163,10 +163,10 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
     xargs -0 cp --parents -t "$r/tree"
   R="$r" RPY="$py" FULL="$full" QUICK="$quick"
   guard 400
-  call setup c1 "$r/home" "$SETUP_S" "$SETUP_CMD"
+  call setup c1 "$r/device_home" "$SETUP_S" "$SETUP_CMD"
   expect "$r/setup/summary.txt" "setup: done" "the setup call stashed its carry"
   expect "$r/setup/env.log" "torch" "env.log names torch"
-  call measure c2 "$r/home" 400 "${MEASURE_CMD/GPU_CALL_S=$MEASURE_S/GPU_CALL_S=${GPU_REHEARSE_CALL_S:-200}}"
+  call measure c2 "$r/device_home" 400 "${MEASURE_CMD/GPU_CALL_S=$MEASURE_S/GPU_CALL_S=${GPU_REHEARSE_CALL_S:-200}}"
   m="$r/measure"
   expect "$m/summary.txt" "^plan: prep" "the guard printed its plan"
   expect "$m/summary.txt" "^wheels: transformers 5" "the wheels installed and import from the carry"
@@ -182,13 +182,13 @@ rehearse() {  # the calls on this CPU: fresh HOME and OUT in a temporary folder,
     expect "$m/long.log" "checked the overrides of 6 of 6 runs" "long: every run's overrides checked"
     expect "$m/mtbench.log" "checked the overrides of 6 of 6 runs" "mtbench: every run's overrides checked"
     expect "$m/kernels.log" "." "kernels: a table"
-    rm -f "$r/home/gpuwin/gguf.part0"  # the stash gone, the installed wheels kept: the cut call pays no install
+    rm -f "$r/device_home/gpuwin/gguf.part0"  # the stash gone, the installed wheels kept: the cut call pays no install
   fi
   if tar tzf "$m/records.tgz" 2>/dev/null | grep "runs/pg19-vanilla-.*/COMPLETE" >/dev/null; then  # (-q: tar would die of SIGPIPE)
     echo "  ok: OUT/records.tgz holds long's first complete run"
   else echo "  FAILED: no complete long run in OUT/records.tgz" && FAILS=1; fi
   if ((quick && FAILS)); then echo "rehearsal folder: $r (remove it when read)" && return 1; fi  # no cut call
-  if ((quick)); then QUICK=0 call fresh c2 "$r/home" "$cut" "$MEASURE_CMD" shapes.csv
+  if ((quick)); then QUICK=0 call fresh c2 "$r/device_home" "$cut" "$MEASURE_CMD" shapes.csv
   else call fresh c2 "$r/fresh-home" "$cut" "$MEASURE_CMD" shapes.csv; fi
   expect "$r/fresh/summary.txt" "stash is gone" "a fresh machine says what it skips"
   expect "$r/fresh/summary.txt" "smoke: skipped" "and skips the SmolLM2 stages"
