@@ -49,7 +49,7 @@ from decoders.fafo.decoder import FAFO, FAFO2Forward
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from runners.timing import peak_memory_mb
 
 Maker = Callable[[Engine], BaseDecoder]

@@ -31,7 +31,7 @@ import torch
 from benchmarks.timing import timed_generate
 from core.attention import sdpa
 from core.kv_cache import KVCache
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from kv_policies.view import RestrictedView
 
 SHAPES = {"smollm2": (9, 3, 64), "llama2-7b": (32, 32, 128)}

@@ -56,7 +56,7 @@ from decoders.longspec.decoder import LongSpec
 from decoders.pld import PromptLookup
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from runners.forwards import MethodPatch
 from runners.provenance import device_name
 

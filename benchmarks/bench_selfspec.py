@@ -49,7 +49,7 @@ from decoders.draft_model import DraftModel
 from decoders.selfspec import SelfSpeculative
 from decoders.triforce import TriForce
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 
 Maker = Callable[[Engine, float], BaseDecoder]
 

@@ -41,7 +41,7 @@ from decoders.fafo.decoder import FAFO
 from decoders.lookahead import Lookahead
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from runners.forwards import MethodPatch
 
 DECODERS: dict[str, Callable[[Engine], BaseDecoder]] = {

@@ -46,7 +46,6 @@ policy really restricted attention (`kv_policies.activity`).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from typing import Any
@@ -54,7 +53,6 @@ from typing import Any
 import torch
 
 from core.attention import CausalView
-from core.types import HarnessError
 from kv_policies.activity import Activity, SelectionActivity
 from kv_policies.view import (
     LayerSelectionView,
@@ -70,35 +68,14 @@ log = logging.getLogger(__name__)
 
 _WARNED_UNGRAPHED: set[str] = set()  # region backends warned about under CUDA graphs (once per process)
 
-# name -> "module:Class"; `build_policy` gives the one-line error for anything else
-REGISTRY = {
-    "full": "kv_policies.full:FullKV",
-    "streaming": "kv_policies.streaming:StreamingLLM",
-    "quest": "kv_policies.quest:Quest",
-    "snapkv": "kv_policies.snapkv:SnapKV",
-    "h2o": "kv_policies.h2o:H2O",
-    "retrieval": "kv_policies.retrieval:Retrieval",
-    "topk": "kv_policies.topk:TopK",
-    "sfi": "kv_policies.sfi:SFI",
-    "kvpress": "kv_policies.kvpress_adapter:KVPress",
-}
-
-
-def build_policy(name: str, **params: Any) -> KVPolicy:
-    """Instantiate a policy by name (the Hydra configs in conf/kv/ do the same through `_target_`)."""
-    if name not in REGISTRY:
-        raise HarnessError(f"unknown KV policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**params)
-
 
 class KVPolicy:
     """Base of every KV policy (the module docstring explains the layout it reasons in).
 
-    A subclass MUST set `name` (its config name, conf/kv/<name>.yaml, and `REGISTRY`'s key) and implement
-    `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical positions. It
-    MAY set `budget` (and `min_budget()`), `shared`, `query_free`, `backend`, `dense_layers`, and use the
-    per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
+    A subclass MUST set `name` (its config name: conf/kv/<name>.yaml, its `kv_policies.registry` key) and
+    implement `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical
+    positions. It MAY set `budget` (and `min_budget()`), `shared`, `query_free`, `backend`, `dense_layers`,
+    and use the per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
     `after_commit`, `rebuild` (what each is for: the module docstring), plus `params()` for what the
     records show. `fixed_selection` may give a selection shared by every layer and head without reading
     the cache. Its constructor takes only its config's keys, checked with `core.checks` or the `check_*`

@@ -19,7 +19,7 @@ import torch
 from core import decode_graph
 from core.engine import Engine
 from core.types import Counts
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests import tiny_decoders as make
 from tests.emulated_graphs import captured, emulated_capture
 

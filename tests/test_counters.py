@@ -130,7 +130,7 @@ def test_blocking_copies_to_the_device_count_and_staged_ones_do_not():
 def test_static_frac_is_one_for_vanilla_and_the_staged_policies_and_less_where_a_region_moves_entries(
     tiny_lm,
 ):
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     eng = Engine(tiny_lm.model)
     prompt = list(range(3, 40))
@@ -212,7 +212,7 @@ def test_draft_clock_times_every_forward_of_triforce_draft_model(tiny_lm):
     """Greedy or sampling, every forward of TriForce's draft model is timed as the draft's, once."""
     from decoders.draft_model import DraftModel
     from decoders.triforce import TriForce
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     prompt = list(range(3, 40))
     for sampler in (Sampler(), Sampler(temperature=0.8, seed=1)):
@@ -325,7 +325,7 @@ def test_device_reads_add_the_tail_before_rounding():
 def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
     """Self-speculation's draft steps of one verification select over the same entries: the stacked
     selections of a query-free policy and StreamingLLM's window are made once, not once per round."""
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     eng = Engine(tiny_lm.model)
     eng.reset(80)
@@ -387,7 +387,7 @@ def test_a_drafts_rows_after_its_first_launch_nothing_of_their_own(tiny_lm, poli
     (`DeviceReads`) and feed each other's argmax tensor itself: between two one-row draft forwards the
     decoder launches nothing, so its launches per step do not grow with gamma."""
     from decoders.selfspec import SelfSpeculative
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     eng = Engine(tiny_lm.model)
     extra = {"chunk": 4} if policy == "retrieval" else {"sinks": 4}

@@ -222,7 +222,7 @@ def test_cuda_graph_blocks_equal_eager(tiny_lm):
 
     prompt = [5, 6, 7, 5, 6, 7, 5, 6] * 3
     ref = Vanilla(Engine(tiny_lm.model)).generate(prompt, 48, set(), Counts())
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
     from kv_policies.streaming import StreamingLLM
 
     for make in (
@@ -269,11 +269,12 @@ def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm
     import kv_policies.base as base
     from core.types import Counts
     from decoders.vanilla import Vanilla
+    from kv_policies.registry import build_policy
 
     base._WARNED_UNGRAPHED.discard("sliced")
     prompt = list(range(3, 60))
     for _ in range(2):
-        kv = base.build_policy("quest", budget=24, page_size=8, dense_layers=0, backend="sliced")
+        kv = build_policy("quest", budget=24, page_size=8, dense_layers=0, backend="sliced")
         Vanilla(_static(tiny_lm), kv).generate(prompt, 6, set(), Counts())
     warned = [r for r in caplog.records if "kv.backend=sliced" in r.getMessage()]
     assert len(warned) == 1 and "regular forward" in warned[0].getMessage()

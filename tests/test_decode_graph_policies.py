@@ -33,7 +33,7 @@ def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
     from decoders.vanilla import Vanilla
-    from kv_policies.base import REGISTRY, build_policy
+    from kv_policies.registry import REGISTRY, build_policy
 
     module, cls = REGISTRY[name].split(":")
     policy_class = getattr(__import__(module, fromlist=[cls]), cls)
@@ -67,7 +67,7 @@ def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny
     from core.types import Counts
     from decoders.draft_model import DraftModel
     from decoders.triforce import TriForce
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(7)).tolist()
     results = []
@@ -90,7 +90,7 @@ def test_a_later_policy_on_the_same_engine_is_served_from_its_own_state(tiny_lm,
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
     from decoders.vanilla import Vanilla
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     settings = FIXED_POLICIES[name]
     gen = torch.Generator().manual_seed(3)
@@ -112,7 +112,7 @@ def test_self_speculation_over_top_k_takes_the_fixed_shape_forward(tiny_lm):
     decode forward takes it, with the regular path's tokens, acceptance, KV reads and policy activity."""
     from core.types import Counts
     from decoders.selfspec import SelfSpeculative
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(11)).tolist()
     results = []
@@ -136,7 +136,7 @@ def test_self_speculation_drafts_stage_their_selection_once_per_draft(tiny_lm, n
     Both give the regular path's tokens, acceptance, KV reads and policy activity."""
     from core.types import Counts
     from decoders.selfspec import SelfSpeculative
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(13)).tolist()
     results, copies = [], []

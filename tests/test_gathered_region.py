@@ -10,7 +10,7 @@ import torch
 
 from core.engine import Engine
 from core.types import Counts
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests import tiny_decoders as make
 from tests.conftest import prefill_under
 

@@ -15,10 +15,11 @@ from core.compressed_region import CompressedRegion
 from core.engine import Engine
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
-from kv_policies.base import KVPolicy, build_policy
+from kv_policies.base import KVPolicy
 from kv_policies.h2o import H2O
 from kv_policies.pages import page_bounds
 from kv_policies.quest import Quest
+from kv_policies.registry import build_policy
 from kv_policies.snapkv import SnapKV
 from kv_policies.streaming import StreamingLLM
 from kv_policies.view import selectable_length

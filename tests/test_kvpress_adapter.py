@@ -11,7 +11,7 @@ import torch
 from core.engine import Engine
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests.conftest import prefill_under
 
 pytest.importorskip("kvpress", reason="kvpress not installed (scripts/install.sh installs it)")

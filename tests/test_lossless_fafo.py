@@ -304,7 +304,7 @@ def test_flex_compressed_region_is_lossless(references):
     """backend=flex: the policy's selection is swapped into the head region of the one KV cache and
     the fumble rows read it through the static FlexAttention block mask (compiled); output stays
     vanilla's, and the region really was used (entries swapped, fumble rows restricted)."""
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     eng, refs = references
     for prompt, ref in refs[:2]:

@@ -18,7 +18,7 @@ from core.types import Counts, HarnessError
 from decoders.longspec.decoder import DraftedTree, LongSpec, Tree
 from decoders.longspec.draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests.conftest import needs_smollm
 from tests.helpers import TREES, TargetDraft, varied_prompts
 from tests.lossless_check import (

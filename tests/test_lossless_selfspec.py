@@ -14,7 +14,8 @@ from core.types import Counts, HarnessError
 from decoders.sampled_verify import ChainCheck
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
-from kv_policies.base import KVPolicy, build_policy
+from kv_policies.base import KVPolicy
+from kv_policies.registry import build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
 from tests.conftest import needs_smollm, prefill_under
 from tests.helpers import POLICIES, varied_prompts

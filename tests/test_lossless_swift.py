@@ -15,7 +15,7 @@ from core.sampling import Sampler
 from core.types import Counts, HarnessError, LayerSkip
 from decoders.swift import Swift
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.helpers import varied_prompts
 from tests.lossless_check import (

@@ -18,7 +18,7 @@ from decoders.draft_model import DraftModel, build_draft, check_same_vocabulary
 from decoders.selfspec import SelfSpeculative
 from decoders.triforce import TriForce
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.helpers import POLICIES, varied_prompts
 from tests.lossless_check import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.engine import Engine
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from kv_policies.streaming import StreamingLLM
 from tests.conftest import prefill_under
 

@@ -29,7 +29,7 @@ from core.sparse_attention import (
 )
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
+from kv_policies.registry import build_policy
 from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
 
 

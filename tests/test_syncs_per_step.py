@@ -44,7 +44,7 @@ def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(
     from decoders.pld import PromptLookup
     from decoders.selfspec import SelfSpeculative
     from decoders.sfi import SlowFast
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     eng = Engine(tiny_lm.model)
     if fixed_shape:
@@ -117,7 +117,7 @@ def test_reads_once_per_generation_after_the_decode_loop_are_not_per_step(tiny_l
 
 def test_no_sync_count_where_attention_compiles(tiny_lm):
     """torch.compile does not run under the counter's dispatch modes: such runs record no count."""
-    from kv_policies.base import build_policy
+    from kv_policies.registry import build_policy
 
     dec = Vanilla(Engine(tiny_lm.model), kv=build_policy("streaming", budget=16, backend="flex"))
     assert math.isnan(syncs_per_step(dec, list(range(3, 40)), 8, set()))

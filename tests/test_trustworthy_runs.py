@@ -16,8 +16,8 @@ import torch
 from core.engine import Engine
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
-from kv_policies.base import build_policy
 from kv_policies.h2o import H2O
+from kv_policies.registry import build_policy
 from runners import provenance
 from runners.lock import RunLock
 from runners.records import RunDir

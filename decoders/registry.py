@@ -1,0 +1,36 @@
+"""Every decoder by its method name (the class's `name`): the one list the runner's tools, the docs
+and the parametrized test suite read. A new decoder adds its line here."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from core.types import HarnessError
+
+# method name -> "module:Class"
+DECODERS = {
+    "vanilla": "decoders.vanilla:Vanilla",
+    "pld": "decoders.pld:PromptLookup",
+    "lookahead": "decoders.lookahead:Lookahead",
+    "fafo": "decoders.fafo.decoder:FAFO",
+    "fafo_2forward": "decoders.fafo.decoder:FAFO2Forward",
+    "swift": "decoders.swift:Swift",
+    "selfspec": "decoders.selfspec:SelfSpeculative",
+    "triforce": "decoders.triforce:TriForce",
+    "longspec": "decoders.longspec.decoder:LongSpec",
+    "sfi": "decoders.sfi:SlowFast",
+}
+
+
+def decoder_class(name: str) -> type:
+    """The class registered under `name` (one `HarnessError` line for an unknown name)."""
+    if name not in DECODERS:
+        raise HarnessError(f"unknown decoder {name!r}; known: {', '.join(sorted(DECODERS))}")
+    module, cls = DECODERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_decoder(name: str, engine: Any, **params: Any) -> Any:
+    """Instantiate a decoder by method name (the Hydra configs in conf/decoder/ do the same)."""
+    return decoder_class(name)(engine, **params)
