@@ -200,11 +200,13 @@ def run_session(
     args,
     pairs: dict[str, Pairs],
     log: IO[str],
-    out_dir: Path,
+    out_root: Path,
 ) -> None:
     """One pair of fresh worker processes, started base first in even sessions and head first in odd
     ones, both loading at once: a process's speed lasts as long as it does (identical trees set up one
-    after the other differed by 18% for a whole session), so it must vary between sessions to be seen."""
+    after the other differed by 18% for a whole session), so it must vary between sessions to be seen.
+    Each worker gets its own runs folder in `out_root`, which it creates: two workers creating one
+    folder at once made an older tree's settings check fail ("File exists")."""
     order = (0, 1) if session % 2 == 0 else (1, 0)
     workers: dict[int, Worker] = {}
     try:
@@ -216,7 +218,7 @@ def run_session(
                 decoders=decoders,
                 overrides=[*args.override, *sides[i][1]],
                 threads=args.threads,
-                out_dir=str(out_dir),
+                out_dir=str(out_root / f"runs-{session}-{('base', 'head')[i]}"),
             )
         for i in order:
             workers[i].receive()
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         try:
             for session in range(args.sessions):
-                run_session(sides, session, decoders, asked, args, pairs, log, tmp / "runs")
+                run_session(sides, session, decoders, asked, args, pairs, log, tmp)
         except HarnessError:
             log.flush()
             sys.stderr.write((tmp / "workers.log").read_text()[-4000:])

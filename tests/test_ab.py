@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,32 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, tmp_path,
     with pytest.raises(HarnessError, match=message):
         main(argv)
     assert not any(tmp_path.iterdir())
+
+
+def test_each_worker_of_a_session_gets_a_runs_folder_of_its_own(tmp_path, monkeypatch):
+    """Both workers of a session load at once: had they shared one runs folder, both would create it and
+    an older tree's settings check refuses the one that loses ("File exists")."""
+    import benchmarks.ab as ab
+
+    sent: list[str] = []
+
+    class FakeWorker:
+        def __init__(self, tree, log) -> None:
+            pass
+
+        def send(self, **req) -> None:
+            sent.append(req["out_dir"])
+
+        def receive(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(ab, "Worker", FakeWorker)
+    monkeypatch.setattr(ab, "measure", lambda *a, **k: None)
+    args = type("Args", (), {"override": [], "threads": 1})()
+    sides = [(tmp_path, []), (tmp_path, [])]
+    for session in range(2):
+        ab.run_session(sides, session, ["forward"], [[1]], args, {}, None, tmp_path)
+    assert len(set(sent)) == 4 and not any(Path(p).exists() for p in sent)
