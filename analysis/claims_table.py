@@ -6,7 +6,7 @@ budget 760, Lookahead G 7), so a claim reads the same cells as the tables above.
 from __future__ import annotations
 
 from analysis.claims import Claim
-from analysis.fafo_paper import TASKS
+from analysis.fafo_base import TASKS
 
 FAFO_DECODERS = ["fafo", "fafo_2forward", "fafo_cpu", "fafo_auto"]
 FAFO_SET = {"decoder.k": 6, "decoder.n": 40}

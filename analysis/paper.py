@@ -42,7 +42,7 @@ from analysis.claims_report import ledger_section, summary_section, verdict_line
 from analysis.claims_table import CLAIMS
 from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
-from analysis.load import DamagedRecord, experiments, from_experiments, load_runs
+from analysis.load import DamagedRecord, experiments, from_experiments, load_runs, load_samples, load_table
 from analysis.metrics import (
     ENV,
     AnalysisError,
@@ -117,8 +117,6 @@ def _triforce_table7(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
 
 
 def _sfi_table4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
-    from analysis.load import load_runs, load_table
-
     t4 = from_experiments(s, experiments("sfi_table4"))
     t4 = t4[t4["task"].astype(str).str.startswith("longbench")]
     if not (t4["decoder"] == "sfi").any():
@@ -129,8 +127,6 @@ def _sfi_table4(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
 
 def _sfi_ablation(fn: Callable[..., pd.DataFrame], names: tuple[str, ...]) -> TableFn:
     def make(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
-        from analysis.load import load_runs, load_table
-
         runs = from_experiments(s, names)
         runs = runs[runs["decoder"] == "sfi"]
         if runs.empty:
@@ -142,8 +138,6 @@ def _sfi_ablation(fn: Callable[..., pd.DataFrame], names: tuple[str, ...]) -> Ta
 
 
 def _sfi_quality(s: pd.DataFrame, _out: Path) -> pd.DataFrame:
-    from analysis.load import load_runs, load_table
-
     runs = from_experiments(s, ("sfi_table5_cpu", "sfi_table4_sfi_cpu", "sfi_table4_dense_cpu"))
     if not (runs["decoder"] == "sfi").any():
         return pd.DataFrame()
@@ -489,8 +483,6 @@ def _shown_path(path: Path, out: Path) -> str:
 def build_report(root: Path, out: Path, stage: Path | None = None) -> str:
     """The report's markdown; its figures are written under `<stage>/figures/<setup>/` (`out` when no
     stage is given) and named relative to it."""
-    from analysis.load import load_samples, load_table
-
     stage = out if stage is None else stage
     samples = load_samples(root, strict=True)
     claims = ledger(samples, CLAIMS, load_table(root, "scores"))
