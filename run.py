@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.types import HarnessError
-from runners.overrides import check_overrides
+from runners.overrides import check_overrides, compose_checked, job_overrides
 
 CONF = Path(__file__).resolve().parent / "conf"
 FAILURES_ENV = "HARNESS_SWEEP_FAILURES"  # file where sweep jobs append their one-line failures
@@ -56,7 +56,6 @@ def preflight(argv: list[str], composed: list[DictConfig] | None = None) -> str 
     made): unknown options and keys, and every job's config checked as the runner will check it. The
     jobs' configs are appended to `composed` when given."""
     from runners.config import check_config, check_decoder
-    from runners.overrides import compose_checked, job_overrides
 
     problem = check_group_choices(argv) or check_overrides(argv, CONF)
     if problem:

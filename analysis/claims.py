@@ -49,6 +49,8 @@ class Claim:
     why: tuple[str, ...] = ()  # the explanations a "differs" may carry, in order of preference
 
 
+# why a speed claim may read otherwise at our scale (`explain`)
+SPEED_WHY = ("cost curve", "baseline", "model size")
 DEPENDS = {
     "tau": "the model",
     "quality": "the model",

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.fafo_base import paper_rows
+from analysis.load import load_runs, load_table
+from analysis.metrics import ENV, baseline_of, paired_speedup, with_env
 from core.cost_curve import CostCurve, CostFn, cache_name  # noqa: F401  (re-exported)
 
 BENCH = Path(__file__).resolve().parents[1] / "results" / "bench"
@@ -204,8 +207,6 @@ def paper_pairs() -> pd.DataFrame:
     FAFO Table 2 (Llama-2-7b-chat, fp16, A100; FAFO k=6 n=40: 1 + 6*40 = 241 stream rows + the
     verification rows of up to 40 candidates of 6 = 481 rows; Lookahead W=G=7, N=5: 1 + 2*(N-1)*7 = 57
     rows) at MT-Bench-sized contexts (~600 entries; FAFO-Stream's stream rows read 760)."""
-    from analysis.fafo_paper import paper_rows
-
     out = []
     rows_of = {"FAFO-Stream": 481, "FAFO-Quest": 481, "Lookahead": 57}
     t2 = paper_rows("Table 2")
@@ -282,9 +283,6 @@ def eager_step_ratio(samples: pd.DataFrame) -> tuple[float, str]:
 def run_predictions(root: Path, curves: list[CostCurve]) -> pd.DataFrame:
     """Per complete run: measured decode speedup over the vanilla run of its environment, predicted on
     the curve measured in that environment (when one is in `curves`), and on each roofline GPU."""
-    from analysis.load import load_runs, load_table
-    from analysis.metrics import ENV, baseline_of, paired_speedup, with_env
-
     runs = load_runs(root)
     if runs.empty:
         return pd.DataFrame()

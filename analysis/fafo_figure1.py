@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.fafo_paper import PAPER_SETTING, TASKS, _caption, _num, aggregate, hold
+from analysis.fafo_base import PAPER_SETTING, TASKS, _caption, _num, aggregate, hold
 from analysis.metrics import ENV, save_png
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.fafo_paper import _caption, table2, table11, table12
+from analysis.fafo_base import _caption
+from analysis.fafo_paper import table2, table11, table12
 from analysis.verdict import DIFFERS, Measure, order
 
 TAU_WHY = "tau at this scale: 64-token answers of a 135M model, budgets of 10% of short contexts"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from runners.records import DAMAGE, RunDir, why
 
@@ -43,6 +44,17 @@ HOST_COLUMNS = (
     "critical_ms_per_forward",
     "graph_captures",
 )
+
+
+CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+
+
+def default_root() -> str:
+    """The config's `run.out_dir` (where `python run.py` writes), "results" if unreadable."""
+    try:
+        return str(OmegaConf.load(CONFIG).run.out_dir)
+    except Exception:  # noqa: BLE001
+        return "results"
 
 
 def _flatten(prefix: str, blob: str) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.metrics import AnalysisError, save_png
+from analysis.report_parts import markdown
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "results" / "paper" / "training" / "longspec_figure4"
@@ -161,8 +162,6 @@ def plot(loss: dict[str, pd.Series], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analysis.paper import markdown
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", default=str(FOLDER), help="holding <variant>/log.csv and training.json")
     ap.add_argument("--png", default=None, help="write the loss curves here")

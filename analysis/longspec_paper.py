@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.fafo_paper import one_setup, render
-from analysis.load import from_experiments
+from analysis.fafo_base import one_setup, render
+from analysis.load import default_root, from_experiments, load_samples
 from analysis.metrics import (
     ENV,
     AnalysisError,
@@ -361,9 +361,6 @@ def load_figure3(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analysis.load import load_samples
-    from analysis.summary import default_root
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=default_root(), help="the folder holding runs/ (default: run.out_dir)")
     args = ap.parse_args(argv)

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.load import load_runs
+from runners.records import RunDir
+
 # what a table may hold fixed across its cells (the hardware, the model, the numerics)
 SETUP = [
     "model",
@@ -448,9 +451,6 @@ def match_or_tie_rate(samples: pd.DataFrame, dtype: str) -> float:
 def reference_run(root: Path | str, run_id: str) -> Path | None:
     """The complete vanilla+full run of the same environment as run `run_id` (None if there is none;
     an AnalysisError if two qualify)."""
-    from analysis.load import load_runs
-    from runners.records import RunDir
-
     runs = load_runs(root, complete_only=False)
     if runs.empty or run_id not in set(runs["run_id"]):
         return None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import cost_model as cm
 from analysis import longspec_figure4 as longspec_fig4
 from analysis.metrics import SETUP, AnalysisError, summarize, version_counts, with_env
 from analysis.report_parts import Provenance, code_text, markdown, prose, run_rows, setups
@@ -21,8 +22,6 @@ def cost_section(
     """Predicted vs measured decode speedup of every run measured where a cost curve was committed
     (`python -m benchmarks.block_cost`), the roofline GPUs' predictions, and the roofline against
     the papers' own pairs. `names`: run id -> setup name, for a column naming each run's setup."""
-    from analysis import cost_model as cm
-
     parts = ["## Cost model: predicted vs measured speedup", ""]
     curves = cm.committed_curves(cm.BENCH if bench is None else bench)
     table = cm.run_predictions(root, curves) if curves else pd.DataFrame()

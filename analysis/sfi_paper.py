@@ -29,9 +29,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.fafo_paper import one_setup, render
-from analysis.load import experiments, from_experiments
-from analysis.metrics import AnalysisError, bootstrap_ratio, check_one_run, set_caption
+from analysis.fafo_base import one_setup, render
+from analysis.load import default_root, experiments, from_experiments, load_runs, load_table
+from analysis.metrics import (
+    ENV,
+    AnalysisError,
+    baseline_of,
+    bootstrap_ratio,
+    check_one_run,
+    paired_speedup,
+    set_caption,
+)
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "results" / "curated" / "paper_tables_sfi.csv"
 PRESS = {
@@ -261,8 +269,6 @@ def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.Data
     """Per context length (`task.context_length`): dense and SFI decode tok/s, SFI's paired decode
     speedup over the dense run of that context, visible share on fast steps, slow-step share, and
     whether SFI's output equals dense greedy. A context without its dense run has no speedup."""
-    from analysis.metrics import ENV, baseline_of, paired_speedup
-
     ok = samples[samples["error"].isna()] if "error" in samples.columns else samples
     df = one_setup(ok[ok["task"] == "pg19"])
     rows = []
@@ -310,9 +316,6 @@ def figure4(samples: pd.DataFrame, paper_csv: Path | str = PAPER_CSV) -> pd.Data
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analysis.load import load_runs, load_table
-    from analysis.summary import default_root
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=default_root(), help="the folder holding runs/ (default: run.out_dir)")
     args = ap.parse_args(argv)

@@ -25,24 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis import display  # noqa: E402
-from analysis.load import load_runs, load_table  # noqa: E402
+from analysis import cost_model, display  # noqa: E402
+from analysis.load import default_root, load_runs, load_table  # noqa: E402
 from analysis.metrics import ENV, AnalysisError, summarize  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
 # runs alike in these fields are shown as one block, under a header naming them; runs of one block
 # that differ in max_new_tokens say so in their labels
 BLOCK = [f for f in ENV if f != "max_new_tokens"]
-
-
-def default_root() -> str:
-    """The config's `run.out_dir` (where `python run.py` writes), "results" if unreadable."""
-    try:
-        from omegaconf import OmegaConf
-
-        return str(OmegaConf.load(CONFIG).run.out_dir)
-    except Exception:  # noqa: BLE001
-        return "results"
 
 
 def speedup_figure(table: pd.DataFrame, path: Path) -> Path:
@@ -92,10 +81,8 @@ def with_predictions(table: pd.DataFrame, root: Path) -> pd.DataFrame:
     """Add the speedups the cost model predicts from each run's blocks (analysis.cost_model): on the
     curve measured in the run's environment (`pred_speedup`, NaN when none is committed) and on the
     H100 roofline (`pred_H100`)."""
-    from analysis.cost_model import BENCH, committed_curves, run_predictions
-
     try:
-        pred = run_predictions(root, committed_curves(BENCH))
+        pred = cost_model.run_predictions(root, cost_model.committed_curves(cost_model.BENCH))
     except (KeyError, ValueError):
         pred = pd.DataFrame()
     if pred.empty or "run_id" not in table.columns:

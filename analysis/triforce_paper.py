@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.fafo_paper import one_setup, render
-from analysis.load import from_experiments
+from analysis.fafo_base import one_setup, render
+from analysis.load import default_root, from_experiments, load_samples
 from analysis.metrics import (
     ENV,
     AnalysisError,
@@ -355,9 +355,6 @@ def _plot_figure6(table: pd.DataFrame, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from analysis.load import load_samples
-    from analysis.summary import default_root
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=default_root(), help="the folder holding runs/ (default: run.out_dir)")
     ap.add_argument(

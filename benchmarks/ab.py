@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.types import HarnessError
+from tasks.base import chat_ids
+from tasks.mtbench import MTBench
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "ab_worker.py"
@@ -151,8 +153,6 @@ def prompts(n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from core.models import packaged_gguf_folder
-    from tasks.base import chat_ids
-    from tasks.mtbench import MTBench
 
     tok = AutoTokenizer.from_pretrained(packaged_gguf_folder("smollm2-135m"))
     return [chat_ids(tok, [{"role": "user", "content": s.turns[0]}]) for s in MTBench(limit=n).load()]

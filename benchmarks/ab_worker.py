@@ -66,6 +66,7 @@ class Side:
     def burst(self, decoder: str, prompt: list[int], tokens: int) -> dict[str, Any]:
         if decoder == FORWARD:
             return self._forwards(prompt, tokens)
+        # deferred: the harness is imported from the tree main() put first on sys.path, never the lead's
         from core.types import Counts
 
         marks: list[float] = []
@@ -106,7 +107,7 @@ def main() -> None:
         try:
             if req["op"] == "setup":
                 side = Side(tree, req["decoders"], req["overrides"], req["threads"], req["out_dir"])
-                import core
+                import core  # deferred: see burst(): from the compared tree
 
                 ans: dict[str, Any] = {"ok": True, "core": core.__file__}
             else:

@@ -34,6 +34,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from analysis.cost_model import GPUS, SHAPES, roofline_cost
 from benchmarks.timing import timed_generate
 from core.cost_curve import CostCurve, CostFn, cached_or_measured, curve_key
 from core.engine import Engine
@@ -197,8 +198,6 @@ def report(task: str, reps: list[dict[str, Cell]]) -> None:
 
 def gpu_choices(eng: Engine, prompts, new: int, stop: set[int]) -> None:
     """Block rows the auto configs choose when priced on roofline GPU curves (same generations)."""
-    from analysis.cost_model import GPUS, SHAPES, roofline_cost
-
     print("\n### Blocks chosen by the same block=auto configs on other cost curves (2 prompts)\n")
     print("| curve | method | plan (generator size, every n-th step) | mean rows | max rows | tau |")
     print("|---|---|---|---:|---:|---:|")

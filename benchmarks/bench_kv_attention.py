@@ -30,9 +30,13 @@ import torch
 
 from benchmarks.timing import timed_generate
 from core.attention import sdpa
+from core.engine import Engine
 from core.kv_cache import KVCache
+from core.models import load_model
+from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
 from kv_policies.view import RestrictedView
+from tasks.pg19 import PG19
 
 SHAPES = {"smollm2": (9, 3, 64), "llama2-7b": (32, 32, 128)}
 
@@ -181,11 +185,6 @@ def print_attention_row(r: dict, header: bool) -> None:
 
 # --- part B ---------------------------------------------------------------------------------------
 def end_to_end(ctxs: list[int], budget: int, new: int, samples: int, repeats: int) -> None:
-    from core.engine import Engine
-    from core.models import load_model
-    from decoders.vanilla import Vanilla
-    from tasks.pg19 import PG19
-
     lm = load_model("packaged", "smollm2-135m", dtype="auto", device="cpu")  # bf16 only where native
     eng = Engine(lm.model)
     configs = {

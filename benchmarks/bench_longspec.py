@@ -59,6 +59,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
 from runners.forwards import MethodPatch
 from runners.provenance import device_name
+from tasks.pg19 import PG19
 
 Maker = Callable[[Engine], BaseDecoder]
 TREES = {"paper tree": (5, [4, 16, 16, 16, 16]), "small tree": (4, [2, 2, 2, 2]), "chain": (4, [1, 1, 1, 1])}
@@ -212,7 +213,6 @@ def main() -> None:
     args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tasks.pg19 import PG19
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")

@@ -50,6 +50,7 @@ from decoders.selfspec import SelfSpeculative
 from decoders.triforce import TriForce
 from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
+from tasks.pg19 import PG19
 
 Maker = Callable[[Engine, float], BaseDecoder]
 
@@ -121,7 +122,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tasks.pg19 import PG19
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")

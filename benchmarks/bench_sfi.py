@@ -44,6 +44,7 @@ from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
 from kv_policies.sfi_view import SFIFastView
 from kv_policies.view import ObservedCausalView
+from tasks.pg19 import PG19
 
 
 @dataclass
@@ -134,7 +135,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tasks.pg19 import PG19
 
     lm = load_model("packaged", "smollm2-135m", dtype="float32", device="cpu")
     eng = Engine(lm.model, linear="onednn")

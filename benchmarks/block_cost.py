@@ -20,11 +20,14 @@ A100/H100/H200 (`analysis.cost_model.GPUS`), and the roofline's predictions agai
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from pathlib import Path
 
 import torch
 
 from analysis.cost_model import GPUS, SHAPES, ModelShape, check_pairs, shape_of
+from benchmarks.output import environment, out_dir
 from core.cost_curve import (
     CostCurve,
     cache_dir,
@@ -39,6 +42,7 @@ from core.cost_curve import (
 )
 from core.engine import Engine
 from core.models import load_model
+from runners.provenance import device_name
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CONTEXTS = (256, 1024, 4096)
@@ -47,8 +51,6 @@ CONTEXTS = (256, 1024, 4096)
 def read_bandwidth(mb: int = 1024, reps: int = 5) -> float:
     """Bytes/s this process reads from memory with its threads: the best of `reps` sums over an
     `mb`-MB fp32 tensor (a read-bound reduction: every byte read once, nothing written back)."""
-    import time
-
     x = torch.ones(mb * 2**20 // 4)
     best = float("inf")
     for _ in range(reps):
@@ -65,8 +67,6 @@ def bandwidth_share(
     bandwidth), per cache size. The bandwidth of a shared box drifts by tens of percent within minutes,
     so each repeat measures the bandwidth and the step back to back and the share is the median of
     the repeats' own ratios."""
-    import statistics
-
     out = []
     for ctx in contexts:
         fill_cache(eng, ctx, 2)
@@ -130,9 +130,6 @@ def curve_for(args: argparse.Namespace, device_name: str) -> tuple[CostCurve, Pa
 
 
 def main(argv: list[str] | None = None) -> None:
-    from benchmarks.output import environment, out_dir
-    from runners.provenance import device_name
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="float32")

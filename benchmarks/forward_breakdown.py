@@ -32,6 +32,7 @@ from core.attention import CausalView
 from core.cost_curve import fill_cache
 from core.engine import Engine, onednn_applies
 from core.models import load_model
+from runners.provenance import device_name
 
 GROUPS = ("layer GEMMs", "LM head", "attention", "KV write", "norms", "elementwise etc.", "dispatch")
 LINEAR_OPS = {"aten::linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::matmul"}
@@ -123,8 +124,6 @@ def _wall_median(eng: Engine, tok: torch.Tensor, context: int, view: CausalView,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runners.provenance import device_name
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)

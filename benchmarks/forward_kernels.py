@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from core.cost_curve import fill_cache, step_times
 from core.engine import Engine
 from core.models import load_model
+from runners.provenance import device_name
 
 NAME_CHARS = 70  # kernel names run to hundreds of characters of template arguments
 
@@ -62,8 +63,6 @@ def table(eng: Engine, rows: list[int], context: int, reps: int, top: int) -> st
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runners.provenance import device_name
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="a packaged model, or a config file (.json)")
     ap.add_argument("--dtype", default="float32")

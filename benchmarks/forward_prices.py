@@ -25,12 +25,11 @@ from benchmarks.timing import StepClock, timed_generate
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
+from runners.provenance import device_name
 from runners.runner import stop_ids_for
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runners.provenance import device_name
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtbench", type=int, default=6)
     ap.add_argument("--new", type=int, default=128)

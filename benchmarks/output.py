@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
+from runners import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 def environment() -> dict[str, object]:
     """Device name, CPU flags that decide the fast paths, threads, versions, code version."""
-    from runners.provenance import git_sha
-
     cpu, flags = platform.processor() or platform.machine(), set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -44,7 +44,7 @@ def environment() -> dict[str, object]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "code_version": git_sha(REPO),
+        "code_version": provenance.git_sha(REPO),  # looked up at each call: a test replaces it
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

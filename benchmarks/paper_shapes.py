@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from analysis.cost_model import ModelShape
+from benchmarks.output import environment, out_dir
 from core.cost_curve import (
     CostCurve,
     cache_name,
@@ -40,6 +41,8 @@ from core.cost_curve import (
 )
 from core.engine import Engine
 from core.models import load_model
+from runners.emulated_graphs import emulate_graphs
+from runners.provenance import device_name
 
 ROWS = (1, 2, 11, 57, 481)
 CONTEXTS = (1024, 4096, 32768)
@@ -81,8 +84,6 @@ def engine_for(lm, mode: str, emulate: bool) -> Engine:
     graphed = mode == "graphed"
     eng = Engine(lm.model, cuda_graphs=graphed and not emulate)
     if graphed and emulate:
-        from runners.emulated_graphs import emulate_graphs
-
         emulate_graphs(eng)
     return eng
 
@@ -179,8 +180,6 @@ def synthetic_prompt_ids(lm, ctx: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runners.provenance import device_name
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", required=True, help="HF config JSONs (conf/model/shapes/)")
     ap.add_argument("--device", default="cuda")
@@ -205,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     missing = [c for c in args.configs if not Path(c).is_file()]
     if missing:
         raise SystemExit(f"error: no config file {missing[0]}")
-    from benchmarks.output import environment, out_dir
 
     dev_name = device_name(dev)
     rows_out = Rows(args.rows_out, dev_name)

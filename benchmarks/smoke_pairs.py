@@ -31,6 +31,10 @@ from core.cost_curve import synchronize
 from core.engine import Engine
 from core.models import load_model
 from core.types import Counts
+from runners.config import stop_ids_for
+from runners.emulated_graphs import emulate_graphs
+from tasks.mtbench import MTBench
+from tasks.pg19 import PG19
 
 FIELDS = (
     "pair",
@@ -65,9 +69,6 @@ def pairs(longspec_draft: str, tiny: bool) -> list[tuple[str, str, tuple[str, ..
 def prompts_for(lm, long: bool, context: int) -> tuple[list[int], str]:
     """One MT-Bench turn, or one PG-19 window of `context` tokens (synthetic ids where the package's
     text is absent, said in the row)."""
-    from tasks.mtbench import MTBench
-    from tasks.pg19 import PG19
-
     task = PG19(limit=1, context_length=context, source="package") if long else MTBench(limit=1)
     try:
         sample = task.load()[0]
@@ -82,8 +83,6 @@ def generate(lm, combo, graphs: str, prompt: list[int], new: int, stop: set[int]
     decoder, kv, extra, _ = combo
     eng = Engine(lm.model, cuda_graphs=graphs == "cuda")
     if graphs == "emulate":
-        from runners.emulated_graphs import emulate_graphs
-
         emulate_graphs(eng)
     dec = make_decoder(decoder, kv, extra, lm, eng, scale="paper")
     counts = Counts(keep_steps=False)
@@ -95,8 +94,6 @@ def generate(lm, combo, graphs: str, prompt: list[int], new: int, stop: set[int]
 
 
 def main(argv: list[str] | None = None) -> None:
-    from runners.config import stop_ids_for
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="a packaged model, or tiny")
     ap.add_argument("--device", default="cuda")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView, ViewKind
-from core.decode_graph import fits, has_room
+from core.decode_graph import StaticForwards, fits, has_room
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 from core.positions import RelativePositions, absolute
@@ -88,8 +88,6 @@ class Engine:
         """Send this engine's fixed-shape steps through `core.decode_graph.StaticForwards`: captured CUDA
         graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs);
         `compiled`: each compiled by inductor first (`run.compile`)."""
-        from core.decode_graph import StaticForwards
-
         self.graphs = StaticForwards(self, capture=capture, compiled=compiled)
 
     def _pack_onednn(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from core.hf_compat import strip_gguf_quantization
+from core.tokenizer import ByteTokenizer
 from core.types import HarnessError
 
 DTYPES = {
@@ -173,8 +176,6 @@ def packaged_gguf_folder(key: str) -> Path:
         src = _package_dir(module, key, pip_spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from core.hf_compat import strip_gguf_quantization
-
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=filename)
@@ -230,8 +231,6 @@ def tiny_model(
 def config_model(path: str | Path, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The causal LM described by the HF config JSON at `path`, with seeded random weights, built in
     `dtype` directly on `device` (a 7-8B model never exists in fp32 or on the host)."""
-    import json
-
     from transformers import AutoConfig, AutoModelForCausalLM
 
     file = Path(path)
@@ -264,15 +263,11 @@ def load_model(
             "float16 is very slow on CPU and not bit-stable; use model.dtype=bfloat16 or float32"
         )
     if source == "tiny":
-        from core.tokenizer import ByteTokenizer
-
         model = tiny_model(arch, seed=seed, **(tiny or {})).to(device=dev, dtype=dt)
         return LoadedModel(
             model, ByteTokenizer(), f"tiny-{arch}", dt, dev, model.config.max_position_embeddings
         )
     if source == "config":
-        from core.tokenizer import ByteTokenizer
-
         model = config_model(name, seed, dev, dt)
         ctx = int(model.config.max_position_embeddings)
         return LoadedModel(model, ByteTokenizer(), Path(name).stem, dt, dev, ctx)

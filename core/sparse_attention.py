@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from core.attention import one_row_attention
 
@@ -43,8 +44,6 @@ KV_BLOCK = 128
 def flex_attention_fn(compiled: bool = True, dynamic: bool = True) -> Callable:
     """FlexAttention, compiled once per process (`dynamic=True`: one graph serves every cache
     capacity, so a new prompt length never recompiles)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     if not compiled:
         return flex_attention
     import torch._dynamo.config as dynamo_config
@@ -114,8 +113,6 @@ class RegionBlockMask:
         block_vis: torch.Tensor,
         q_block: int | None = None,
     ) -> None:
-        from torch.nn.attention.flex_attention import BlockMask
-
         dev = block_vis.device
         self.n, self.kv_len, self.group = n, kv_len, n_heads // n_kv_heads
         uniform = bool(restricted.all()) or not bool(restricted.any())

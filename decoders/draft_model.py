@@ -24,6 +24,7 @@ import torch
 
 from core.attention import CausalView
 from core.engine import Engine
+from core.models import PACKAGED_GGUF, load_model
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 
@@ -195,7 +196,6 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
             )
         label = f"self-draft: first {layers} of {n} layers (layer-truncated target, not the paper's draft)"
         return DraftModel(target.truncated(layers), label, vocab, **cache)
-    from core.models import load_model
 
     dtype = str(target.dtype).replace("torch.", "")
     if kind == "tiny":
@@ -205,8 +205,6 @@ def build_draft(cfg: Any, target_lm: Any, target: Engine) -> DraftModel | None:
         )  # fmt: skip
         label = f"tiny random {cfg.get('arch', 'llama')} (tests)"
     elif kind == "packaged":  # an offline model of core.models.PACKAGED_GGUF, e.g. qwen25-coder-0.5b
-        from core.models import PACKAGED_GGUF
-
         name = cfg.get("name")
         if not name or name == "???":
             known = ", ".join(PACKAGED_GGUF)

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView
+from core.compressed_region import CompressedRegion
 from kv_policies.activity import Activity, SelectionActivity
 from kv_policies.view import (
     LayerSelectionView,
@@ -421,8 +422,6 @@ class KVPolicy:
     def region_for(self, engine: Any, backend: str) -> Any:
         """The compressed region laying out this policy's selection in `engine`'s cache (created once
         per generation; `reset` drops it)."""
-        from core.compressed_region import CompressedRegion
-
         reg = self.region
         if reg is None or reg.cache is not engine.cache or reg.backend != backend:
             if reg is not None:

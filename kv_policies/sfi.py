@@ -31,6 +31,7 @@ from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
 from kv_policies.sfi_selector import PAPER, REPO, SelectorConfig, sfi_select
+from kv_policies.sfi_view import SFIFastView, SFISlowView
 
 PRESETS = {"paper": PAPER, "repo": REPO}
 
@@ -294,8 +295,6 @@ class SFI(KVPolicy):
     def slow_view(self, engine: Any) -> Any:
         """The view of a slow step: dense attention whose query rows (and, where the split decode
         attention computes them anyway, its logits) reach the Selector (`kv_policies.sfi_view`)."""
-        from kv_policies.sfi_view import SFISlowView
-
         return SFISlowView(engine.scale, self)
 
     def fast_view(self, engine: Any) -> Any:
@@ -304,8 +303,6 @@ class SFI(KVPolicy):
         engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""
         graphed = getattr(engine, "graphs", None) is not None  # then decode_view's reads by gather
         if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):
-            from kv_policies.sfi_view import SFIFastView
-
             return SFIFastView(self, self.region_for(engine, "sliced"))
         return self.decode_view(engine, 1)
 

@@ -19,8 +19,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from core import checks
+from core.cost_curve import cache_dir
 from core.engine import onednn_applies
+from core.models import cache_root, needs_conversion
+from core.sampling import Sampler
+from core.sparse_attention import flash_available
 from core.types import HarnessError
+from kv_policies.checks import BACKENDS
 from tasks.datafile import read_bytes
 
 LINEARS = ("aten", "onednn", "auto")
@@ -140,9 +145,6 @@ def check_model(model: Any, device: torch.device) -> None:
 
 def check_backends(cfg: Any, device: torch.device) -> None:
     """`decoder.backend` / `kv.backend`: one of the attention backends, flash only on a CUDA device."""
-    from core.sparse_attention import flash_available
-    from kv_policies.checks import BACKENDS
-
     for group in ("decoder", "kv"):
         node = cfg.get(group) or {}
         backend = node.get("backend") if hasattr(node, "get") else None
@@ -158,8 +160,6 @@ def check_backends(cfg: Any, device: torch.device) -> None:
 
 def check_sections(cfg: Any) -> None:
     """`sampling.*`, `wandb.*`, the decoder's `block`, the task's `source` and `data_path`."""
-    from core.sampling import Sampler
-
     s = cfg.get("sampling") or {}
     Sampler(s.get("temperature", 0.0), s.get("top_p", 1.0), s.get("top_k", 0))
     w = cfg.get("wandb") or {}
@@ -230,9 +230,6 @@ def check_environment(cfg: Any) -> None:
     settings: each a folder (or one that can be made) this process can write into, so that a wrong one
     stops the run before the model loads rather than after. A packaged model that is converted already
     only reads the harness cache, which may then be read-only."""
-    from core.cost_curve import cache_dir
-    from core.models import cache_root, needs_conversion
-
     packaged = [
         str(node.get("name"))
         for node in (cfg.get("model") or {}, cfg.get("draft") or {})

@@ -22,7 +22,9 @@ graph replays the silent cast as well, so an fp32 buffer in a bf16 run passes th
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -259,9 +261,6 @@ class _Mixing(TorchDispatchMode):
 
 def _caller() -> str:
     """The innermost frame of this repository's code outside this module and torch."""
-    import sys
-    from pathlib import Path
-
     repo = str(Path(__file__).resolve().parents[1])
     frame = sys._getframe(2)
     while frame is not None:

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from core.decode_graph import Replay
 from core.types import Counts
 from runners.forwards import MethodPatch, model_forwards
 
@@ -241,8 +242,6 @@ def graph_bodies_apart(probe: HostSyncs):
     as one launch: what is left is what a step launches with CUDA graphs on (the graphs, their staging
     and the decoder's own device work). Run with the fixed-shape forwards eager (`capture=False`), it
     counts on any device."""
-    from core.decode_graph import Replay
-
     inner = Replay.__call__
 
     def replay(self: Replay, key: tuple) -> Any:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from omegaconf import OmegaConf
 
 from core.types import HarnessError
 from runners.records import DAMAGE, why
@@ -83,7 +84,6 @@ def slice_of(entry: Entry) -> Slice:
     """The (experiment, model, scale) the entry's runs record, from its composed config (a swept value
     stands for its first choice: every choice records the same three)."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     overrides = [f"experiment={entry.experiment}"] + [a.split(",")[0] if "=" in a else a for a in entry.args]
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):

@@ -9,7 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import display
-from analysis.metrics import forward_share
+from analysis.metrics import (
+    TIE_GAP,
+    AnalysisError,
+    divergences_at_ties,
+    forward_share,
+    paired_speedup,
+    reference_run,
+)
 
 
 def run_summary(samples: pd.DataFrame) -> dict[str, float]:
@@ -60,8 +67,6 @@ def kv_note(runs: pd.Series, samples: pd.DataFrame, summary: dict[str, float]) -
 def divergence_note(runs: pd.Series, samples: pd.DataFrame) -> str | None:
     """One line when audited turns diverged from vanilla: how many at a numerical tie (vanilla's top-2
     logit gap within the dtype's rounding, `analysis.metrics.TIE_GAP`) and how many beyond it."""
-    from analysis.metrics import TIE_GAP, divergences_at_ties
-
     ok = samples[samples["error"].isna()]
     dtype = str(runs.get("dtype"))
     diverged, ties = divergences_at_ties(ok, dtype)
@@ -106,8 +111,6 @@ CPU_BLOCK_HINT = 64  # rows per forward above which a CPU pays for a block row b
 def comparison_lines(run_path: Path, runs: pd.Series, samples: pd.DataFrame) -> list[str]:
     """Speedup vs the vanilla kv=full run of the same environment when one exists (the one pairing
     rule of analysis.metrics), else how to get one; and a hint when the blocks are CPU-expensive."""
-    from analysis.metrics import AnalysisError, paired_speedup, reference_run
-
     lines = []
     if not (runs["decoder"] == "vanilla" and runs["kv"] == "full"):
         try:

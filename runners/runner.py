@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -47,6 +48,7 @@ from runners.config import (
     resolve_warmup_s,
     stop_ids_for,
 )
+from runners.emulated_graphs import emulate_graphs
 from runners.host_syncs import syncs_per_step
 from runners.lock import CommandLock, RunLock
 from runners.records import RunDir, host_counters, measurements, run_id_for
@@ -90,8 +92,6 @@ class Runner:
             compiled=settings.compile,
         )
         if graphs == "emulate":
-            from runners.emulated_graphs import emulate_graphs
-
             emulate_graphs(self.engine)
         self.device_name = provenance.device_name(self.lm.device)
         self.warmup_s = resolve_warmup_s(run.get("warmup_s"), self.engine.device, GPU_WARMUP_S)
@@ -315,8 +315,6 @@ class Runner:
         bar.close()
 
     def _raise_failed(self, failed: set[str], n_samples: int) -> None:
-        import pandas as pd
-
         errors = pd.read_parquet(self.rundir.path / "samples.parquet", columns=["sample_id", "error"])
         first = errors["error"].dropna().iloc[0] if errors["error"].notna().any() else "?"
         which = "every sample" if len(failed) >= n_samples else f"{len(failed)} of {n_samples} samples"

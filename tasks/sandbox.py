@@ -26,6 +26,7 @@ fail, as in the official harness, which counts a problem passed only when the pr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import resource
@@ -138,8 +139,6 @@ def network_guard(mode: str = "auto") -> str:
 
 @functools.lru_cache(maxsize=1)
 def _prctl():
-    import ctypes
-
     return ctypes.CDLL(None, use_errno=True).prctl
 
 

@@ -18,6 +18,9 @@ import it). Standard library only; it runs before, around and after the untruste
    nor EvalPlus (result flags in shared memory) can stop either.
 """
 
+import _posixsubprocess
+import _signal
+import ctypes
 import os
 import sys
 
@@ -52,8 +55,6 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 def _libc():
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     return ctypes, libc
@@ -114,8 +115,6 @@ def confine(work: str, work_mb: int) -> None:
 
 def disarm() -> None:
     """Take away what spawns processes or signals other processes without an audit event."""
-    import _posixsubprocess
-    import _signal
 
     def refused(*_args, **_kw):
         raise PermissionError("sandbox: starting processes is blocked")

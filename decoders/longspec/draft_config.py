@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,6 @@ class DraftConfig:
 
 def weights_digest(path: Path) -> str:
     """The first 10 hex digits of the sha1 of a weights file: which draft a run used, in its identity."""
-    import hashlib
-
     return hashlib.sha1(path.read_bytes()).hexdigest()[:10]
 
 

@@ -63,6 +63,7 @@ import torch
 from core.engine import Engine
 from core.types import HarnessError
 from decoders.longspec.draft import DraftConfig, LongSpecDraft, check_window
+from tasks.hub import hub_reachable
 
 HUB_PREFIX = "sail/"  # the authors' hub organisation
 REFERENCE = "sail-sg/LongSpec@15e499898f40f6891c08828d0bf2bd9ecdf9c08a"
@@ -211,8 +212,6 @@ def convert_sail(
 
 def _download(repo_id: str) -> Path:
     """A local snapshot of hub repo `repo_id` (config + weights only), or one `HarnessError` line."""
-    from tasks.hub import hub_reachable
-
     offline = not hub_reachable()
     try:
         from huggingface_hub import snapshot_download

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import ListConfig, OmegaConf
+
 from core.types import HarnessError
 from training.longspec.data import KNOWN_SOURCES, SOURCES
 
@@ -87,8 +89,6 @@ class TrainConfig:
 def parse(argv: list[str]) -> TrainConfig:
     """The defaults with `key=value` overrides (dotted keys, list items by index: `stages.0.lr=1e-3`;
     values in YAML, e.g. `stages=[{name: a, sequences: 8}]`)."""
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.structured(TrainConfig)
     try:
         for item in argv:
@@ -107,8 +107,6 @@ def parse(argv: list[str]) -> TrainConfig:
 
 def _check_list_indices(cfg: Any, key: str) -> None:
     """Refuse a list index outside the list in a dotted override key (`stages.5.lr` with 2 stages)."""
-    from omegaconf import ListConfig
-
     node, path = cfg, []
     for part in key.split("."):
         if isinstance(node, ListConfig):

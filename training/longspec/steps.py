@@ -14,6 +14,7 @@ from core.engine import Engine
 from core.types import Counts
 from decoders.longspec.decoder import LongSpec
 from decoders.longspec.draft import LongSpecDraft
+from decoders.pld import PromptLookup
 from training.longspec.config import TrainConfig
 from training.longspec.teacher_cache import TargetView, TeacherCache, view_from_logits
 
@@ -98,8 +99,6 @@ def greedy_continuation(engine: Engine, prompt: list[int], n_new: int, method: s
     """The target's greedy continuation of `prompt`: plain decoding (prefill, then one row per step), or
     with `method="prompt_lookup"` the same tokens from `decoders.pld` (lossless greedy verification)."""
     if method == "prompt_lookup":
-        from decoders.pld import PromptLookup
-
         return PromptLookup(engine).generate(prompt, n_new, set(), Counts(keep_steps=False))[:n_new]
     engine.reset(len(prompt) + n_new)
     nxt = int(engine.prefill(prompt).argmax())

@@ -58,8 +58,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from core.engine import Engine
+from core.engine import Engine, onednn_applies
 from core.models import load_model
 from core.types import HarnessError
 from decoders.longspec.draft import WEIGHTS, LongSpecDraft, resolve_layer, weights_digest
@@ -80,8 +81,6 @@ class Trainer:
         loaded = load_model(cfg.model_source, cfg.model, cfg.dtype, "auto")
         linear = cfg.linear
         if linear == "auto":
-            from core.engine import onednn_applies
-
             linear = "onednn" if onednn_applies(loaded.model) else "aten"
         self.engine = Engine(loaded.model, linear=linear)
         for p in loaded.model.parameters():
@@ -197,8 +196,6 @@ class Trainer:
                     " (made with other sources, seed, seq_len or gen_prompt): remove it to regenerate"
                 )
         if len(generated) < n_gen:
-            from tqdm import tqdm
-
             per_call = cfg.gen_batch if cfg.continuations == "batched" else 1
             bar = tqdm(total=n_gen, initial=len(generated), desc="target continuations", file=sys.stderr)
             while len(generated) < n_gen:
@@ -270,8 +267,6 @@ class Trainer:
 
     # --- loop -----------------------------------------------------------------------------------
     def run(self) -> Path:
-        from tqdm import tqdm
-
         cfg = self.cfg
         started = time.monotonic()
         self.resume()
