@@ -24,7 +24,7 @@ the keys of its conf/decoder/ YAML, what the records show); its constructor take
 `core.checks`, which raise one `HarnessError` naming the field. Anything else the
 runner must pass is declared in `needs`: `"tokenizer"` (the target's tokenizer) and/or `"draft"`
 (the run's `draft` group, a `decoders.draft_model.DraftModel`). The runner never inspects a
-constructor's signature; `docs/adding-a-decoder.md` walks through a new decoder and its lossless test.
+constructor's signature; `docs/adding-a-decoder.md` walks through a new decoder.
 """
 
 from __future__ import annotations

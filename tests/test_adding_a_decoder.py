@@ -51,12 +51,12 @@ def follow(doc: Path, root: Path) -> None:
         target.write_text(source.replace(opening, opening + line, 1))
 
 
-def overlay(tmp: Path) -> Path:
-    """A copy of the repository: the folders the doc writes into are copied, the rest linked."""
+def overlay(tmp: Path, extra: frozenset[str] = frozenset()) -> Path:
+    """A copy of the repository: the folders the doc writes into (+ `extra`) are copied, the rest linked."""
     root = tmp / "repo"
     root.mkdir()
     for entry in REPO.iterdir():
-        if entry.name in COPIED and entry.is_dir():
+        if entry.name in COPIED | extra and entry.is_dir():
             shutil.copytree(entry, root / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
         elif entry.name in COPIED:
             shutil.copy(entry, root / entry.name)
