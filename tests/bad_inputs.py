@@ -140,7 +140,7 @@ CASES = [
     _c("decoder.tree must be true or false, got 'maybe'", "decoder=fafo", "decoder.tree=maybe"),
     _c("decoder.m must be an integer or null, got 2.5", "decoder=fafo", "decoder.m=2.5"),
     _c("kv.sinks must be an integer, got 'many'", "kv=streaming", "kv.sinks=many"),
-    _c("unknown key decoder.kk; decoder has: block, max_matching_ngram_size,", "decoder=pld", "+decoder.kk=3"),
+    _c("unknown key decoder.kk; decoder has: block, max_matching_ngram_size", "decoder=pld", "+decoder.kk=3"),
     _c("unknown key kv.kk; kv has no settings", "kv=full", "+kv.kk=3"),
     _c("task.source must be one of", "task.source=nowhere"),
     _c("task.max_new_tokens must be an integer >= 1", "task.max_new_tokens=0"),
