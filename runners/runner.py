@@ -127,9 +127,9 @@ class Runner:
             cuda_graphs=graphs,
             compile=settings.compile,
         )
+        extra = getattr(self.decoder, "identity_extra", dict)()  # e.g. which weights its draft holds
         params = {
-            # + what the config cannot say, e.g. which weights a decoder's draft checkpoint holds
-            "decoder": {**method_params(cfg.decoder, "decoder"), **self.decoder.identity_extra()},
+            "decoder": {**method_params(cfg.decoder, "decoder"), **extra},
             "kv": method_params(cfg.kv, "kv"),
             "draft": {} if self.draft is None else {**group_params(cfg.draft), "label": self.draft.label},
             "task": group_params(cfg.task),

@@ -20,7 +20,7 @@ Lossless n-gram candidate-pool decoding in ONE target forward per step over the 
 - **One KV cache**: `engine.commit` keeps only x_last's and the accepted candidate tokens' KV (computed
   against the full cache, so exact); fumble rows' KV is never kept (recomputed every step).
 
-Harness choices for what the paper leaves open, all logged by `params()`:
+Harness choices for what the paper leaves open, all options of `FAFOConfig` (recorded with every run):
 streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
 positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
 by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
