@@ -381,5 +381,5 @@ def flat_params(run: Mapping[str, object]) -> dict[str, object]:
             params = json.loads(blob) if isinstance(blob, str) else {}
         except json.JSONDecodeError:
             params = {}
-        out.update({f"{group}.{k}": v for k, v in (params or {}).items() if k != "_target_"})
+        out.update({f"{group}.{k}": v for k, v in (params or {}).items() if k not in ("_target_", "method")})
     return out

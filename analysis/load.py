@@ -65,7 +65,7 @@ def _flatten(prefix: str, blob: str) -> dict:
     return {
         f"{prefix}.{k}": (json.dumps(v) if isinstance(v, (dict, list)) else v)
         for k, v in params.items()
-        if k != "_target_"
+        if k not in ("_target_", "method")  # the identity's head (`runners.identity.method_params`)
     }
 
 

@@ -12,18 +12,19 @@ A subclass MUST provide:
   depends on the KV policy).
 It MAY provide:
 - `max_block()`: the most query rows one step stages (sizes the cache; default 1);
-- `params()`: its settings as recorded (default none);
 - `prepare(prompt, counts)`: prefill-phase work besides the target's own prefill (a draft model's);
 - `identity_extra()`: run-identity fields its config does not determine (a checkpoint's digest);
 - `compiles_attention()`: True when its attention compiles per shape, so the runner's warm-up
   covers the whole generation length;
 - `sizes_blocks_by_cost = True` with a `block` attribute: `block=auto` is available; the runner then
   measures the environment's cost curve and calls `use_cost(curve)` before the first generation.
-Its constructor takes `engine`, `kv` and `sampler`, then its own options (the keys of its config,
-checked with `core.checks`, which raise one `HarnessError` naming the field). Anything else the
+Its options live in one dataclass, `Config` (`core.options`: each option's type, default and meaning,
+the keys of its conf/decoder/ YAML, what the records show); its constructor takes `engine`, `kv` and
+`sampler`, then those options as keywords (`options(self.Config, given)`), each checked with
+`core.checks`, which raise one `HarnessError` naming the field. Anything else the
 runner must pass is declared in `needs`: `"tokenizer"` (the target's tokenizer) and/or `"draft"`
 (the run's `draft` group, a `decoders.draft_model.DraftModel`). The runner never inspects a
-constructor's signature; `docs/adding-a-decoder.md` walks through a new decoder and its lossless test.
+constructor's signature; `docs/adding-a-decoder.md` walks through a new decoder.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from core.cost_curve import CostFn
 from core.engine import Engine
+from core.options import NoOptions
 from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.verify import step_for
@@ -50,6 +52,7 @@ class BaseDecoder:
     name: str = "base"
     lossless: bool = True
     needs: ClassVar[frozenset[str]] = frozenset()
+    Config: ClassVar[type] = NoOptions  # its options (core.options): the one place each is declared
     sizes_blocks_by_cost: ClassVar[bool] = False
     block: str = "fixed"  # "auto" (where `sizes_blocks_by_cost`): blocks sized by the cost curve
     cost: CostFn | None = None
@@ -62,9 +65,6 @@ class BaseDecoder:
     def max_block(self) -> int:
         """Largest number of query tokens one step may stage (sizes the cache)."""
         return 1
-
-    def params(self) -> dict:
-        return {}
 
     def use_cost(self, cost: CostFn) -> None:
         """The environment's cost curve t(rows, ctx), for `block=auto` (set by the runner)."""

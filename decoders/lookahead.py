@@ -52,12 +52,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.attention import BlockView
 from core.checks import flag, integer, number
 from core.decode_graph import padded_rows
+from core.options import options, recorded_without
 from core.positions import RelativePositions
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
@@ -168,48 +170,41 @@ class JacobiWindow:
         return grams
 
 
+@dataclass
+class LookaheadConfig:
+    N: int = 5  # n-gram size (LADE's LEVEL); candidates are N-1 tokens long
+    W: int = 7  # Jacobi window width (WINDOW_SIZE)
+    G: int = 7  # guesses verified per step = n-grams kept per key in the pool (GUESS_SET_SIZE)
+    pool_from_prompt: bool = False  # LADE's POOL_FROM_PROMPT: also feed the pool with prompt/output n-grams
+    seed: int = 0  # window initialisation (W+N-3 tokens drawn from the prompt)
+    # fixed: the sizes above every step | auto (ours): the Jacobi window sized and run as often as the
+    # cost curve allows, each step verifying the candidates with the most expected tokens per second
+    block: str = recorded_without("fixed")
+    generator_share: float = 0.1  # block=auto: average cost the Jacobi window may add (share of a 1-row step)
+
+
 class Lookahead(BaseDecoder):
     """Lookahead Decoding with n-gram size N, window W and at most G guesses per step."""
 
     name = "lookahead"
     sizes_blocks_by_cost = True
+    Config = LookaheadConfig
 
-    def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler=None,
-        N: int = 5,
-        W: int = 7,
-        G: int = 7,
-        pool_from_prompt: bool = False,
-        seed: int = 0,
-        block: str = "fixed",
-        generator_share: float = 0.1,
-    ) -> None:
+    def __init__(self, engine, kv=None, sampler=None, **given: Any) -> None:
+        o = options(self.Config, given)
         super().__init__(engine, kv, sampler)
-        self.N = integer("decoder.N", N, 3)
-        self.W, self.G = integer("decoder.W", W, 1), integer("decoder.G", G, 1)
-        self.block = check_block_mode(block)
-        self.generator_share = number("decoder.generator_share", generator_share, 0, low_open=True)
-        self.pool_from_prompt = flag("decoder.pool_from_prompt", pool_from_prompt)
-        self.seed = integer("decoder.seed", seed)
+        self.N = integer("decoder.N", o.N, 3)
+        self.W, self.G = integer("decoder.W", o.W, 1), integer("decoder.G", o.G, 1)
+        self.block = check_block_mode(o.block)
+        self.generator_share = number("decoder.generator_share", o.generator_share, 0, low_open=True)
+        self.pool_from_prompt = flag("decoder.pool_from_prompt", o.pool_from_prompt)
+        self.seed = integer("decoder.seed", o.seed)
         self._layouts: dict[tuple[tuple[int, ...], int], Layout] = {}
         self.pool: NGramPool | None = None  # the last generation's pool (inspection, tests)
 
     @property
     def lossless(self) -> bool:  # type: ignore[override]
         return self.kv.lossless
-
-    def params(self) -> dict:
-        return {
-            "N": self.N,
-            "W": self.W,
-            "G": self.G,
-            "pool_from_prompt": self.pool_from_prompt,
-            "seed": self.seed,
-            **({"block": "auto", "generator_share": self.generator_share} if self.block == "auto" else {}),
-        }
 
     def _stage_lens(self, filled: int, w: int | None = None) -> list[int]:
         """Level lengths with `filled` levels above level 0 (warm-up: filled < N-2)."""

@@ -19,10 +19,13 @@ position observed so far in this generation, keyed by the matched n-gram's lengt
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.checks import integer
+from core.options import options, recorded_without
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
@@ -78,33 +81,33 @@ class NGramIndex:
         return 0, []
 
 
+@dataclass
+class PromptLookupConfig:
+    max_matching_ngram_size: int = 2  # longest trailing n-gram matched (HF default 2)
+    num_tokens: int = 10  # draft length (HF prompt_lookup_num_tokens; generator default 10)
+    # fixed: always the longest draft found | auto (ours, not HF's): each draft cut to the length with
+    # the most expected tokens per second of forward, from the cost curve and the acceptance seen so far
+    block: str = recorded_without("fixed")
+
+
 class PromptLookup(BaseDecoder):
     """Prompt-lookup decoding: drafts copied from the context, verified in one forward."""
 
     name = "pld"
     sizes_blocks_by_cost = True
+    Config = PromptLookupConfig
 
-    def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler=None,
-        max_matching_ngram_size: int = 2,
-        num_tokens: int = 10,
-        block: str = "fixed",
-    ) -> None:
+    def __init__(self, engine, kv=None, sampler=None, **given: Any) -> None:
+        o = options(self.Config, given)
         super().__init__(engine, kv, sampler)
-        self.max_ngram = integer("decoder.max_matching_ngram_size", max_matching_ngram_size, 1)
-        self.num_tokens = integer("decoder.num_tokens", num_tokens, 1)
-        self.block = check_block_mode(block)
+        self.max_ngram = integer("decoder.max_matching_ngram_size", o.max_matching_ngram_size, 1)
+        self.num_tokens = integer("decoder.num_tokens", o.num_tokens, 1)
+        self.block = check_block_mode(o.block)
         self.stats = AcceptanceStats()  # block=auto: acceptance by (matched n, draft position)
 
     @property
     def lossless(self) -> bool:  # type: ignore[override]
         return self.kv.lossless
-
-    def params(self) -> dict:
-        return {"max_matching_ngram_size": self.max_ngram, "num_tokens": self.num_tokens, "block": self.block}
 
     def max_block(self) -> int:
         return 1 + self.num_tokens

@@ -17,34 +17,43 @@ committed tokens per verification forward, as in the papers); the draft forwards
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from core.attention import CausalView
 from core.checks import integer, number
+from core.options import options
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 from decoders.sampled_verify import ChainCheck
 from decoders.verify import greedy_chain, step_for
 
 
+@dataclass
+class SelfSpeculativeConfig:
+    gamma: int = 6  # draft tokens per step (TriForce's gamma2 = 6)
+    # verification steps between kv.rebuild() calls (0 = never; TriForce's on-chip script never rebuilds
+    # within 256 generated tokens)
+    rebuild_every: int = 0
+    # also rebuild when the acceptance of the last rebuild_window verifications falls below this
+    # (0 = never; the paper gives no threshold)
+    rebuild_below: float = 0.0
+    rebuild_window: int = 8
+
+
 class SelfSpeculative(BaseDecoder):
     name = "selfspec"
     gamma_field = "gamma"  # the config key of the tokens drafted per verification
+    Config = SelfSpeculativeConfig
 
-    def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler=None,
-        gamma: int = 6,
-        rebuild_every: int = 0,
-        rebuild_below: float = 0.0,
-        rebuild_window: int = 8,
-    ) -> None:
-        gamma = integer(f"decoder.{self.gamma_field}", gamma, 1)
-        rebuild_every = integer("decoder.rebuild_every", rebuild_every, 0)  # 0 = never
-        rebuild_below = number("decoder.rebuild_below", rebuild_below, 0, 1, high_open=True)  # 0 = never
-        rebuild_window = integer("decoder.rebuild_window", rebuild_window, 1)
+    def __init__(self, engine, kv=None, sampler=None, **given: Any) -> None:
+        o = options(SelfSpeculativeConfig, given)  # a subclass passes these of its own options
+        gamma = integer(f"decoder.{self.gamma_field}", o.gamma, 1)
+        rebuild_every = integer("decoder.rebuild_every", o.rebuild_every, 0)  # 0 = never
+        rebuild_below = number("decoder.rebuild_below", o.rebuild_below, 0, 1, high_open=True)  # 0 = never
+        rebuild_window = integer("decoder.rebuild_window", o.rebuild_window, 1)
         super().__init__(engine, kv, sampler)
         if getattr(self.kv, "backend", "dense") == "flex":
             raise HarnessError(
@@ -58,14 +67,6 @@ class SelfSpeculative(BaseDecoder):
         self._recent: list[tuple[int, int]] = []
 
     lossless = True  # the full-cache verification decides every token
-
-    def params(self) -> dict:
-        return {
-            "gamma": self.gamma,
-            "rebuild_every": self.rebuild_every,
-            "rebuild_below": self.rebuild_below,
-            "rebuild_window": self.rebuild_window,
-        }
 
     def _after_verification(self, step: int, accepted: int, drafted: int, counts: Counts) -> None:
         """TriForce's rebuild rule for the policy's selection (kv=retrieval): every `rebuild_every`

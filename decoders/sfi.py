@@ -17,6 +17,7 @@ Counts: one step per forward (`block_tokens` 1); `slow_steps` per generation; th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 
 from core.attention import CausalView
 from core.checks import integer
+from core.options import options
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 
@@ -44,23 +46,31 @@ def _trigger_ids(tokenizer: Any, triggers: tuple[str, ...]) -> frozenset[int]:
     return frozenset(i for i, t in enumerate(texts) if t.rstrip(" \t\r").endswith(triggers))
 
 
+@dataclass
+class SlowFastConfig:
+    t_max: int = 64  # fast steps before a forced slow step
+    # a token whose text ends with one of these triggers a slow step
+    triggers: list[str] = field(default_factory=lambda: list(TRIGGERS))
+
+
 class SlowFast(BaseDecoder):
     name = "sfi"
     needs = frozenset({"tokenizer"})  # boundary tokens are read off the vocabulary
     lossless = False
+    Config = SlowFastConfig
 
     def __init__(
         self,
         engine,
         kv=None,
         sampler=None,
-        t_max: int = 64,
-        triggers: tuple[str, ...] | list[str] = TRIGGERS,
         tokenizer: Any = None,
         trigger_token_ids: set[int] | frozenset[int] | None = None,
+        **given: Any,
     ) -> None:
-        t_max = integer("decoder.t_max", t_max, 1)
-        triggers = tuple(str(t) for t in triggers)
+        o = options(self.Config, given)
+        t_max = integer("decoder.t_max", o.t_max, 1)
+        triggers = tuple(str(t) for t in o.triggers)
         if not triggers or not all(triggers):
             raise HarnessError(
                 f"decoder=sfi: triggers must be a non-empty list of characters, got {triggers!r}"
@@ -80,13 +90,6 @@ class SlowFast(BaseDecoder):
         if not trigger_token_ids:
             raise HarnessError(f"decoder=sfi: no token of the vocabulary ends with any of {triggers!r}")
         self.trigger_token_ids = frozenset(trigger_token_ids)
-
-    def params(self) -> dict:
-        return {
-            "t_max": self.t_max,
-            "triggers": list(self.triggers),
-            "n_trigger_tokens": len(self.trigger_token_ids),
-        }
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

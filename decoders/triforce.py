@@ -27,9 +27,13 @@ forwards over the policy; `draft_model_forwards` the small model's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from core.checks import integer
+from core.options import options
 from core.types import Counts
 from decoders.draft_model import DraftModel
 from decoders.sampled_verify import ChainCheck
@@ -37,40 +41,39 @@ from decoders.selfspec import SelfSpeculative
 from decoders.verify import greedy_chain, step_for
 
 
+@dataclass
+class TriForceConfig:
+    gamma1: int = 2  # draft-model tokens per middle forward (the paper's best, Table 8)
+    gamma2: int = 6  # tokens accumulated before the full-cache verification (Table 8)
+    rebuild_every: int = 0  # level-2 verifications between kv.rebuild() calls (0 = never)
+    # also rebuild when the level-2 acceptance of the last rebuild_window verifications falls below this
+    # (0 = never; the paper gives no threshold)
+    rebuild_below: float = 0.0
+    rebuild_window: int = 8
+
+
 class TriForce(SelfSpeculative):
     name = "triforce"
     gamma_field = "gamma2"
     needs = frozenset({"draft"})  # the run's draft group (None: draft=none, no middle level)
+    Config = TriForceConfig
 
-    def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler=None,
-        gamma1: int = 2,
-        gamma2: int = 6,
-        rebuild_every: int = 0,
-        rebuild_below: float = 0.0,
-        rebuild_window: int = 8,
-        draft: DraftModel | None = None,
-    ) -> None:
-        gamma1 = integer("decoder.gamma1", gamma1, 1)
-        super().__init__(engine, kv, sampler, gamma2, rebuild_every, rebuild_below, rebuild_window)
-        self.gamma1, self.gamma2 = gamma1, gamma2
+    def __init__(self, engine, kv=None, sampler=None, draft: DraftModel | None = None, **given: Any) -> None:
+        o = options(self.Config, given)
+        gamma1 = integer("decoder.gamma1", o.gamma1, 1)
+        super().__init__(
+            engine,
+            kv,
+            sampler,
+            gamma=o.gamma2,
+            rebuild_every=o.rebuild_every,
+            rebuild_below=o.rebuild_below,
+            rebuild_window=o.rebuild_window,
+        )
+        self.gamma1, self.gamma2 = gamma1, self.gamma
         self.draft = draft
         if draft is not None:
-            draft.check_block(gamma1 + gamma2 + 2)
-
-    def params(self) -> dict:
-        draft = self.draft.params() if self.draft is not None else {"label": "none"}
-        return {
-            "gamma1": self.gamma1,
-            "gamma2": self.gamma2,
-            "rebuild_every": self.rebuild_every,
-            "rebuild_below": self.rebuild_below,
-            "rebuild_window": self.rebuild_window,
-            "draft": draft,
-        }
+            draft.check_block(gamma1 + self.gamma2 + 2)
 
     def max_block(self) -> int:
         return self.gamma1 + self.gamma2 + 2

@@ -48,12 +48,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from core.attention import CausalView
 from core.compressed_region import CompressedRegion
+from core.options import NoOptions
 from kv_policies.activity import Activity, SelectionActivity
 from kv_policies.view import (
     LayerSelectionView,
@@ -77,15 +78,17 @@ class KVPolicy:
     implement `select(layer, q, k_cache, cache_len)` -> bool `[n_kv_heads, cache_len]` over logical
     positions. It MAY set `budget` (and `min_budget()`), `shared`, `query_free`, `backend`, `dense_layers`,
     and use the per-generation hooks: `reset`, `prefill_hooks`/`on_prefill`, `after_prefill`, `observe`,
-    `after_commit`, `rebuild` (what each is for: the module docstring), plus `params()` for what the
-    records show. `fixed_selection` may give a selection shared by every layer and head without reading
-    the cache. Its constructor takes only its config's keys, checked with `core.checks` or the `check_*`
+    `after_commit`, `rebuild` (what each is for: the module docstring). Its options are one dataclass,
+    `Config` (`core.options`): what its YAML holds and the records show. `fixed_selection` may give a
+    selection shared by every layer and head without reading the cache. Its constructor takes only its
+    config's keys, checked with `core.checks` or the `check_*`
     helpers of `kv_policies.checks`; state that depends on a prompt is created in `reset`, never in the
     constructor, so one policy object serves every generation of a run. Decoders use it only through
     `decode_view`, `draft_view`, `restricted_view` and `after_commit`.
     """
 
     name: str = "base"
+    Config: ClassVar[type] = NoOptions  # its options (core.options): the one place each is declared
     lossless: bool = False  # True only when every entry stays visible (FullKV)
     shared: bool = False  # True: the same selection for every layer and KV head (StreamingLLM)
     budget: int | None = None  # cached entries per KV head (None = unbounded)
@@ -195,9 +198,6 @@ class KVPolicy:
         """Choose the selection again from what has been observed (a drafting decoder's stride).
         Returns the cached entries it read per layer and KV head (keys count half an entry)."""
         return 0.0
-
-    def params(self) -> dict:
-        return {}
 
     # --- selection -----------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:

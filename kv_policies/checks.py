@@ -1,5 +1,5 @@
 """The checks of a KV policy's config keys, each a one-line `HarnessError` naming the key (a policy's
-constructor calls them; `docs/adding-a-policy-or-task.md`)."""
+constructor calls them; `docs/adding-a-policy.md`)."""
 
 from __future__ import annotations
 

@@ -17,11 +17,13 @@ rows every restricted row's attention is added, a stated approximation).
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
 from core.decode_graph import padded_rows
+from core.options import options
 from core.types import HarnessError
 from kv_policies.attention_mass import attention_mass, attention_mass_layers
 from kv_policies.base import KVPolicy
@@ -31,19 +33,27 @@ from kv_policies.h2o_steady import SteadyUpdate
 PREFILL_TILE = 256
 
 
+@dataclass
+class H2OConfig:
+    budget: int = 760  # cached entries per KV head (the papers' setting; ~10% of their ~8k contexts)
+    recent: int | None = None  # newest entries kept (None = budget // 2: equal heavy and recent sizes)
+    backend: str = "dense"
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+    dense_layers: int = 0  # the first layers see the whole cache (TriForce Table 1: 2)
+
+
 class H2O(KVPolicy):
     name = "h2o"
     keeps_alike = True  # `keeps_all`: one answer for every layer past the dense ones
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
-    def __init__(
-        self,
-        budget: int = 760,
-        recent: int | None = None,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-        dense_layers: int = 0,
-    ) -> None:
+    Config = H2OConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, recent, backend, budget_frac, dense_layers = astuple(
+            o
+        )  # the options, in their declared order
         self.dense_layers = check_dense_layers(self.name, dense_layers)
         self._recent_cfg = recent  # None: half of the budget, whatever the budget becomes
         recent = budget // 2 if recent is None and isinstance(budget, int) else recent
@@ -70,16 +80,6 @@ class H2O(KVPolicy):
         self.budget = budget
         self.recent = budget // 2 if self._recent_cfg is None else self._recent_cfg
         self.heavy = budget - self.recent
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "recent": self.recent,
-            "heavy": self.heavy,
-            "backend": self.backend,
-            "dense_layers": self.dense_layers,
-        }
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)

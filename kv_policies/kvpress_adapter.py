@@ -30,11 +30,13 @@ arguments (ChunkKV: `{"press": "SnapKVPress", "chunk_length": 20}` wraps another
 from __future__ import annotations
 
 import math
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import torch
 
 from core.hf_compat import attention_module, rope_cos_sin
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend
@@ -83,18 +85,26 @@ def observation_window(press: Any) -> int:
     return window
 
 
+@dataclass
+class KVPressConfig:
+    press: str = "SnapKVPress"  # the kvpress press class
+    compression_ratio: float = 0.5  # fraction of the prompt's entries removed
+    press_kwargs: dict[str, Any] = field(default_factory=dict)  # the press's own constructor arguments
+    context_rows: int = 128  # prompt rows whose attention input the press may read (its query window)
+    backend: str = "dense"
+
+
 class KVPress(KVPolicy):
     name = "kvpress"
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
-    def __init__(
-        self,
-        press: str = "SnapKVPress",
-        compression_ratio: float = 0.5,
-        press_kwargs: dict | None = None,
-        context_rows: int = 128,
-        backend: str = "dense",
-    ) -> None:
+    Config = KVPressConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        press, compression_ratio, press_kwargs, context_rows, backend = astuple(
+            o
+        )  # the options, in their declared order
         if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, (int, float)):
             raise HarnessError(
                 f"kv=kvpress: compression_ratio must be a number in [0, 1), got {compression_ratio!r}"
@@ -118,15 +128,6 @@ class KVPress(KVPolicy):
         self.prompt_len = 0
         self._x: dict[int, list[torch.Tensor]] = {}
         self._keep: dict[int, torch.Tensor] = {}
-
-    def params(self) -> dict:
-        return {
-            "press": self.press_name,
-            "compression_ratio": self.compression_ratio,
-            "press_kwargs": self.press_kwargs,
-            "context_rows": self.context_rows,
-            "backend": self.backend,
-        }
 
     def can_restrict(self, prompt_len: int, context: int) -> bool:
         return self.compression_ratio > 0 and prompt_len > self.window

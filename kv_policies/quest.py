@@ -21,10 +21,12 @@ regular forward) and `QuestSelector` (inside a fixed-shape forward) both call.
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
@@ -106,19 +108,27 @@ class QuestSelector(InForwardSelector):
         return sel | beyond
 
 
+@dataclass
+class QuestConfig:
+    budget: int = 760  # cached entries per KV head (the papers' setting; ~10% of their ~8k contexts)
+    page_size: int = 16  # keys per page; must divide the attention block size (128)
+    dense_layers: int = 2  # the first layers see everything (2 in the paper)
+    backend: str = "dense"
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+
+
 class Quest(PageExtremes, KVPolicy):
     name = "quest"
     keeps_alike = True  # `keeps_all`: one answer for every layer past the dense ones
     Selector = QuestSelector
 
-    def __init__(
-        self,
-        budget: int = 760,
-        page_size: int = 16,
-        dense_layers: int = 2,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-    ) -> None:
+    Config = QuestConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, page_size, dense_layers, backend, budget_frac = astuple(
+            o
+        )  # the options, in their declared order
         if not isinstance(page_size, int) or page_size <= 0 or REGION_BLOCK % page_size:
             raise HarnessError(
                 f"kv=quest: page_size ({page_size}) must be a positive divisor of the attention block size "
@@ -148,16 +158,6 @@ class Quest(PageExtremes, KVPolicy):
     def can_restrict(self, prompt_len: int, context: int) -> bool:
         layers = self.engine.cache.n_layers if self.engine is not None else None
         return super().can_restrict(prompt_len, context) and (layers is None or self.dense_layers < layers)
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "page_size": self.page_size,
-            "dense_layers": self.dense_layers,
-            "pages": self.n_pages,
-            "backend": self.backend,
-        }
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         super().reset(prompt_len, context_len)

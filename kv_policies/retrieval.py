@@ -24,10 +24,12 @@ decoder's KV-read count.
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
@@ -60,19 +62,27 @@ def chunk_scores(q: torch.Tensor, k: torch.Tensor, chunk: int, gqa: str = "logit
     return mean_key_scores(q, chunk_means(k, chunk), gqa)
 
 
+@dataclass
+class RetrievalConfig:
+    budget: int = 4096  # cached entries per KV head chosen from the prompt (TriForce's on-chip setting)
+    chunk: int = 8  # keys per chunk
+    backend: str = "dense"
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+    dense_layers: int = 0  # the first layers see the whole cache (TriForce Table 1: 2)
+    gqa_score: str = "logit"  # GQA: a KV head ranks chunks by its query heads' mean logit | prob
+
+
 class Retrieval(KVPolicy):
     name = "retrieval"
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
-    def __init__(
-        self,
-        budget: int = 4096,
-        chunk: int = 8,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-        dense_layers: int = 0,
-        gqa_score: str = "logit",
-    ) -> None:
+    Config = RetrievalConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, chunk, backend, budget_frac, dense_layers, gqa_score = astuple(
+            o
+        )  # the options, in their declared order
         if gqa_score not in GQA_SCORES:
             raise HarnessError(
                 f"kv=retrieval: gqa_score must be one of {', '.join(GQA_SCORES)}, got {gqa_score!r}"
@@ -97,16 +107,6 @@ class Retrieval(KVPolicy):
 
     def set_budget(self, budget: int) -> None:
         self.budget, self.n_chunks = budget, budget // self.chunk
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "chunk": self.chunk,
-            "backend": self.backend,
-            "dense_layers": self.dense_layers,
-            "gqa_score": self.gqa_score,
-        }
 
     def can_restrict(self, prompt_len: int, context: int) -> bool:
         return prompt_len > self.budget

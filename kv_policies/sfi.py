@@ -23,14 +23,16 @@ fraction of the context (k = the rest).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
-from kv_policies.sfi_selector import PAPER, REPO, SelectorConfig, sfi_select
+from kv_policies.sfi_selector import PAPER, REPO, sfi_select
 from kv_policies.sfi_view import SFIFastView, SFISlowView
 
 PRESETS = {"paper": PAPER, "repo": REPO}
@@ -40,6 +42,22 @@ def _nonneg_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise HarnessError(f"kv=sfi: {name} must be a non-negative integer, got {value!r}")
     return value
+
+
+@dataclass
+class SFIConfig:
+    k: int = 2048  # selected per KV head (the paper's efficiency setting; 3836 for its quality tables)
+    sinks: int = 4
+    recent: int = 256
+    window: int = 16  # prompt queries of the prefill's Selector pass
+    preset: str = (
+        "paper"  # paper (lambda_clip 0.02, alpha_soft 0.5, alpha_cross 0.35) | repo (0.25, 1.0, 0.85)
+    )
+    lambda_clip: float | None = None  # None = the preset's
+    alpha_soft: float | None = None
+    alpha_cross: float | None = None
+    backend: str = "dense"  # dense (SDPA + mask, the reference) | sliced (compressed region: skips work)
+    budget_frac: float | None = None  # sinks + recent + k as a fraction of the context instead
 
 
 class SFI(KVPolicy):
@@ -52,19 +70,13 @@ class SFI(KVPolicy):
     keeps_alike = True  # `keeps_all`: one answer for every layer
     query_free = True  # a fast step's set was chosen at the last slow step (slow steps have their own view)
 
-    def __init__(
-        self,
-        k: int = 2048,
-        sinks: int = 4,
-        recent: int = 256,
-        window: int = 16,
-        preset: str = "paper",
-        lambda_clip: float | None = None,
-        alpha_soft: float | None = None,
-        alpha_cross: float | None = None,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-    ) -> None:
+    Config = SFIConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        k, sinks, recent, window, preset, lambda_clip, alpha_soft, alpha_cross, backend, budget_frac = (
+            astuple(o)
+        )  # the options, in their declared order
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise HarnessError(
                 f"kv=sfi: k (entries selected per KV head) must be a positive integer, got {k!r}"
@@ -107,21 +119,6 @@ class SFI(KVPolicy):
 
     def min_budget(self) -> int:
         return self.sinks + self.recent + 1
-
-    def params(self) -> dict:
-        return {
-            "k": self.k,
-            "sinks": self.sinks,
-            "recent": self.recent,
-            "window": self.window,
-            "preset": self.preset,
-            "budget_frac": self.budget_frac,
-            "backend": self.backend,
-            **{
-                f"selector.{f.name}": getattr(self.selector, f.name)
-                for f in dataclasses.fields(SelectorConfig)
-            },
-        }
 
     def reset(self, prompt_len: int, context_len: int | None = None) -> None:
         self.prompt_len, self.slow, self.selector_calls = prompt_len, False, 0

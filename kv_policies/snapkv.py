@@ -16,11 +16,13 @@ Defaults: window 32, kernel 7, max pooling (the LongBench configs; a harness cho
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
@@ -44,20 +46,28 @@ def snapkv_scores(
     return pooled.view(hkv, g, -1).sum(1)
 
 
+@dataclass
+class SnapKVConfig:
+    budget: int = 760  # cached entries per KV head (the papers' setting; ~10% of their ~8k contexts)
+    window: int = 32  # last prompt queries that vote (the LongBench configs)
+    kernel: int = 7  # pooling kernel over the votes (odd)
+    pooling: str = "max"  # max | avg
+    backend: str = "dense"
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+
+
 class SnapKV(KVPolicy):
     name = "snapkv"
     keeps_alike = True  # `keeps_all`: one answer for every layer
     query_free = True  # chosen from the prefill and earlier steps, never from the forward it restricts
 
-    def __init__(
-        self,
-        budget: int = 760,
-        window: int = 32,
-        kernel: int = 7,
-        pooling: str = "max",
-        backend: str = "dense",
-        budget_frac: float | None = None,
-    ) -> None:
+    Config = SnapKVConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, window, kernel, pooling, backend, budget_frac = astuple(
+            o
+        )  # the options, in their declared order
         if not isinstance(window, int) or window < 1:
             raise HarnessError(f"kv=snapkv: window must be a positive integer, got {window!r}")
         if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
@@ -71,16 +81,6 @@ class SnapKV(KVPolicy):
         self.prompt_len = 0
         self._q: dict[int, list[torch.Tensor]] = {}
         self._keep: dict[int, torch.Tensor] = {}
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "window": self.window,
-            "kernel": self.kernel,
-            "pooling": self.pooling,
-            "backend": self.backend,
-        }
 
     def min_budget(self) -> int:
         return self.window + 1

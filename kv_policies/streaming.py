@@ -13,11 +13,24 @@ verification needs the true positions anyway), as in FAFO's use of the policy.
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
+from typing import Any
+
 import torch
 
+from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
+
+
+@dataclass
+class StreamingLLMConfig:
+    budget: int = 760  # cached entries per KV head (FAFO Table 13's best Init+Local budget)
+    sinks: int = 4  # first entries always kept
+    backend: str = "dense"  # dense (SDPA + mask, the reference) | flex | sliced | flash (CUDA only)
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+    dense_layers: int = 0  # the first layers see the whole cache (TriForce Table 1: 2)
 
 
 class StreamingLLM(KVPolicy):
@@ -26,14 +39,11 @@ class StreamingLLM(KVPolicy):
     query_free = True  # positions alone
     shared = True
 
-    def __init__(
-        self,
-        budget: int = 760,
-        sinks: int = 4,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-        dense_layers: int = 0,
-    ) -> None:
+    Config = StreamingLLMConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, sinks, backend, budget_frac, dense_layers = astuple(o)
         if not isinstance(sinks, int) or sinks < 0:
             raise HarnessError(f"kv=streaming: sinks must be a non-negative integer, got {sinks!r}")
         self.sinks = sinks
@@ -47,16 +57,6 @@ class StreamingLLM(KVPolicy):
 
     def set_budget(self, budget: int) -> None:
         self.budget, self.recent = budget, budget - self.sinks
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "sinks": self.sinks,
-            "recent": self.recent,
-            "backend": self.backend,
-            "dense_layers": self.dense_layers,
-        }
 
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         return self.selection(cache_len, k_cache.device).expand(k_cache.shape[0], cache_len)

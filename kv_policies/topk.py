@@ -11,10 +11,12 @@ The choice is one function, `top_attended`, that `TopK.select` (the regular forw
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
 
+from core.options import options
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
 from kv_policies.view import InForwardSelector, InForwardView
@@ -71,29 +73,27 @@ class TopKSelector(InForwardSelector):
         return sel | beyond
 
 
+@dataclass
+class TopKConfig:
+    budget: int = 4096  # cached entries per KV head
+    backend: str = "dense"
+    budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
+    dense_layers: int = 0  # the first layers see the whole cache (TriForce Table 1: 2)
+
+
 class TopK(KVPolicy):
     name = "topk"
     Selector = TopKSelector
 
-    def __init__(
-        self,
-        budget: int = 4096,
-        backend: str = "dense",
-        budget_frac: float | None = None,
-        dense_layers: int = 0,
-    ) -> None:
+    Config = TopKConfig
+
+    def __init__(self, **given: Any) -> None:
+        o = options(self.Config, given)
+        budget, backend, budget_frac, dense_layers = astuple(o)
         self.budget = check_budget(self.name, budget, 0, "zero")
         self.dense_layers = check_dense_layers(self.name, dense_layers)
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
-
-    def params(self) -> dict:
-        return {
-            "budget": self.budget,
-            "budget_frac": self.budget_frac,
-            "backend": self.backend,
-            "dense_layers": self.dense_layers,
-        }
 
     def forward_view(
         self,

@@ -6,6 +6,7 @@ instantiation, threads, the engine's GEMM choice, the stop tokens."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from core.sampling import Sampler
 from core.sparse_attention import flash_available
 from core.types import HarnessError
 from kv_policies.checks import BACKENDS
+from runners.identity import options_of
 from tasks.datafile import read_bytes
 
 LINEARS = ("aten", "onednn", "auto")
@@ -35,6 +37,7 @@ TINY_ARCHS = ("llama", "qwen2")
 TASK_SOURCES = ("auto", "package", "local", "hub")
 WANDB_MODES = ("online", "offline", "disabled")
 SEED_MAX = 2**32 - 1
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ class RunSettings:
     device: torch.device  # where model.device puts the model on this machine
 
 
+@functools.cache
+def run_defaults() -> dict[str, Any]:
+    """The `run.*` defaults: conf/config.yaml's `run` section, the one place each is written."""
+    return OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml").run)
+
+
 def _optional_int(field: str, value: Any, low: int, high: int | None = None) -> int | None:
     return None if value is None else checks.integer(field, value, low, high)
 
@@ -70,19 +79,20 @@ def run_settings(cfg: Any) -> RunSettings:
     run = cfg.run
     if not hasattr(run, "get"):
         raise HarnessError(f"run must be a section of settings (run.limit=..., run.seed=...), got {run!r}")
+    get = lambda key: run.get(key, run_defaults()[key])  # noqa: E731 - a key the config lacks: conf's
     task = cfg.get("task") or {}
     own = task.get("limit")
     limit_field = "run.limit" if own is None else "task.limit"  # the task's own limit is more specific
-    limit = _optional_int(limit_field, run.get("limit") if own is None else own, 1)
+    limit = _optional_int(limit_field, get("limit") if own is None else own, 1)
     if task.get("max_new_tokens") is not None:
         checks.integer("task.max_new_tokens", task.get("max_new_tokens"), 1)
-    warmup_s = run.get("warmup_s")
+    warmup_s = get("warmup_s")
     if warmup_s is not None:
         warmup_s = checks.number("run.warmup_s", warmup_s, 0)
     device = model_device(cfg.get("model") or {})
-    cuda_graphs = graphs_choice(run.get("cuda_graphs"), device)
-    linear = checks.choice("run.linear", run.get("linear") or "auto", LINEARS)
-    compiled = checks.flag("run.compile", run.get("compile", False))
+    cuda_graphs = graphs_choice(get("cuda_graphs"), device)
+    linear = checks.choice("run.linear", get("linear"), LINEARS)
+    compiled = checks.flag("run.compile", get("compile"))
     if compiled and linear == "onednn":  # inductor has no lowering for a prepacked oneDNN weight
         raise HarnessError(
             "run.compile=true compiles aten GEMMs, not prepacked oneDNN ones: use run.linear=aten"
@@ -90,20 +100,20 @@ def run_settings(cfg: Any) -> RunSettings:
     return RunSettings(
         limit=limit,
         limit_field=limit_field,
-        stratify=checks.flag("run.stratify", run.get("stratify", False)),
-        max_new_tokens=_optional_int("run.max_new_tokens", run.get("max_new_tokens"), 1),
-        seed=checks.integer("run.seed", run.get("seed", 0), 0, SEED_MAX),
-        threads=_optional_int("run.threads", run.get("threads"), 1, os.cpu_count() or 1),
-        warmup=checks.flag("run.warmup", run.get("warmup", True)),
+        stratify=checks.flag("run.stratify", get("stratify")),
+        max_new_tokens=_optional_int("run.max_new_tokens", get("max_new_tokens"), 1),
+        seed=checks.integer("run.seed", get("seed"), 0, SEED_MAX),
+        threads=_optional_int("run.threads", get("threads"), 1, os.cpu_count() or 1),
+        warmup=checks.flag("run.warmup", get("warmup")),
         warmup_s=warmup_s,
-        audit=checks.flag("run.audit", run.get("audit", True)),
-        keep_steps=checks.flag("run.keep_steps", run.get("keep_steps", True)),
-        count_syncs=checks.integer("run.count_syncs", run.get("count_syncs", 8), 0),
-        prefill_chunk=checks.integer("run.prefill_chunk", run.get("prefill_chunk", 1024), 1),
+        audit=checks.flag("run.audit", get("audit")),
+        keep_steps=checks.flag("run.keep_steps", get("keep_steps")),
+        count_syncs=checks.integer("run.count_syncs", get("count_syncs"), 0),
+        prefill_chunk=checks.integer("run.prefill_chunk", get("prefill_chunk"), 1),
         linear=linear,
         cuda_graphs=cuda_graphs,
         compile=compiled,
-        out_dir=writable_folder("run.out_dir", run.get("out_dir")),
+        out_dir=writable_folder("run.out_dir", get("out_dir")),
         device=device,
     )
 
@@ -175,6 +185,15 @@ def check_sections(cfg: Any) -> None:
     data_path = task.get("data_path")
     if data_path:
         readable_file("task.data_path", data_path)
+
+
+def check_options(cfg: Any) -> None:
+    """The decoder's and the KV policy's options against their class's `Config` (core.options): a key
+    it does not declare or a value of the wrong type is one error line, before anything is built."""
+    for group in ("decoder", "kv"):
+        node = cfg.get(group)
+        if hasattr(node, "get") and node.get("_target_"):
+            options_of(node, group)
 
 
 def readable_file(field: str, value: Any) -> Path:
@@ -292,6 +311,7 @@ def check_config(cfg: Any) -> RunSettings:
     check_model(cfg.get("model") or {}, settings.device)
     check_backends(cfg, settings.device)
     check_sections(cfg)
+    check_options(cfg)
     check_local_paths(cfg)
     check_environment(cfg)
     check_task(cfg, settings)
@@ -341,25 +361,6 @@ def writable_folder(field: str, value: Any) -> Path:
             with contextlib.suppress(OSError):
                 level.rmdir()
     return path
-
-
-def group_params(node: Any) -> dict[str, Any]:
-    """A config group's fields, resolved, without Hydra's `_partial_` flag."""
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in ("_partial_",)}
-
-
-# parameters added after runs were recorded, left out of a run's identity at their defaults so that those
-# runs keep their ids: `block` (every decoder's), `lookup` and `beam_temperature` (LongSpec's)
-DEFAULTS_OUT_OF_IDENTITY = {"block": "fixed", "lookup": 0, "beam_temperature": 1.0}
-
-
-def decoder_params(node: Any) -> dict[str, Any]:
-    """The decoder's parameters, without those at a default in `DEFAULTS_OUT_OF_IDENTITY`."""
-    params = group_params(node)
-    for key, default in DEFAULTS_OUT_OF_IDENTITY.items():
-        if key in params and params[key] == default and not isinstance(params[key], bool):
-            del params[key]
-    return params
 
 
 def build(node: Any, group: str, **kwargs: Any) -> Any:

@@ -27,7 +27,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from core import checks
 from core.cost_curve import cache_name, cached_or_measured, curve_key
 from core.decode_graph import Replay
 from core.engine import Engine
@@ -40,8 +39,6 @@ from runners.audit import VanillaAudit, digest, reference_key
 from runners.config import (
     build,
     check_config,
-    decoder_params,
-    group_params,
     pin_threads,
     resolve_cuda_graphs,
     resolve_linear,
@@ -50,6 +47,7 @@ from runners.config import (
 )
 from runners.emulated_graphs import emulate_graphs
 from runners.host_syncs import syncs_per_step
+from runners.identity import Environment, command_key, group_params, method_params, run_identity
 from runners.lock import CommandLock, RunLock
 from runners.records import RunDir, host_counters, measurements, run_id_for
 from runners.report import print_summary
@@ -74,47 +72,31 @@ PROVENANCE = {
 
 class Runner:
     def __init__(self, cfg: DictConfig) -> None:
+        """Compose the run: every `run.*` setting is read from the typed `RunSettings` (`check_config`,
+        which also validates the decoder's and the policy's options), the identity from `runners.identity`."""
         self.cfg = cfg
-        run = cfg.run
-        self.settings = settings = check_config(cfg)  # every field checkable before loading, typed
+        self.settings = settings = check_config(cfg)
         self.threads = pin_threads(settings.threads)
-        prefill_chunk = settings.prefill_chunk
-        limit = settings.limit
         torch.manual_seed(settings.seed)
         self.lm = build(cfg.model, "model")
-        linear = resolve_linear(run.get("linear"), self.lm, settings.compile)
-        graphs = resolve_cuda_graphs(run.get("cuda_graphs"), self.lm)
+        graphs = resolve_cuda_graphs(settings.cuda_graphs, self.lm)
         self.engine = Engine(
             self.lm.model,
-            prefill_chunk=prefill_chunk,
-            linear=linear,
+            prefill_chunk=settings.prefill_chunk,
+            linear=resolve_linear(settings.linear, self.lm, settings.compile),
             cuda_graphs=graphs is True,
             compiled=settings.compile,
         )
         if graphs == "emulate":
             emulate_graphs(self.engine)
         self.device_name = provenance.device_name(self.lm.device)
-        self.warmup_s = resolve_warmup_s(run.get("warmup_s"), self.engine.device, GPU_WARMUP_S)
+        self.warmup_s = resolve_warmup_s(settings.warmup_s, self.engine.device, GPU_WARMUP_S)
         s = cfg.sampling
-        self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=int(run.seed))
+        self.sampler = Sampler(s.temperature, s.top_p, s.top_k, seed=settings.seed)
         self.kv = build(cfg.kv, "kv")
-        self.decoder = build(cfg.decoder, "decoder")
         self.draft = build_draft(cfg.get("draft"), self.lm, self.engine)
-        extra: dict[str, Any] = {} if self.draft is None else {"draft": self.draft}
-        needs = getattr(self.decoder, "func", self.decoder).needs  # the class behind Hydra's partial
-        if "tokenizer" in needs:  # e.g. SFI's boundary tokens
-            extra["tokenizer"] = self.lm.tokenizer
-        if self.draft is not None and "draft" not in needs:
-            raise HarnessError(
-                f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
-                "use it with decoder=triforce (or leave draft=none)"
-            )
-        try:
-            self.decoder = self.decoder(engine=self.engine, kv=self.kv, sampler=self.sampler, **extra)
-        except (ValueError, TypeError) as exc:
-            raise HarnessError(f"decoder: {exc}") from None
-        stratify = settings.stratify
-        self.task: Task = build(cfg.task, "task", limit=limit, stratify=stratify)
+        self.decoder = self._build_decoder(cfg)
+        self.task: Task = build(cfg.task, "task", limit=settings.limit, stratify=settings.stratify)
         self.task.limit_field = settings.limit_field
         if settings.max_new_tokens is not None:
             self.task.max_new_tokens = settings.max_new_tokens
@@ -134,59 +116,67 @@ class Runner:
         }
         choices = cfg.get("choices") or {}
         self.names = {k: str(choices.get(k) or fallback[k]) for k in fallback}
-        self.identity = {
-            "model": self.names["model"],
-            "model_name": self.lm.name,
-            "dtype": str(self.lm.dtype).replace("torch.", ""),
-            "device": self.lm.device.type,
-            "device_name": self.device_name,
-            "threads": self.threads,
-            "prefill_chunk": prefill_chunk,
-            "linear": self.engine.linear,
-            "decoder": self.names["decoder"],
-            # + what the config cannot say, e.g. which weights a decoder's draft checkpoint holds
-            "decoder_params": {
-                **decoder_params(cfg.decoder),
-                **getattr(self.decoder, "identity_extra", dict)(),
-            },
-            "kv": self.names["kv"],
-            "kv_params": group_params(cfg.kv),
-            "draft": self.names["draft"],
-            "draft_params": {**group_params(cfg.draft), "label": self.draft.label}
-            if self.draft is not None
-            else {},
-            "task": self.names["task"],
-            "task_params": group_params(cfg.task),
-            "task_version": self.task.version,
-            "limit": self.task.limit,
-            "max_new_tokens": self.task.max_new_tokens,
-            "seed": int(run.seed),
+        env = Environment(
+            model_name=self.lm.name,
+            dtype=str(self.lm.dtype).replace("torch.", ""),
+            device=self.lm.device.type,
+            device_name=self.device_name,
+            threads=self.threads,
+            prefill_chunk=settings.prefill_chunk,
+            linear=self.engine.linear,
+            cuda_graphs=graphs,
+            compile=settings.compile,
+        )
+        extra = getattr(self.decoder, "identity_extra", dict)()  # e.g. which weights its draft holds
+        params = {
+            "decoder": {**method_params(cfg.decoder, "decoder"), **extra},
+            "kv": method_params(cfg.kv, "kv"),
+            "draft": {} if self.draft is None else {**group_params(cfg.draft), "label": self.draft.label},
+            "task": group_params(cfg.task),
             "sampling": group_params(cfg.sampling),
         }
-        if stratify:  # absent = the first `limit` samples (keeps earlier runs' ids)
-            self.identity["stratify"] = True
-        if graphs:  # absent = no CUDA graphs (keeps earlier runs' ids)
-            self.identity["cuda_graphs"] = graphs  # True, or "emulate"
-        if settings.compile:  # absent = eager forwards (keeps earlier runs' ids)
-            self.identity["compile"] = True
+        limit, max_new = self.task.limit, self.task.max_new_tokens
+        self.identity = run_identity(
+            self.names, env, params, self.task.version, limit, max_new, settings.seed, settings.stratify
+        )
         self.run_id = run_id_for(self.identity)
-        self.rundir = RunDir(Path(run.out_dir) / "runs", self.run_id)
-        provenance.require_clean_tree(REPO, run.out_dir)  # paper records: from a commit only
+        self.rundir = RunDir(settings.out_dir / "runs", self.run_id)
+        provenance.require_clean_tree(REPO, str(settings.out_dir))  # paper records: from a commit only
         self.code_version = provenance.git_sha(REPO)
         self.versions = provenance.versions()
         self.cost_curve = ""  # block=auto: the cache name of the cost curve the decoder sized blocks with
         self.greedy = self.sampler.greedy
-        # host syncs are counted by dispatch modes that put every operator through Python, costing a small
-        # model more than its own operators: inside a timed generation they would be most of the host
-        # time measured, so they count in an untimed generation of up to this many new tokens (0: none)
-        self.count_syncs = checks.integer("run.count_syncs", run.get("count_syncs", 8), 0)
         self.is_reference = isinstance(self.decoder, Vanilla) and self.kv.lossless
         self._compile_from = Replay.total_compile_s
         self.audit = (
-            VanillaAudit(self.engine, Path(run.out_dir) / "vanilla_cache", self._reference_key())
+            VanillaAudit(self.engine, settings.out_dir / "vanilla_cache", self._reference_key())
             if settings.audit and self.greedy
             else None
         )
+
+    def _build_decoder(self, cfg: DictConfig) -> Any:
+        """The decoder over the engine, the policy and the sampler, with what it declares in `needs`."""
+        partial = build(cfg.decoder, "decoder")
+        needs = getattr(partial, "func", partial).needs  # the class behind Hydra's partial
+        extra: dict[str, Any] = {} if self.draft is None else {"draft": self.draft}
+        if "tokenizer" in needs:  # e.g. SFI's boundary tokens
+            extra["tokenizer"] = self.lm.tokenizer
+        if self.draft is not None and "draft" not in needs:
+            raise HarnessError(
+                f"draft={(cfg.get('choices') or {}).get('draft', 'set')} drafts for a hierarchical decoder: "
+                "use it with decoder=triforce (or leave draft=none)"
+            )
+        try:
+            return partial(engine=self.engine, kv=self.kv, sampler=self.sampler, **extra)
+        except (ValueError, TypeError) as exc:
+            raise HarnessError(f"decoder: {exc}") from None
+
+    @property
+    def count_syncs(self) -> int:
+        """New tokens of the untimed generation that counts host syncs (`RunSettings.count_syncs`): the
+        dispatch modes that count them put every operator through Python, costing a small model more
+        than its own operators, so inside a timed generation they would be most of the host time."""
+        return self.settings.count_syncs
 
     @property
     def graphed(self) -> bool:
@@ -245,7 +235,7 @@ class Runner:
             started = datetime.now(timezone.utc).isoformat()
             self.rundir.write_run(self._run_row("running", started))
             self.engine.reserve(self._capacity_bound(samples))
-            if todo and cfg.run.warmup:
+            if todo and self.settings.warmup:
                 self._warmup(max(todo, key=lambda s: lengths[s.sample_id]))
             if self.compile_s:
                 print(f"[run] compiled the fixed-shape forwards in {self.compile_s:.1f} s (not decode time)")
@@ -427,7 +417,7 @@ class Runner:
         return runs
 
     def _seed_for(self, sample_id: str, turn: int) -> int:
-        h = hashlib.sha1(f"{self.cfg.run.seed}-{sample_id}-{turn}".encode()).hexdigest()
+        h = hashlib.sha1(f"{self.settings.seed}-{sample_id}-{turn}".encode()).hexdigest()
         return int(h[:8], 16)
 
     def _run_sample(self, sample: Sample, bar: Any) -> tuple[list[dict], list[dict], list[dict]]:
@@ -474,7 +464,7 @@ class Runner:
         eng = self.engine
         self.sampler.reseed(self._seed_for(digest(prompt), 0))
         max_new = self.task.max_new_tokens
-        keep_steps = bool(self.cfg.run.keep_steps)
+        keep_steps = self.settings.keep_steps
         # the target's and the draft model's forwards and the device reads, to tell the decoder's time
         with DecodeClocks(self.decoder) as clocks:
             timed = timed_generate(
@@ -544,38 +534,11 @@ class Runner:
             "experiment": str((self.cfg.get("choices") or {}).get("experiment") or ""),
             "scale": str(OmegaConf.select(self.cfg, "scale.name", default="paper")),
             "max_new_tokens": self.task.max_new_tokens,
-            "seed": int(self.cfg.run.seed),
+            "seed": self.settings.seed,
             "sampling": json.dumps(self.identity["sampling"]),
             "cost_curve": self.cost_curve,
             "time": time.time(),
         }
-
-
-# the config groups and run.* fields behind a run's identity (`Runner.identity`): two commands that agree
-# on them are the same run in the same environment
-IDENTITY_GROUPS = ("model", "draft", "decoder", "kv", "task", "sampling")
-IDENTITY_RUN = (
-    "limit",
-    "max_new_tokens",
-    "seed",
-    "threads",
-    "prefill_chunk",
-    "linear",
-    "cuda_graphs",
-    "compile",
-    "stratify",
-)
-
-
-def command_key(cfg: DictConfig) -> str:
-    """A digest of what makes `cfg`'s run identity, known before the model loads (`CommandLock`)."""
-    choices = cfg.get("choices") or {}
-    parts = {
-        "groups": {g: OmegaConf.to_container(cfg[g], resolve=True) for g in IDENTITY_GROUPS if cfg.get(g)},
-        "run": {f: cfg.run.get(f) for f in IDENTITY_RUN},
-        "choices": {g: choices.get(g) for g in IDENTITY_GROUPS},
-    }
-    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run(cfg: DictConfig) -> Path:

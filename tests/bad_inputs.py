@@ -135,7 +135,13 @@ CASES = [
     _c("wandb.enabled must be true or false", "wandb.enabled=maybe"),
     _c("wandb.mode must be one of", "wandb.mode=sometimes"),
     _c("block must be one of fixed, auto", "decoder=fafo", "decoder.block=sometimes"),
-    _c("decoder.k must be an integer >= 1", "decoder=fafo", "decoder.k=abc"),
+    # a type the method's Config (core.options) does not declare, a key it does not have (added with +)
+    _c("decoder.k must be an integer, got 'abc'", "decoder=fafo", "decoder.k=abc"),
+    _c("decoder.tree must be true or false, got 'maybe'", "decoder=fafo", "decoder.tree=maybe"),
+    _c("decoder.m must be an integer or null, got 2.5", "decoder=fafo", "decoder.m=2.5"),
+    _c("kv.sinks must be an integer, got 'many'", "kv=streaming", "kv.sinks=many"),
+    _c("unknown key decoder.kk; decoder has: block, max_matching_ngram_size", "decoder=pld", "+decoder.kk=3"),
+    _c("unknown key kv.kk; kv has no settings", "kv=full", "+kv.kk=3"),
     _c("task.source must be one of", "task.source=nowhere"),
     _c("task.max_new_tokens must be an integer >= 1", "task.max_new_tokens=0"),
     # humaneval sandbox options

@@ -1,9 +1,11 @@
-"""docs/adding-a-decoder.md, followed literally: its three files, copied into a copy of the
-repository, give a decoder whose lossless test passes and which `run.py` runs by its config name
-with every output matching vanilla. Nothing else in the repository has to change."""
+"""docs/adding-a-decoder.md, followed literally: its three places (the module, the config, the registry
+entry), written into a copy of the repository, give a decoder that the registry's and the presets'
+tests pick up and that `run.py` runs by its config name with every output matching vanilla greedy.
+Nothing else in the repository has to change."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,12 +32,31 @@ def doc_files(text: str) -> dict[str, str]:
     return {path: f"# {path}\n{body}" for path, body in blocks}
 
 
-def overlay(tmp: Path) -> Path:
-    """A copy of the repository: the folders the doc writes into are copied, the rest linked."""
+def doc_lines(text: str) -> dict[tuple[str, str], str]:
+    """Each fenced block headed `# <path>: a line in <NAME>`: {(path, NAME): the line to add}."""
+    blocks = re.findall(r"```python\n# ([\w/.]+): a line in (\w+)\n(.*?)```", text, re.S)
+    return {(path, name): body for path, name, body in blocks}
+
+
+def follow(doc: Path, root: Path) -> None:
+    """Do what the page says in the repository copy `root`: write its files, add its lines."""
+    text = doc.read_text()
+    for path, source in doc_files(text).items():
+        (root / path).write_text(source)
+    for (path, name), line in doc_lines(text).items():
+        target = root / path
+        source = target.read_text()
+        opening = f"{name} = {{\n"
+        assert source.count(opening) == 1, f"{path} has no one `{opening.strip()}`"
+        target.write_text(source.replace(opening, opening + line, 1))
+
+
+def overlay(tmp: Path, extra: frozenset[str] = frozenset()) -> Path:
+    """A copy of the repository: the folders the doc writes into (+ `extra`) are copied, the rest linked."""
     root = tmp / "repo"
     root.mkdir()
     for entry in REPO.iterdir():
-        if entry.name in COPIED and entry.is_dir():
+        if entry.name in COPIED | extra and entry.is_dir():
             shutil.copytree(entry, root / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
         elif entry.name in COPIED:
             shutil.copy(entry, root / entry.name)
@@ -44,19 +65,17 @@ def overlay(tmp: Path) -> Path:
     return root
 
 
-def test_the_doc_names_exactly_a_decoder_its_config_and_its_test():
-    assert set(doc_files(DOC.read_text())) == {
-        "decoders/bigram.py",
-        "conf/decoder/bigram.yaml",
-        "tests/test_lossless_bigram.py",
-    }
+def test_the_doc_names_exactly_three_places_its_module_config_and_registry_entry():
+    text = DOC.read_text()
+    assert set(doc_files(text)) == {"decoders/bigram.py", "conf/decoder/bigram.yaml"}
+    assert set(doc_lines(text)) == {("decoders/registry.py", "DECODERS")}
+    assert "three places" in text.split("\n\n")[1]  # the page's own count, in its first paragraph
     assert not (REPO / "decoders" / "bigram.py").exists()  # the example lives in the doc only
 
 
-def test_the_doc_decoder_passes_its_lossless_test_and_runs(tmp_path):
+def test_the_doc_decoder_is_registered_tested_and_runs_losslessly(tmp_path):
     root = overlay(tmp_path)
-    for path, source in doc_files(DOC.read_text()).items():
-        (root / path).write_text(source)
+    follow(DOC, root)
     env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -64,11 +83,18 @@ def test_the_doc_decoder_passes_its_lossless_test_and_runs(tmp_path):
             [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
         )
 
-    tests = run(
-        "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not smollm", "tests/test_lossless_bigram.py"
-    )
+    # the tests that read the registry and the presets pick it up
+    k = "bigram or registered"
+    tests = run("-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_configs.py", "-k", k)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert " passed" in tests.stdout and "failed" not in tests.stdout
+    for test in (
+        "test_option_composes[decoder=bigram]",
+        "test_decoder_option_instantiates[llama-bigram]",
+        "test_decoder_option_instantiates[qwen2-bigram]",
+        "test_every_preset_validates_against_its_config[decoder-bigram]",
+        "test_every_registered_method_has_its_config_and_preset[decoder]",
+    ):
+        assert f"{test} PASSED" in tests.stdout, tests.stdout[-3000:]
     out = tmp_path / "records"
     cli = run(
         "run.py",
@@ -79,6 +105,9 @@ def test_the_doc_decoder_passes_its_lossless_test_and_runs(tmp_path):
         f"run.out_dir={out}",
     )
     assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-2000:]
-    (samples,) = out.glob("runs/*-bigram-full-*/samples.parquet")
-    rows = pd.read_parquet(samples)
+    (run_dir,) = out.glob("runs/*-bigram-full-*")
+    rows = pd.read_parquet(run_dir / "samples.parquet")
     assert len(rows) >= 2 and rows["matches_vanilla"].all() and rows["error"].isna().all()
+    # identified by its method name and its options' values, not by its module
+    params = json.loads(pd.read_parquet(run_dir / "runs.parquet")["decoder_params"].iloc[0])
+    assert params == {"method": "bigram", "draft_len": 4}

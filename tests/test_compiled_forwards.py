@@ -95,7 +95,7 @@ def test_compiled_runs_have_their_own_identity_and_linear(tiny):
     """auto linear is aten for compiled forwards (inductor calls the GEMMs itself); the run identity and
     the command key carry `compile` only when it is on (earlier runs keep their ids)."""
     from runners.config import resolve_linear
-    from runners.runner import IDENTITY_RUN
+    from runners.identity import IDENTITY_RUN
 
     assert resolve_linear("auto", tiny, compiled=True) == "aten"
     assert "compile" in IDENTITY_RUN

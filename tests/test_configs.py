@@ -199,3 +199,31 @@ def test_experiments_with_their_own_cpu_setting_are_not_labelled_paper():
         assert _compose(f"experiment={name}").scale.name == want, name
     assert _compose().scale.name == "paper"
     assert _compose("experiment=longspec_table1_cpu", "scale=cpu").scale.name == "cpu"
+
+
+@pytest.mark.parametrize("group", ["decoder", "kv"])
+def test_every_registered_method_has_its_config_and_preset(group):
+    """Each registry entry names a class with a `Config` dataclass (core.options) and a `name` equal to
+    its key, and conf/<group>/<name>.yaml instantiates that class."""
+    import dataclasses
+
+    from hydra.utils import get_class
+
+    from runners.identity import REGISTERED
+
+    for name, where in REGISTERED[group].items():
+        module, cls_name = where.split(":")
+        cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+        assert cls.name == name and dataclasses.is_dataclass(cls.Config), where
+        preset = CONF / group / f"{name}.yaml"
+        assert get_class(_compose(f"{group}={name}")[group]._target_) is cls, preset
+
+
+@pytest.mark.parametrize(("group", "option"), [o for o in OPTIONS if o[0] in ("decoder", "kv")])
+def test_every_preset_validates_against_its_config(group, option):
+    """A preset names only options its class's `Config` declares, each of the declared type."""
+    from runners.identity import options_of
+
+    cfg = _compose(f"{group}={option}")
+    values = options_of(cfg[group], group)
+    assert set(values) >= {k for k in cfg[group] if not str(k).startswith("_")}

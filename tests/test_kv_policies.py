@@ -439,7 +439,7 @@ def test_every_policy_runs_with_vanilla_within_budget(engine_and_prompt, name):
     pol = build_policy(name, **POLICIES[name])
     out, counts = _run(eng, pol, prompt)
     assert len(out) == 24 and counts.forwards == 23
-    assert pol.params()["budget"] == POLICIES[name]["budget"]
+    assert pol.budget == POLICIES[name]["budget"]
     layers = eng.cache.n_layers
     dense = POLICIES[name].get("dense_layers", 0)
     sparse = POLICIES[name]["budget"] + (24 if name == "snapkv" else 0)  # snapkv keeps generated tokens

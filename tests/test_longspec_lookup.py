@@ -17,7 +17,7 @@ from core.sampling import Sampler
 from core.types import Counts, HarnessError
 from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
-from runners.config import decoder_params
+from runners.identity import method_params
 from tests.conftest import needs_smollm
 from tests.helpers import TREES, TargetDraft, flat, steep, varied_prompts
 from tests.lossless_check import (
@@ -163,9 +163,9 @@ def test_bad_lookup_is_one_clear_error(tiny_lm):
 def test_lookup_off_keeps_run_ids_and_the_preset_says_it_is_ours():
     for name in ("longspec", "longspec_small", "longspec_chain", "longspec_chain_auto"):
         node = OmegaConf.load(DECODERS / f"{name}.yaml")
-        assert node.lookup == 0 and "lookup" not in decoder_params(node)
+        assert node.lookup == 0 and "lookup" not in method_params(node, "decoder")
     preset = OmegaConf.load(DECODERS / "longspec_lookup_auto.yaml")
-    assert decoder_params(preset)["lookup"] == 10 and preset.block == "auto"
+    assert method_params(preset, "decoder")["lookup"] == 10 and preset.block == "auto"
     assert "NOT the" in (DECODERS / "longspec_lookup_auto.yaml").read_text()
 
 

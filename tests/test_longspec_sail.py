@@ -92,7 +92,7 @@ def test_every_parameter_is_the_tensor_it_maps_from(tiny_lm, tmp_path, fmt):
     assert all(k in state for k in UNUSED)
     assert isinstance(draft.final_norm, torch.nn.Identity)
     assert draft.target_layer == eng.w.n_layers - 1 and draft.window == 512
-    assert dec.params()["checkpoint"].endswith("(released LongSpec draft)")
+    assert dec.draft.label.endswith("(released LongSpec draft)")
     assert LongSpec(eng, depth=2, widths=[2, 2], checkpoint=str(folder), window=8).draft.window == 8
 
 

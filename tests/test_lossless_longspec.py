@@ -161,18 +161,8 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
     for k, v in draft.state_dict().items():
         assert torch.equal(v, back.state_dict()[k])
     dec = LongSpec(eng, depth=2, widths=[2, 2], checkpoint=str(tmp_path / "d"))
-    assert dec.params() == {
-        "depth": 2,
-        "widths": [2, 2],
-        "window": 32,
-        "target_layer": 0,
-        "checkpoint": f"{tmp_path / 'd'}@{digest}",  # the weights' digest: which draft, in the run id
-        "tree_attention": "masked",
-        "draft_vocab": None,
-        "block": "fixed",
-        "lookup": 0,
-        "beam_temperature": 1.0,
-    }
+    assert (dec.depth, dec.widths, dec.draft.window, dec.draft.target_layer) == (2, [2, 2], 32, 0)
+    assert dec.identity_extra() == {"draft": f"{tmp_path / 'd'}@{digest}"}  # which draft, in the run id
     arch = tiny_lm.model.config.model_type
     for tiny, field in ((dict(vocab_size=300), "vocab_size"), (dict(hidden_size=32), "hidden_size")):
         other = load_model("tiny", "tiny", arch=arch, dtype="float32", device="cpu", seed=1, tiny=tiny)
@@ -203,7 +193,7 @@ def test_restricted_draft_vocabulary(refs, tiny_lm, tmp_path, linear):
     n = len(range(0, vocab, 3)) + 4
     dec = LongSpec(eng, depth=4, widths=[2, 2, 2, 2], checkpoint=str(tmp_path / "d"), draft_vocab=n)
     allowed = set(range(0, vocab, 3)) | set([i for i in range(vocab) if i % 3 != 0][:4])
-    assert set(dec.draft.vocab_ids.tolist()) == allowed and dec.params()["draft_vocab"] == n
+    assert set(dec.draft.vocab_ids.tolist()) == allowed and dec.draft_vocab == n
     h = torch.randn(3, tiny_lm.model.config.hidden_size)
     full = eng.lm_logits(h)
     torch.testing.assert_close(dec.draft._head(h).float(), full[:, dec.draft.vocab_ids])
@@ -258,18 +248,14 @@ def test_bad_input_is_one_clear_error(tiny_lm, tmp_path):
 def test_params_and_block_size(tiny_lm):
     dec = make(Engine(tiny_lm.model), "paper", "random")
     assert dec.max_block() == 1 + 4 + 4 * 16
-    assert dec.params() == {
-        "depth": 5,
-        "widths": [4, 16, 16, 16, 16],
-        "window": 16,
-        "target_layer": 1,
-        "checkpoint": "untrained random draft: lossless, tau near 1",
-        "tree_attention": "masked",
-        "draft_vocab": None,
-        "block": "fixed",
-        "lookup": 0,
-        "beam_temperature": 1.0,
-    }
+    assert (dec.depth, dec.widths, dec.draft.window, dec.draft.target_layer) == (
+        5,
+        [4, 16, 16, 16, 16],
+        16,
+        1,
+    )
+    assert dec.draft.label == "untrained random draft: lossless, tau near 1"
+    assert (dec.tree_attention, dec.draft_vocab, dec.block, dec.lookup) == ("masked", None, "fixed", 0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
@@ -387,7 +373,7 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
         with pytest.raises(HarnessError, match="no shipped LongSpec draft for '"):
             instantiate(cfg)(engine=eng)
         dec = instantiate(_compose(f"decoder={option}", "decoder.checkpoint=random").decoder)(engine=eng)
-        assert dec.params()["widths"] == widths and dec.draft.window == 512
+        assert dec.widths == widths and dec.draft.window == 512
         # the CPU presets draft from the 8192 most frequent tokens (all of the tiny model's vocabulary)
         assert cfg.draft_vocab == (None if option == "longspec" else 8192)
         assert cfg.block == ("auto" if option.endswith("_auto") else "fixed") == dec.block

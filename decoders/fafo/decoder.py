@@ -20,7 +20,7 @@ Lossless n-gram candidate-pool decoding in ONE target forward per step over the 
 - **One KV cache**: `engine.commit` keeps only x_last's and the accepted candidate tokens' KV (computed
   against the full cache, so exact); fumble rows' KV is never kept (recomputed every step).
 
-Harness choices for what the paper leaves open, all logged by `params()`:
+Harness choices for what the paper leaves open, all options of `FAFOConfig` (recorded with every run):
 streams start as k tokens drawn from the prompt by a seeded generator (Lookahead-style); stream
 positions are re-based every step on x_last (`stream_positions=rebase`, rows at p+1..p+k) or slide
 by one per step (`slide`); m defaults to n; retrieval order within a key is most recent first.
@@ -39,10 +39,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.checks import choice, flag, integer, number
+from core.options import options, recorded_without
 from core.positions import RelativePositions
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
@@ -71,34 +74,45 @@ RANKS = 7  # block=auto: candidates ranked past this share one acceptance estima
 FLEX_Q_TILE = 16  # core.sparse_attention.RegionBlockMask's query tile for mixed blocks
 
 
+@dataclass
+class FAFOConfig:
+    """The paper's best settings (Tables 11-12): k 6, n 40, m = n."""
+
+    k: int = 6  # guess length = stream window = candidate length = longest pool key
+    n: int = 40  # fumble streams; also the pool's guesses per key (App. F)
+    m: int | None = None  # candidates verified per step (None = n, the paper's setting)
+    stream_positions: str = "rebase"  # ours: rebase: stream rows at p+1..p+k every step; slide: base += 1
+    fumble_sees_last: bool = True  # ours: fumble rows attend to x_last (Fig. 4)
+    pool_from_prompt: bool = False  # ablation (ours): also seed the pool with prompt/output n-grams
+    pool_capacity: int | None = None  # guesses kept per pool key (None = n, App. F)
+    # None = the kv policy's backend (kv.backend): dense (SDPA + boolean mask, the reference) | flex
+    # (compressed head region + static FlexAttention BlockMask, paper §4.4) | sliced | flash (CUDA only)
+    backend: str | None = None
+    pad_candidates: bool | None = None  # None = pad to m candidates only for flex (static block shape)
+    tree: bool = False  # ours: candidates as a prefix trie (shared prefixes share rows); lossless
+    seed: int = 0  # stream initialisation (k random prompt tokens per stream)
+    # fixed: the sizes above every step | auto (ours): the fumble streams sized and run as often as the
+    # cost curve allows, each step verifying the candidates with the most expected tokens per second
+    block: str = recorded_without("fixed")
+    generator_share: float = 0.1  # block=auto: average cost the fumble streams may add (of a 1-row step)
+
+
 class FAFO(BaseDecoder):
     """FAFO with guess length k, n fumble streams and up to m verified candidates per step."""
 
     name = "fafo"
     sizes_blocks_by_cost = True  # block=auto is available
     lossless = True  # verification always reads the full cache, whatever the KV policy
+    Config = FAFOConfig
 
-    def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler=None,
-        k: int = 6,
-        n: int = 40,
-        m: int | None = None,
-        stream_positions: str = "rebase",
-        fumble_sees_last: bool = True,
-        pool_from_prompt: bool = False,
-        pool_capacity: int | None = None,
-        backend: str | None = None,
-        pad_candidates: bool | None = None,
-        tree: bool = False,
-        seed: int = 0,
-        block: str = "fixed",
-        generator_share: float = 0.1,
-    ) -> None:
-        k, n = integer("decoder.k", k, 1), integer("decoder.n", n, 1)
-        m = n if m is None else integer("decoder.m", m, 0)
+    def __init__(self, engine, kv=None, sampler=None, **given: Any) -> None:
+        o = options(self.Config, given)
+        stream_positions, fumble_sees_last = o.stream_positions, o.fumble_sees_last
+        pool_from_prompt = o.pool_from_prompt
+        pool_capacity, backend, pad_candidates, tree = o.pool_capacity, o.backend, o.pad_candidates, o.tree
+        seed, block, generator_share = o.seed, o.block, o.generator_share
+        k, n = integer("decoder.k", o.k, 1), integer("decoder.n", o.n, 1)
+        m = n if o.m is None else integer("decoder.m", o.m, 0)
         super().__init__(engine, kv, sampler)
         self.k, self.n, self.m = k, n, m
         self.stream_positions = choice("decoder.stream_positions", stream_positions, ("rebase", "slide"))
@@ -129,23 +143,6 @@ class FAFO(BaseDecoder):
         self.generator_share = number("decoder.generator_share", generator_share, 0, low_open=True)
         align = FLEX_Q_TILE if self.views.backend == "flex" else 0
         self.layouts = LayoutCache(k, fumble_sees_last, engine.device, tree=tree, align=align)
-
-    def params(self) -> dict:
-        return {
-            "k": self.k,
-            "n": self.n,
-            "m": self.m,
-            "stream_positions": self.stream_positions,
-            "fumble_sees_last": self.fumble_sees_last,
-            "pool_from_prompt": self.pool_from_prompt,
-            "pool_capacity": self.pool_capacity,
-            "backend": self.views.backend,
-            "pad_candidates": self.pad_candidates,
-            "tree": self.tree,
-            "seed": self.seed,
-            "two_forward": False,
-            **({"block": "auto", "generator_share": self.generator_share} if self.block == "auto" else {}),
-        }
 
     def compiles_attention(self) -> bool:
         return self.views.backend == "flex" and not self.kv.lossless
@@ -321,9 +318,6 @@ class FAFO2Forward(FAFO):
 
     name = "fafo_2forward"
     sizes_blocks_by_cost = False
-
-    def params(self) -> dict:
-        return {**super().params(), "two_forward": True}
 
     def max_block(self) -> int:
         a = self.layouts.align

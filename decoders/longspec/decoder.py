@@ -41,13 +41,14 @@ reads the target's committed entries of one layer on top: not in `kv_attended`, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from core.checks import choice, integer, number
+from core.options import options, recorded_without
 from core.positions import RelativePositions
 from core.sampling import Sampler
 from core.tree_attention import BACKENDS, HybridTreeView
@@ -105,28 +106,33 @@ def _widths(depth: object, widths: object) -> list[int]:
     return values
 
 
+@dataclass
+class LongSpecConfig:
+    """The paper's tree (depth 5, widths [4, 16, 16, 16, 16]); `LongSpec.__init__` says what each does."""
+
+    depth: int = 5  # tree depth (paper)
+    widths: list[int] = field(default_factory=lambda: [4, 16, 16, 16, 16])  # beam width per depth (paper)
+    window: int | None = None  # draft self-attention window (None = the checkpoint's; random: 512)
+    target_layer: int | None = None  # target layer the draft reads (None = the checkpoint's; random: last)
+    # auto: the shipped draft for the model (checkpoints/longspec/), a draft folder, a released
+    # sail/longspec-* draft, or random (untrained: lossless, tau near 1); None: refused (one error line)
+    checkpoint: str | None = None
+    seed: int = 0  # init seed of checkpoint=random
+    tree_attention: str = "masked"  # masked: one SDPA over [cache | tree] | hybrid: the paper's LSE split
+    draft_vocab: int | None = None  # None: the whole vocabulary (paper) | N: its N most frequent tokens
+    block: str = recorded_without("fixed")  # fixed: verify every drafted node (paper) | auto (ours)
+    lookup: int = recorded_without(0)  # 0: the paper's tree | N (ours): N prompt-lookup tokens as a branch
+    beam_temperature: float = recorded_without(1.0)  # 1.0: the draft's own log-probs (paper) | T (ours)
+
+
 class LongSpec(BaseDecoder):
     name = "longspec"
     sizes_blocks_by_cost = True
     lossless = True  # the target verifies every token
+    Config = LongSpecConfig
 
     def __init__(
-        self,
-        engine,
-        kv=None,
-        sampler: Sampler | None = None,
-        depth: int = 5,
-        widths: Sequence[int] = (4, 16, 16, 16, 16),
-        window: int | None = None,
-        target_layer: int | None = None,
-        checkpoint: str | None = None,
-        seed: int = 0,
-        tree_attention: str = "masked",
-        draft_vocab: int | None = None,
-        block: str = "fixed",
-        draft_module: Any = None,
-        lookup: int = 0,
-        beam_temperature: float = 1.0,
+        self, engine, kv=None, sampler: Sampler | None = None, draft_module: Any = None, **given: Any
     ) -> None:
         """`checkpoint`: a draft folder (`LongSpecDraft.save`), "auto" (the shipped draft for the target
         model), "random" (untrained, seeded by `seed`), or a released LongSpec draft (`sail/longspec-*`
@@ -143,6 +149,11 @@ class LongSpec(BaseDecoder):
         the draft's logits are divided by it before the beam ranks nodes by cumulative log-prob (1.0:
         the paper; above 1 flattens each parent's distribution, so the beam keeps more parents: ours).
         Drafting only: verification, hence losslessness, does not change."""
+        o = options(self.Config, given)
+        depth, widths, window, target_layer = o.depth, o.widths, o.window, o.target_layer
+        checkpoint = o.checkpoint
+        seed, tree_attention, draft_vocab, block = o.seed, o.tree_attention, o.draft_vocab, o.block
+        lookup, beam_temperature = o.lookup, o.beam_temperature
         tree_attention = choice("decoder.tree_attention", tree_attention, BACKENDS)
         self.block = choice("decoder.block", block, BLOCK_MODES)
         self.lookup = integer("decoder.lookup", lookup, 0)
@@ -206,20 +217,6 @@ class LongSpec(BaseDecoder):
                 f"not decoder.target_layer={layer} (leave it null to use the checkpoint's)"
             )
         return draft
-
-    def params(self) -> dict:
-        return {
-            "depth": self.depth,
-            "widths": list(self.widths),
-            "window": self.draft.window,
-            "target_layer": self.draft.target_layer,
-            "checkpoint": self.draft.label,
-            "tree_attention": self.tree_attention,
-            "draft_vocab": self.draft_vocab,
-            "block": self.block,
-            "lookup": self.lookup,
-            "beam_temperature": self.beam_temperature,
-        }
 
     def identity_extra(self) -> dict:
         """Which draft weights ran (the label holds the checkpoint's weights digest): a retrained draft
