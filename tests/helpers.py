@@ -258,7 +258,8 @@ class Tiny:
     # (a `sample_generations` field and count) that shows drafts accepted; None: `unsampled` says why
     sampling: dict | None = None
     unsampled: str = ""
-    one_sync: bool = True  # reads the device once per decode step (tests/test_syncs_per_step.py)
+    # host syncs per decode step (tests/test_syncs_per_step.py); None: as many as its draft loop reads
+    syncs: float | None = 1.0
 
 
 SAMPLER_KW = {"temperature": 1.0, "top_p": 0.95, "top_k": 6}
@@ -302,11 +303,13 @@ DECODERS: dict[str, Tiny] = {
     "fafo_2forward": Tiny(
         _fafo_2forward,
         policy="streaming",
+        syncs=2.0,  # its fumble forward and its verification: one read each
         variants=({"k": 4, "n": 6},),
         sampling={"options": {"k": 3, "n": 4, "pool_from_prompt": True}, "runs": 400, "accepted": 50},
     ),
     "swift": Tiny(
         _swift,
+        syncs=None,  # a chain draft reads each drafted token
         # its option sweep, on a model with interior layers to skip, is tests/test_lossless_swift.py's
         variants=({"skip_ratio": 0.45, "max_draft": 4, "confidence": 0.0},),
         sampling={
@@ -324,6 +327,7 @@ DECODERS: dict[str, Tiny] = {
     ),
     "triforce": Tiny(
         _triforce,
+        syncs=None,  # the draft model reads each drafted token
         policy="retrieval",
         variants=({"gamma1": 1, "gamma2": 3}, {"gamma1": 2, "gamma2": 6}, {"gamma1": 3, "gamma2": 2}),
         sampling={"kv": ("streaming", {"budget": 8}), "runs": 1000, "accepted": 100, "tokens": 4},
