@@ -235,6 +235,13 @@ def _triforce(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
 def _longspec(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
     from decoders.longspec import LongSpec
 
+    if kw.pop("target_draft", False):  # the target as its own draft: long paths accepted
+        return LongSpec(
+            eng,
+            kv,
+            sampler,
+            **{"depth": 3, "widths": [2, 3, 3], "draft_module": TargetDraft(eng.model), **kw},
+        )
     settings = {"depth": 3, "widths": [2, 3, 3], "checkpoint": "random", "window": 16, **kw}
     return LongSpec(eng, kv, sampler, **settings)
 
@@ -330,11 +337,24 @@ DECODERS: dict[str, Tiny] = {
         syncs=None,  # the draft model reads each drafted token
         policy="retrieval",
         variants=({"gamma1": 1, "gamma2": 3}, {"gamma1": 2, "gamma2": 6}, {"gamma1": 3, "gamma2": 2}),
-        sampling={"kv": ("streaming", {"budget": 8}), "runs": 1000, "accepted": 100, "tokens": 4},
+        sampling={
+            "kv": ("streaming", {"budget": 8}),
+            "runs": 1000,
+            "accepted": 100,
+            "accepted_l1": 100,  # both levels accept under sampling
+            "tokens": 4,
+        },
     ),
     "longspec": Tiny(
         _longspec,
-        variants=tuple({"depth": d, "widths": w} for d, w in TREES.values()),  # the random draft
+        variants=(
+            *({"depth": d, "widths": w} for d, w in TREES.values()),  # an untrained random draft
+            # the target as its own draft, the paper's split attention: multi-token commits
+            *(
+                {"depth": d, "widths": w, "target_draft": True, "tree_attention": "hybrid"}
+                for d, w in TREES.values()
+            ),
+        ),
         sampling={"options": {"depth": 2, "widths": [3, 3]}, "runs": 800},
     ),
     "sfi": Tiny(
