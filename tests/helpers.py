@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -158,6 +161,9 @@ TREES = {
 }
 
 
+# every KV policy of kv_policies/registry.py at tiny settings (budgets below the tests' ~60-token
+# prompts, so that each restricts): keyed by registry name; tests/test_every_method.py fails for a
+# registered policy without an entry here
 POLICIES = {
     "full": {},
     "streaming": {"budget": 24, "sinks": 4},
@@ -166,7 +172,194 @@ POLICIES = {
     "h2o": {"budget": 24},
     "retrieval": {"budget": 24, "chunk": 4},
     "topk": {"budget": 16},
+    "sfi": {"k": 8, "sinks": 2, "recent": 6, "window": 3},
+    "kvpress": {"press": "StreamingLLMPress", "compression_ratio": 0.6},
 }
 
 
 CPU_PRESET = dict(k=3, n=1, m=3, tree=True, pool_from_prompt=True, pool_capacity=16)  # conf fafo_cpu
+
+
+# --- every decoder of decoders/registry.py at tiny size ------------------------------------------------
+def _vanilla(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.vanilla import Vanilla
+
+    return Vanilla(eng, kv, sampler, **kw)
+
+
+def _pld(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.pld import PromptLookup
+
+    return PromptLookup(eng, kv, sampler, **{"num_tokens": 5, **kw})
+
+
+def _lookahead(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.lookahead import Lookahead
+
+    return Lookahead(eng, kv, sampler, **{"N": 3, "W": 4, "G": 2, **kw})
+
+
+def _fafo(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.fafo.decoder import FAFO
+
+    return FAFO(eng, kv, sampler, **{"k": 2, "n": 4, **kw})
+
+
+def _fafo_2forward(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.fafo.decoder import FAFO2Forward
+
+    return FAFO2Forward(eng, kv, sampler, **{"k": 2, "n": 4, **kw})
+
+
+def _swift(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.swift import Swift
+
+    return Swift(eng, kv, sampler, **{"context_window": 4, "max_score": 1.0, **kw})
+
+
+def _selfspec(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.selfspec import SelfSpeculative
+
+    return SelfSpeculative(eng, kv, sampler, **{"gamma": 4, **kw})
+
+
+def _triforce(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    """TriForce with a one-layer self-draft (the draft model's own cache: 24 entries, 4 sinks)."""
+    from decoders.draft_model import DraftModel
+    from decoders.triforce import TriForce
+
+    draft = DraftModel(eng.truncated(1), "self-1", eng.w.vocab_size, budget=24, sinks=4, room=12)
+    return TriForce(eng, kv, sampler, **{"gamma1": 2, "gamma2": 4, "draft": draft, "rebuild_every": 1, **kw})
+
+
+def _longspec(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    from decoders.longspec import LongSpec
+
+    if kw.pop("target_draft", False):  # the target as its own draft: long paths accepted
+        return LongSpec(
+            eng,
+            kv,
+            sampler,
+            **{"depth": 3, "widths": [2, 3, 3], "draft_module": TargetDraft(eng.model), **kw},
+        )
+    settings = {"depth": 3, "widths": [2, 3, 3], "checkpoint": "random", "window": 16, **kw}
+    return LongSpec(eng, kv, sampler, **settings)
+
+
+def _sfi(eng: Any, kv: Any, sampler: Any = None, **kw: Any) -> Any:
+    """SFI with every seventh token id a boundary: slow steps now and then."""
+    from decoders.sfi import SlowFast
+
+    return SlowFast(eng, kv, sampler, **{"t_max": 4, "trigger_token_ids": set(range(0, 256, 7)), **kw})
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """One decoder's tiny settings, read by tests/test_every_method.py (and the graph tests)."""
+
+    make: Callable[..., Any]  # make(engine, kv, sampler=None, **options) -> the decoder
+    policy: str = "full"  # the KV policy its one-policy checks run under (stop, syncs, fixed shapes)
+    # option sets the greedy check sweeps under `policy` (the first also under every other policy)
+    variants: tuple[dict, ...] = ({},)
+    # the sampling check: options, policy, the `tiny_sampling_case` size, runs and the least acceptance
+    # (a `sample_generations` field and count) that shows drafts accepted; None: `unsampled` says why
+    sampling: dict | None = None
+    unsampled: str = ""
+    # host syncs per decode step (tests/test_syncs_per_step.py); None: as many as its draft loop reads
+    syncs: float | None = 1.0
+
+
+SAMPLER_KW = {"temperature": 1.0, "top_p": 0.95, "top_k": 6}
+DECODERS: dict[str, Tiny] = {
+    "vanilla": Tiny(_vanilla, sampling={"runs": 400}),
+    "pld": Tiny(
+        _pld,
+        variants=tuple(
+            {"max_matching_ngram_size": n, "num_tokens": k}
+            for n, k in ((1, 1), (1, 4), (2, 10), (3, 5), (4, 20))
+        ),
+        sampling={"options": {"num_tokens": 3}, "runs": 800, "accepted": 120},
+    ),
+    "lookahead": Tiny(
+        _lookahead,
+        variants=tuple(
+            {"N": n, "W": w, "G": g, "pool_from_prompt": pool}
+            for n, w, g in ((3, 1, 1), (3, 3, 2), (4, 4, 4), (5, 7, 7), (6, 3, 10))
+            for pool in (False, True)
+        ),
+        sampling={
+            "options": {"N": 3, "W": 3, "G": 4, "pool_from_prompt": True},
+            "runs": 1000,
+            "accepted": 400,
+        },
+    ),
+    "fafo": Tiny(
+        _fafo,
+        policy="streaming",
+        variants=(
+            CPU_PRESET,
+            {**CPU_PRESET, "n": 2},
+            {"k": 4, "n": 8},
+            {"k": 3, "n": 5, "m": 2, "stream_positions": "slide"},
+            {"k": 5, "n": 3, "m": 12, "fumble_sees_last": False},
+            {"k": 2, "n": 16, "pool_from_prompt": True, "seed": 3},
+            {"k": 4, "n": 10, "tree": True},
+        ),
+        sampling={"options": {"k": 3, "n": 4, "pool_from_prompt": True}, "runs": 400, "accepted": 50},
+    ),
+    "fafo_2forward": Tiny(
+        _fafo_2forward,
+        policy="streaming",
+        syncs=2.0,  # its fumble forward and its verification: one read each
+        variants=({"k": 4, "n": 6},),
+        sampling={"options": {"k": 3, "n": 4, "pool_from_prompt": True}, "runs": 400, "accepted": 50},
+    ),
+    "swift": Tiny(
+        _swift,
+        syncs=None,  # a chain draft reads each drafted token
+        # its option sweep, on a model with interior layers to skip, is tests/test_lossless_swift.py's
+        variants=({"skip_ratio": 0.45, "max_draft": 4, "confidence": 0.0},),
+        sampling={
+            "options": {"max_draft": 2, "confidence": 0.0, "search_steps": 0, "tree": False},
+            "layers": 4,  # a layer-skipping draft needs interior layers
+            "runs": 800,
+            "accepted": 200,
+        },
+    ),
+    "selfspec": Tiny(
+        _selfspec,
+        policy="streaming",
+        variants=({"gamma": 1, "rebuild_every": 3}, {"gamma": 4, "rebuild_every": 3}),
+        sampling={"options": {"gamma": 2}, "kv": ("streaming", {"budget": 8}), "runs": 800, "accepted": 200},
+    ),
+    "triforce": Tiny(
+        _triforce,
+        syncs=None,  # the draft model reads each drafted token
+        policy="retrieval",
+        variants=({"gamma1": 1, "gamma2": 3}, {"gamma1": 2, "gamma2": 6}, {"gamma1": 3, "gamma2": 2}),
+        sampling={
+            "kv": ("streaming", {"budget": 8}),
+            "runs": 1000,
+            "accepted": 100,
+            "accepted_l1": 100,  # both levels accept under sampling
+            "tokens": 4,
+        },
+    ),
+    "longspec": Tiny(
+        _longspec,
+        variants=(
+            *({"depth": d, "widths": w} for d, w in TREES.values()),  # an untrained random draft
+            # the target as its own draft, the paper's split attention: multi-token commits
+            *(
+                {"depth": d, "widths": w, "target_draft": True, "tree_attention": "hybrid"}
+                for d, w in TREES.values()
+            ),
+        ),
+        sampling={"options": {"depth": 2, "widths": [3, 3]}, "runs": 800},
+    ),
+    "sfi": Tiny(
+        _sfi,
+        policy="sfi",
+        unsampled="lossy (decoders/sfi.py: lossless = False): its samples are not vanilla's distribution",
+    ),
+}

@@ -119,33 +119,6 @@ def test_step_argmax_is_the_argmax_of_its_logits_on_both_paths(tiny_lm, rows):
     assert eng.fixed_shape_steps == 3  # the second engine took the fixed-shape path every time
 
 
-def test_decoders_on_static_forwards_equal_vanilla(tiny_lm):
-    """PLD, Lookahead, FAFO (kv=full) and LongSpec (its tree, drafted on the device, under the masked
-    backend) verify through the fixed-shape forwards and give vanilla's tokens; their blocks took the
-    padded sizes."""
-    from core.types import Counts
-    from decoders.fafo.decoder import FAFO
-    from decoders.longspec import LongSpec
-    from decoders.lookahead import Lookahead
-    from decoders.pld import PromptLookup
-    from decoders.vanilla import Vanilla
-
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6] * 3, list(range(40, 70)), [9, 8, 7, 9, 8, 7, 1, 2] * 2]
-    plain = Engine(tiny_lm.model)
-    refs = [Vanilla(plain).generate(p, 32, set(), Counts()) for p in prompts]
-    for make in (
-        lambda e: PromptLookup(e, num_tokens=5),
-        lambda e: Lookahead(e, N=3, W=4, G=2),
-        lambda e: FAFO(e, k=2, n=4),
-        lambda e: LongSpec(e, depth=3, widths=[2, 3, 3], checkpoint="random", window=16),
-    ):
-        static = _static(tiny_lm)
-        dec = make(static)
-        assert [dec.generate(p, 32, set(), Counts()) for p in prompts] == refs, type(dec).__name__
-        assert max(static.graphs.by_rows) > 1  # verification blocks took the fixed-shape path
-        assert static.fixed_shape_steps > 0
-
-
 def test_static_forwards_are_only_for_plain_steps_that_fit(tiny_lm):
     """The prefill, per-head masks, hooks and a block whose padded size overflows the cache take the
     regular forward; CUDA graphs are refused off a CUDA device."""

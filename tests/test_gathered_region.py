@@ -11,8 +11,8 @@ import torch
 from core.engine import Engine
 from core.types import Counts
 from kv_policies.registry import build_policy
-from tests import tiny_decoders as make
 from tests.conftest import prefill_under
+from tests.helpers import DECODERS
 
 
 def _static(tiny_lm) -> Engine:
@@ -23,14 +23,17 @@ def _static(tiny_lm) -> Engine:
 
 CASES = {
     "selfspec+retrieval": (
-        make.selfspec,
+        DECODERS["selfspec"].make,
         lambda: build_policy("retrieval", budget=24, chunk=4, backend="sliced"),
     ),
     "triforce+retrieval": (
-        make.triforce,
+        DECODERS["triforce"].make,
         lambda: build_policy("retrieval", budget=24, chunk=4, backend="sliced"),
     ),
-    "sfi": (make.sfi, lambda: build_policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced")),
+    "sfi": (
+        DECODERS["sfi"].make,
+        lambda: build_policy("sfi", k=8, sinks=2, recent=6, window=3, backend="sliced"),
+    ),
 }
 
 

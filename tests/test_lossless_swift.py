@@ -1,8 +1,8 @@
 """SWIFT (decoders/swift.py) and the engine's layer-skipping forward (`Engine.step(skip=...)`): a skipped
 sublayer is really left out and a skipped attention leaves the cache alone; greedy equals vanilla
-greedy (fp32) on tiny random models with interior layers and on SmolLM2; the cache ends as vanilla's;
-the skip-set search runs, is reproducible under its seed and independent of earlier generations;
-sampling is lossless in distribution; bad input is one clear error."""
+greedy (fp32) for its options on tiny random models with interior layers and on SmolLM2; the skip-set
+search runs, is reproducible under its seed and independent of earlier generations; bad input is one
+clear error. Stop and length, the cache and sampling in distribution: tests/test_every_method.py."""
 
 from __future__ import annotations
 
@@ -20,10 +20,7 @@ from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.helpers import varied_prompts
 from tests.lossless_check import (
     check_lossless,
-    chi_square_pvalue,
     mtbench_lossless,
-    sample_generations,
-    tiny_sampling_case,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,31 +133,6 @@ def test_the_tree_commits_more_per_verification_than_the_chain(refs):
     assert forwards[True] < forwards[False]
 
 
-def test_cache_ends_exactly_as_vanilla(refs):
-    eng, cases = refs
-    prompt, ref = cases[0]
-    Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
-    n = eng.length
-    k_ref, v_ref = eng.cache.k[:, :, :n].clone(), eng.cache.v[:, :, :n].clone()
-    assert (
-        Swift(eng, max_draft=4, confidence=0.0, context_window=4).generate(prompt, N_NEW, set(), Counts())
-        == ref
-    )
-    assert eng.length == n
-    torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(eng.cache.v[:, :, :n], v_ref, atol=1e-5, rtol=1e-5)
-
-
-def test_stop_token_and_length(refs):
-    eng, cases = refs
-    prompt, ref = cases[1]
-    stop = {ref[len(ref) // 2]}
-    want = Vanilla(eng).generate(prompt, N_NEW, stop, Counts())
-    check_lossless(eng, prompt, want, Swift(eng, confidence=0.0).generate(prompt, N_NEW, stop, Counts()))
-    for max_new in (1, 2, 3):
-        assert Swift(eng, confidence=0.0).generate(prompt, max_new, set(), Counts()) == ref[:max_new]
-
-
 # --- the search ------------------------------------------------------------------------------------------
 def test_search_keeps_the_best_set_and_is_reproducible(refs):
     """The same seed gives the same search and counts whatever ran before, another seed other
@@ -271,19 +243,12 @@ def test_a_restricting_kv_policy_is_refused(refs):
 
 
 # --- sampling ----------------------------------------------------------------------------------------------
-def test_sampling_is_lossless_in_distribution():
-    """The joint distribution of the first 3 sampled tokens fits vanilla sampling's exact one, with a
-    draft that skips interior sublayers (so drafts are both accepted and rejected)."""
-    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=6)
-    eng, prompt, exact = tiny_sampling_case(3, sampler_kw, layers=4)
-    sampler = Sampler(seed=1, **sampler_kw)
+
+
+# --- sampling (in distribution: tests/test_every_method.py) ---------------------------------------------
+def test_tree_verification_refuses_sampling(refs):
     with pytest.raises(HarnessError, match="^decoder=swift: the tree verification .* is greedy only"):
-        Swift(eng, sampler=sampler)
-    dec = Swift(eng, max_draft=2, confidence=0.0, search_steps=0, tree=False, sampler=sampler)
-    assert dec.start_skip.size == 2
-    samples, totals = sample_generations(dec, prompt, 3, 800)
-    assert 200 < totals["accepted"] < 800 * 2
-    assert chi_square_pvalue(samples, exact) > 1e-3
+        Swift(refs[0], sampler=Sampler(seed=1, temperature=1.0))
 
 
 # --- SmolLM2 ----------------------------------------------------------------------------------------

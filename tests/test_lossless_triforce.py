@@ -1,8 +1,8 @@
 """TriForce (decoders/triforce.py) and its draft model (decoders/draft_model.py): greedy equals vanilla
-greedy (fp32) with a layer-truncated self-draft and with a separate draft model, through every KV
-policy, with the draft's StreamingLLM cache evicting; the one target KV cache ends as vanilla's;
-sampling is lossless in distribution; the draft's eviction re-rotates keys exactly; bad input is one
-clear error."""
+greedy (fp32) with a separate draft model through every KV policy, with the draft's StreamingLLM cache
+evicting; the draft's eviction re-rotates keys exactly; fixed-shape drafts; bad input is one clear
+error. The self-draft under every policy, stop and length, the cache and sampling in distribution:
+tests/test_every_method.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 
 from core.engine import Engine
 from core.models import load_model
-from core.sampling import Sampler
 from core.tokenizer import ByteTokenizer
 from core.types import Counts, HarnessError
 from decoders.draft_model import DraftModel, build_draft, check_same_vocabulary
@@ -23,12 +22,9 @@ from tests.conftest import TEST_DEVICE, needs_smollm
 from tests.helpers import POLICIES, varied_prompts
 from tests.lossless_check import (
     check_lossless,
-    chi_square_pvalue,
     mtbench_lossless,
     prompts_lossless,
-    sample_generations,
     task_prompts,
-    tiny_sampling_case,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,7 +54,7 @@ def drafts(eng, other) -> dict[str, DraftModel]:
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@pytest.mark.parametrize("which", ["self", "other"])
+@pytest.mark.parametrize("which", ["other"])  # the self-draft under every policy: tests/test_every_method.py
 def test_greedy_equals_vanilla_tiny(refs, other_draft, name, which):
     eng, cases = refs
     draft = drafts(eng, other_draft)[which]
@@ -82,33 +78,6 @@ def test_greedy_equals_vanilla_tiny(refs, other_draft, name, which):
     assert l1 > 0 and forwards < 3 * len(cases) * (N_NEW - 1)
     if which == "self":  # a one-layer truncation of a two-layer model agrees now and then
         assert 0 < l1_ok < l1
-
-
-def test_cache_ends_exactly_as_vanilla(refs, other_draft):
-    eng, cases = refs
-    prompt, ref = cases[1]
-    Vanilla(eng).generate(prompt, N_NEW, set(), Counts())
-    n = eng.length
-    k_ref, v_ref = eng.cache.k[:, :, :n].clone(), eng.cache.v[:, :, :n].clone()
-    draft = drafts(eng, other_draft)["self"]
-    got = TriForce(eng, kv=build_policy("streaming", budget=24), draft=draft).generate(
-        prompt, N_NEW, set(), Counts()
-    )
-    assert got == ref and eng.length == n
-    torch.testing.assert_close(eng.cache.k[:, :, :n], k_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(eng.cache.v[:, :, :n], v_ref, atol=1e-5, rtol=1e-5)
-
-
-def test_stop_token_and_length(refs, other_draft):
-    eng, cases = refs
-    draft = drafts(eng, other_draft)["self"]
-    for prompt, ref in cases[:3]:
-        stop = {ref[len(ref) // 2]}
-        want = Vanilla(eng).generate(prompt, N_NEW, stop, Counts())
-        dec = TriForce(eng, kv=build_policy("streaming", budget=24), gamma1=2, gamma2=4, draft=draft)
-        check_lossless(eng, prompt, want, dec.generate(prompt, N_NEW, stop, Counts()))
-        for max_new in (1, 2, 3, 5):
-            assert dec.generate(prompt, max_new, set(), Counts()) == ref[:max_new]
 
 
 def test_without_a_draft_model_it_is_self_speculation(refs):
@@ -165,21 +134,6 @@ def test_draft_memory_is_bounded_by_its_budget(refs):
 
 
 # --- sampling ----------------------------------------------------------------------------------------
-def test_sampling_is_lossless_in_distribution():
-    """First 4 sampled tokens of TriForce (separate draft model, StreamingLLM middle level) fit the
-    exact vanilla-sampling distribution."""
-    sampler_kw = dict(temperature=1.0, top_p=0.95, top_k=5)
-    eng, prompt, exact = tiny_sampling_case(4, sampler_kw, vocab_size=12)
-    tiny = dict(vocab_size=12)
-    other = load_model("tiny", "tiny", arch="llama", dtype="float32", device="cpu", seed=5, tiny=tiny)
-    draft = DraftModel(Engine(other.model), "tiny", 12, budget=16, sinks=2, room=8)
-    dec = TriForce(
-        eng, kv=build_policy("streaming", budget=8), gamma1=2, gamma2=2, draft=draft,
-        sampler=Sampler(seed=1, **sampler_kw),
-    )  # fmt: skip
-    samples, totals = sample_generations(dec, prompt, 4, 1000)
-    assert totals["accepted_l1"] > 100 and totals["accepted"] > 100  # both levels accept under sampling
-    assert chi_square_pvalue(samples, exact) > 1e-3
 
 
 # --- bad input ---------------------------------------------------------------------------------------

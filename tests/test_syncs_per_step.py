@@ -1,6 +1,6 @@
-"""Host syncs per decode step (`runners.host_syncs.syncs_per_step`): every decoder reads the device once a
-step, greedy or sampled, with no blocking copy; reads made once per generation are not per step; runs whose
-attention compiles record no count."""
+"""Host syncs per decode step (`runners.host_syncs.syncs_per_step`): every registered decoder reads the
+device once a step (or as its entry in tests/helpers.py says), greedy or sampled, with no blocking copy;
+reads made once per generation are not per step; runs whose attention compiles record no count."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import torch
 from core.engine import Engine
 from core.sampling import Sampler
 from core.types import Counts
+from decoders.registry import DECODERS as REGISTERED
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
 from runners.host_syncs import HostSyncs, syncs_per_step
+from tests.helpers import DECODERS, POLICIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,23 +29,21 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed-shape"])
-@pytest.mark.parametrize("name", ["pld", "lookahead", "fafo", "selfspec", "longspec", "sfi"])
+@pytest.mark.parametrize(
+    "name", [n for n in sorted(REGISTERED) if n not in DECODERS or DECODERS[n].syncs is not None]
+)
 def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(
     tiny_lm, name, fixed_shape, sampled, monkeypatch
 ):
-    """One sync per step: the step's read. A block's ids (and a tree's mask built on the host) reach the
-    device through `Engine.stage`; a plain copy of host data to the device (a stream synchronisation on
-    CUDA) would count here, also where a fixed-shape forward copies it into its buffers. Sampling reads
-    the same once (`decoders.sampled_verify`: the walk's probabilities and its last token drawn in
-    advance, read with LongSpec's drafted tree; a self-draft's tokens drawn on the device), the checks
-    gathering as on a GPU (`sampled_verify.gathers`)."""
+    """Every registered decoder (its tiny settings, `tests/helpers.py`, under its own policy) reads the
+    device as many times a step as its entry says: once (the step's read; FAFO-2forward's two forwards
+    once each). A block's ids (and a tree's mask built on the host) reach the device through
+    `Engine.stage`; a plain copy of host data to the device (a stream synchronisation on CUDA) would
+    count here, also where a fixed-shape forward copies it into its buffers. Sampling reads the same
+    (`decoders.sampled_verify`: the walk's probabilities and its last token drawn in advance, read with
+    LongSpec's drafted tree; a self-draft's tokens drawn on the device), the checks gathering as on a
+    GPU (`sampled_verify.gathers`)."""
     from decoders import sampled_verify
-    from decoders.fafo.decoder import FAFO
-    from decoders.longspec.decoder import LongSpec
-    from decoders.lookahead import Lookahead
-    from decoders.pld import PromptLookup
-    from decoders.selfspec import SelfSpeculative
-    from decoders.sfi import SlowFast
     from kv_policies.registry import build_policy
 
     eng = Engine(tiny_lm.model)
@@ -51,26 +51,9 @@ def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(
         eng.use_graphs(capture=False)
     sampler = Sampler(temperature=1.0, top_p=0.9, seed=0) if sampled else Sampler()
     monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", True)
-    make = {
-        "pld": lambda: PromptLookup(eng, max_matching_ngram_size=2, num_tokens=4, sampler=sampler),
-        "lookahead": lambda: Lookahead(eng, N=3, W=3, G=3, sampler=sampler),
-        "fafo": lambda: FAFO(eng, kv=StreamingLLM(budget=8, sinks=2), k=3, n=4, sampler=sampler),
-        "selfspec": lambda: SelfSpeculative(
-            eng, kv=StreamingLLM(budget=8, sinks=2), gamma=3, sampler=sampler
-        ),
-        "longspec": lambda: LongSpec(
-            eng, depth=2, widths=[1, 1], checkpoint="random", window=8, sampler=sampler
-        ),
-        "sfi": lambda: SlowFast(
-            eng,
-            kv=build_policy("sfi", k=6, sinks=2, recent=4, window=2),
-            t_max=4,
-            trigger_token_ids={7},
-            sampler=sampler,
-        ),
-    }
-    prompt = [5, 6, 7, 8] * 5
-    assert syncs_per_step(make[name](), prompt, 12, set()) == 1.0
+    tiny = DECODERS[name]
+    dec = tiny.make(eng, build_policy(tiny.policy, **POLICIES[tiny.policy]), sampler)
+    assert syncs_per_step(dec, [5, 6, 7, 8] * 10, 12, set()) == tiny.syncs
 
 
 def test_sampled_checks_read_the_device_once(monkeypatch):
