@@ -37,9 +37,14 @@ RECORDED_AS = {
 }
 
 
-def build_policy(name: str, **params: Any) -> Any:
-    """Instantiate a policy by name (the Hydra configs in conf/kv/ do the same through `_target_`)."""
+def policy_class(name: str) -> type:
+    """The class registered under `name` (one `HarnessError` line for an unknown name)."""
     if name not in REGISTRY:
         raise HarnessError(f"unknown KV policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
     module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**params)
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_policy(name: str, **params: Any) -> Any:
+    """Instantiate a policy by name (the Hydra configs in conf/kv/ do the same through `_target_`)."""
+    return policy_class(name)(**params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from core.attention import CausalView, MaskView
 from core.engine import Engine
 from core.kv_cache import KVCache
 from decoders.longspec.tree import TreeDraft
+from decoders.registry import decoder_class
+from kv_policies.registry import policy_class
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,9 +164,9 @@ TREES = {
 }
 
 
-# every KV policy of kv_policies/registry.py at tiny settings (budgets below the tests' ~60-token
-# prompts, so that each restricts): keyed by registry name; tests/test_every_method.py fails for a
-# registered policy without an entry here
+# the KV policies of kv_policies/registry.py at tiny settings (budgets below the tests' ~60-token
+# prompts, so that each restricts), keyed by registry name; a policy registered without an entry is
+# tested at its Config's defaults with a tiny budget (`tiny_policy`)
 POLICIES = {
     "full": {},
     "streaming": {"budget": 24, "sinks": 4},
@@ -363,3 +366,22 @@ DECODERS: dict[str, Tiny] = {
         unsampled="lossy (decoders/sfi.py: lossless = False): its samples are not vanilla's distribution",
     ),
 }
+
+
+def tiny(name: str) -> Tiny:
+    """The tiny settings of registered decoder `name`: its entry above, or, for a decoder registered
+    without one, its Config's defaults, sampled like vanilla. So a new decoder is covered by its
+    registry entry alone (docs/adding-a-decoder.md)."""
+    if name in DECODERS:
+        return DECODERS[name]
+    cls = decoder_class(name)
+    return Tiny(lambda eng, kv, sampler=None, **kw: cls(eng, kv, sampler, **kw), sampling={"runs": 400})
+
+
+def tiny_policy(name: str) -> dict:
+    """The tiny settings of registered policy `name`: its entry above, or, for a policy registered
+    without one, its Config's defaults with a budget of 24 entries where it takes a budget."""
+    if name in POLICIES:
+        return POLICIES[name]
+    fields = {f.name for f in dataclasses.fields(policy_class(name).Config)}
+    return {"budget": 24} if "budget" in fields else {}

@@ -87,6 +87,12 @@ def test_the_doc_decoder_is_registered_tested_and_runs_losslessly(tmp_path):
     k = "bigram or registered"
     tests = run("-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_configs.py", "-k", k)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+    # and the one suite every registered decoder runs (tests/test_every_method.py): lossless greedy under
+    # every policy, stop and length, sampling in distribution, fixed-shape forwards
+    suite = run("-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_every_method.py", "-k", "bigram")
+    assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
+    for test in ("greedy_equals_vanilla", "stop_token_and_length", "sampling_is_lossless", "fixed_shape"):
+        assert re.search(rf"test_{test}\w*\[[^]]*bigram[^]]*\] PASSED", suite.stdout), suite.stdout[-3000:]
     for test in (
         "test_option_composes[decoder=bigram]",
         "test_decoder_option_instantiates[llama-bigram]",

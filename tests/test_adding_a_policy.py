@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from decoders.registry import DECODERS
 from tests.test_adding_a_decoder import doc_files, doc_lines, follow, overlay
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,11 +38,11 @@ def test_the_doc_policy_is_registered_tested_and_runs(tmp_path):
             [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
         )
 
-    # the tests that read the registry and the presets pick it up, FAFO's losslessness under it included
+    # the tests that read the registry and the presets pick it up
     k = "recent or registered"
     tests = run(
         "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not smollm", "-k", k,
-        "tests/test_configs.py", "tests/test_lossless_fafo.py",
+        "tests/test_configs.py", "tests/test_every_method.py",
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     for test in (
@@ -49,8 +50,13 @@ def test_the_doc_policy_is_registered_tested_and_runs(tmp_path):
         "test_kv_option_instantiates[recent]",
         "test_every_preset_validates_against_its_config[kv-recent]",
         "test_every_registered_method_has_its_config_and_preset[kv]",
-        "test_greedy_equals_vanilla_tiny[llama-conf:recent]",
-        "test_greedy_equals_vanilla_tiny[qwen2-conf:recent-sliced]",
+        # the one suite: every registered decoder under it, in both layouts (tests/test_every_method.py)
+        *(
+            f"test_greedy_equals_vanilla_and_the_cache_ends_as_vanillas[{model}-{decoder}-recent-{layout}]"
+            for model in ("llama", "qwen2")
+            for decoder in DECODERS
+            for layout in ("dense", "sliced")
+        ),
     ):
         assert f"{test} PASSED" in tests.stdout, tests.stdout[-3000:]
     found = run("-c", "from kv_policies.registry import build_policy; print(build_policy('recent').name)")

@@ -22,7 +22,8 @@ from core.types import Counts
 from decoders.registry import DECODERS as REGISTERED
 from kv_policies.registry import build_policy
 from tests.emulated_graphs import captured, emulated_capture
-from tests.helpers import DECODERS, POLICIES
+from tests.helpers import DECODERS, POLICIES, tiny_policy
+from tests.helpers import tiny as tiny_of
 
 PROMPT_LEN, NEW = 60, 24
 
@@ -38,11 +39,9 @@ RETRIEVAL = {"budget": 24, "chunk": 4}
 CASES: dict[str, tuple[Callable, Callable]] = {
     (name if tiny.policy == "full" else f"{name}+{tiny.policy}"): (
         tiny.make,
-        _policy(tiny.policy, **POLICIES[tiny.policy]),
+        _policy(tiny.policy, **tiny_policy(tiny.policy)),
     )
-    for name, tiny in (
-        (n, DECODERS[n]) for n in sorted(REGISTERED) if n in DECODERS
-    )  # else test_every_method fails
+    for name, tiny in ((n, tiny_of(n)) for n in sorted(REGISTERED))
 }
 CASES.update(
     {

@@ -1,6 +1,6 @@
 """Every decoder of `decoders/registry.py` under every KV policy of `kv_policies/registry.py`, at the
-tiny settings of `tests/helpers.py` (one entry per registry name: a registered method without one fails
-here, so a new decoder or policy is covered by adding its entry):
+tiny settings of `tests/helpers.py` (`tiny`, `tiny_policy`: a method's entry there, or its Config's
+defaults for a method registered without one, so a new decoder or policy is covered by its registry entry):
 
 - greedy: a lossless decoder's output is vanilla greedy's token for token (fp32; a divergence only at an
   audited near-tie, `tests.lossless_check`) under every policy it accepts, in every layout (dense and
@@ -26,7 +26,7 @@ from decoders.registry import DECODERS as REGISTERED_DECODERS
 from decoders.vanilla import Vanilla
 from kv_policies.registry import REGISTRY as REGISTERED_POLICIES
 from kv_policies.registry import build_policy
-from tests.helpers import DECODERS, POLICIES, SAMPLER_KW, varied_prompts
+from tests.helpers import DECODERS, POLICIES, SAMPLER_KW, tiny, tiny_policy, varied_prompts
 from tests.lossless_check import check_lossless, chi_square_pvalue, sample_generations, tiny_sampling_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,20 +36,20 @@ LAYOUTS = [(name, "dense") for name in REGISTERED_POLICIES]
 LAYOUTS += [(name, "sliced") for name in REGISTERED_POLICIES if name != "full"]
 
 
-def test_every_registered_method_has_tiny_settings():
-    """A decoder or policy registered without tiny settings would go untested: the tables must match the
-    registries, name for name."""
-    assert sorted(DECODERS) == sorted(REGISTERED_DECODERS)
-    assert sorted(POLICIES) == sorted(REGISTERED_POLICIES)
-    for name, tiny in DECODERS.items():
-        assert tiny.policy in REGISTERED_POLICIES, name
-        assert (tiny.sampling is None) != (not tiny.unsampled), f"{name}: a sampling setting or why not"
+def test_the_tiny_settings_name_registered_methods_only():
+    """An entry whose method left the registry would test nothing: each names a registered method, runs
+    under a registered policy and samples or says why not."""
+    assert set(DECODERS) <= set(REGISTERED_DECODERS)
+    assert set(POLICIES) <= set(REGISTERED_POLICIES)
+    for name, entry in DECODERS.items():
+        assert entry.policy in REGISTERED_POLICIES, name
+        assert (entry.sampling is None) != (not entry.unsampled), f"{name}: a sampling setting or why not"
 
 
 def policy(name: str, backend: str = "dense"):
     if name == "kvpress":
         pytest.importorskip("kvpress")
-    return build_policy(name, **POLICIES[name], **({} if backend == "dense" else {"backend": backend}))
+    return build_policy(name, **tiny_policy(name), **({} if backend == "dense" else {"backend": backend}))
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +89,16 @@ def test_greedy_equals_vanilla_and_the_cache_ends_as_vanillas(refs, name, kv, ba
     accepted somewhere. A decoder that refuses the policy says so in one line; a lossy pair (`lossless`
     False) makes its length."""
     eng, cases = refs
-    tiny = DECODERS[name]
+    entry = tiny(name)
     drafted = accepted = 0
     # the option sets under the decoder's own policy; the first (its defaults) under every other layout
-    sweep = tiny.variants if (kv, backend) == (tiny.policy, "dense") else tiny.variants[:1]
+    sweep = entry.variants if (kv, backend) == (entry.policy, "dense") else entry.variants[:1]
     for options in sweep:
         for prompt, ref, k_ref, v_ref in cases:
             try:
-                dec = tiny.make(eng, policy(kv, backend), **options)
+                dec = entry.make(eng, policy(kv, backend), **options)
             except HarnessError as refusal:
-                assert "\n" not in str(refusal) and kv != tiny.policy
+                assert "\n" not in str(refusal) and kv != entry.policy
                 return
             counts = Counts()
             got = dec.generate(prompt, N_NEW, set(), counts)
@@ -117,9 +117,9 @@ def test_stop_token_and_length(refs, name):
     """A stop token ends the output at vanilla's stop (a lossy decoder: at its first stop token); 1, 2, 3
     new tokens are the first of vanilla's."""
     eng, cases = refs
-    tiny = DECODERS[name]
+    entry = tiny(name)
     for prompt, ref, _, _ in cases[:2]:
-        dec = tiny.make(eng, policy(tiny.policy))
+        dec = entry.make(eng, policy(entry.policy))
         stop = {ref[len(ref) // 2]}
         got = dec.generate(prompt, N_NEW, stop, Counts())
         if dec.lossless:
@@ -136,7 +136,7 @@ def test_stop_token_and_length(refs, name):
 
 
 # (a registered decoder without an entry is collected, to fail: KeyError)
-SAMPLED = [n for n in sorted(REGISTERED_DECODERS) if n not in DECODERS or DECODERS[n].sampling is not None]
+SAMPLED = [n for n in sorted(REGISTERED_DECODERS) if tiny(n).sampling is not None]
 
 
 @pytest.mark.parametrize("name", SAMPLED)
@@ -144,11 +144,11 @@ def test_sampling_is_lossless_in_distribution(name):
     """The first sampled tokens (temperature, top-k and top-p all active, a small vocabulary): the
     decoder's empirical joint distribution fits the exact vanilla-sampling one, with drafts accepted.
     The test's power is shown in tests/test_verify.py."""
-    setting = DECODERS[name].sampling
+    setting = tiny(name).sampling
     n = setting.get("tokens", 3)
     eng, prompt, exact = tiny_sampling_case(n, SAMPLER_KW, layers=setting.get("layers", 2))
     kv_name, kv_params = setting.get("kv", ("full", {}))
-    dec = DECODERS[name].make(
+    dec = tiny(name).make(
         eng, build_policy(kv_name, **kv_params), Sampler(seed=1, **SAMPLER_KW), **setting.get("options", {})
     )
     samples, totals = sample_generations(dec, prompt, n, setting["runs"])
@@ -162,13 +162,13 @@ def test_fixed_shape_forwards_give_the_regular_paths_tokens(refs, name):
     """On the fixed-shape forwards (eager here, captured as CUDA graphs on a GPU) the decoder gives the
     regular path's tokens and counts, and its decode steps took that path (drafting blocks padded)."""
     eng, cases = refs
-    tiny = DECODERS[name]
+    entry = tiny(name)
     static = Engine(eng.model)
     static.use_graphs(capture=False)
     for prompt, _, _, _ in cases[:2]:
         want, got = Counts(), Counts()
-        ref = tiny.make(eng, policy(tiny.policy)).generate(prompt, N_NEW, set(), want)
-        assert tiny.make(static, policy(tiny.policy)).generate(prompt, N_NEW, set(), got) == ref
+        ref = entry.make(eng, policy(entry.policy)).generate(prompt, N_NEW, set(), want)
+        assert entry.make(static, policy(entry.policy)).generate(prompt, N_NEW, set(), got) == ref
         assert (got.forwards, got.accepted) == (want.forwards, want.accepted)
     assert static.fixed_shape_steps >= got.forwards > 0
     if got.drafted:  # verification blocks took padded fixed-shape forwards too

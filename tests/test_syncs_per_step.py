@@ -16,7 +16,8 @@ from decoders.registry import DECODERS as REGISTERED
 from decoders.vanilla import Vanilla
 from kv_policies.streaming import StreamingLLM
 from runners.host_syncs import HostSyncs, syncs_per_step
-from tests.helpers import DECODERS, POLICIES
+from tests.helpers import tiny as tiny_of
+from tests.helpers import tiny_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,9 +30,7 @@ def test_vanilla_greedy_syncs_once_per_step(tiny_lm):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed-shape"])
-@pytest.mark.parametrize(
-    "name", [n for n in sorted(REGISTERED) if n not in DECODERS or DECODERS[n].syncs is not None]
-)
+@pytest.mark.parametrize("name", [n for n in sorted(REGISTERED) if tiny_of(n).syncs is not None])
 def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(
     tiny_lm, name, fixed_shape, sampled, monkeypatch
 ):
@@ -51,8 +50,8 @@ def test_every_decoder_reads_once_per_step_and_makes_no_blocking_copy(
         eng.use_graphs(capture=False)
     sampler = Sampler(temperature=1.0, top_p=0.9, seed=0) if sampled else Sampler()
     monkeypatch.setattr(sampled_verify, "GATHER_ON_CPU", True)
-    tiny = DECODERS[name]
-    dec = tiny.make(eng, build_policy(tiny.policy, **POLICIES[tiny.policy]), sampler)
+    tiny = tiny_of(name)
+    dec = tiny.make(eng, build_policy(tiny.policy, **tiny_policy(tiny.policy)), sampler)
     assert syncs_per_step(dec, [5, 6, 7, 8] * 10, 12, set()) == tiny.syncs
 
 
