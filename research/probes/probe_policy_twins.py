@@ -44,7 +44,7 @@ DECODERS = {
 def prompts(seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(1000 + seed)
     out = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-    out.append(([11, 12, 13, 14] * 12 + torch.randint(3, 250, (20,), generator=gen).tolist()))  # repeats
+    out.append([11, 12, 13, 14] * 12 + torch.randint(3, 250, (20,), generator=gen).tolist())  # repeats
     return out
 
 
@@ -79,7 +79,8 @@ def run_grid() -> dict[str, object]:
 
 
 def compare(old_path: str, new_path: str) -> int:
-    old, new = (json.load(open(p)) for p in (old_path, new_path))
+    with open(old_path) as fh_old, open(new_path) as fh_new:
+        old, new = json.load(fh_old), json.load(fh_new)
     same_old = diff_old = same_mode = diff_mode = errors = 0
     for key in sorted(new):
         if isinstance(new[key], str):
