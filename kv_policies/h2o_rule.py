@@ -42,7 +42,7 @@ def h2o_commit(
 
     new: long `[layers, n_kv_heads, n]` the committed positions (pads repeat a real one).
     cand: long `[layers, n_kv_heads, m]` the positions scored, increasing over the visible ones, or None:
-      positions `0..m-1` (slot == position), `m = keys.shape[2]` (or `new`'s last position + 1).
+      positions `0..m-1` (slot == position), `m = keys.shape[2]`.
     visible: bool `[layers, n_kv_heads, m]` the candidates the queries see (None: all; a view of `A` is
       read after the new entries are marked).
     queries `[layers, n_heads, r, head_dim]` and keys `[layers, n_kv_heads, m, head_dim]` (the keys at
@@ -53,7 +53,8 @@ def h2o_commit(
     """
     S.scatter_(2, new, 0.0)
     A.scatter_(2, new, True)
-    m = keys.shape[2] if keys is not None else (cand.shape[2] if cand is not None else int(new.max()) + 1)
+    assert cand is not None or keys is not None, "the every-position layout reads the keys' count"
+    m = cand.shape[2] if cand is not None else keys.shape[2]  # type: ignore[union-attr]
     if queries is not None and keys is not None:
         mass = attention_mass_layers(queries, keys, scale, visible)
         if cand is None:
