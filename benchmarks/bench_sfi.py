@@ -42,8 +42,7 @@ from core.types import Counts
 from decoders.sfi import SlowFast
 from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
-from kv_policies.sfi_view import SFIFastView
-from kv_policies.view import ObservedCausalView
+from kv_policies.view import ObservedCausalView, SFIFastView
 from tasks.pg19 import PG19
 
 

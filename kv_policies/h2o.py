@@ -22,13 +22,12 @@ from typing import Any
 
 import torch
 
-from core.decode_graph import padded_rows
 from core.options import options
 from core.types import HarnessError
-from kv_policies.attention_mass import attention_mass, attention_mass_layers
+from kv_policies.attention_mass import attention_mass
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
-from kv_policies.h2o_steady import SteadyUpdate
+from kv_policies.h2o_rule import FixedCommit, KeyRows, alive_positions, h2o_commit
 
 PREFILL_TILE = 256
 
@@ -62,16 +61,10 @@ class H2O(KVPolicy):
         self.set_budget(check_budget(self.name, budget, recent, "the recent window"))
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
-        self._score: dict[int, torch.Tensor] = {}
-        self._alive: dict[int, torch.Tensor] = {}
-        self._q: dict[int, torch.Tensor] = {}
-        self._qbuf: torch.Tensor | None = None
-        self._stacked: torch.Tensor | None = None
-        self._starts: tuple | None = None
-        self._evicted = False
         self._S = self._A = self._P = None
+        self._keys = KeyRows()
         self._P_valid = False
-        self._steady: SteadyUpdate | None = None
+        self._fixed: FixedCommit | None = None
 
     def min_budget(self) -> int:
         return 2 if self._recent_cfg is None else self._recent_cfg + 1
@@ -95,7 +88,6 @@ class H2O(KVPolicy):
         self._q = {}
         self._qbuf: torch.Tensor | None = None  # `observe`'s stacked copies
         self._stacked: torch.Tensor | None = None  # `_qbuf` whole, when `observe_layers` filled it
-        self._starts: tuple | None = None  # `_row_starts`
         self._count: dict[int, int] = {}  # alive entries per KV head (every head keeps as many), on the host
         self._evicted = False
 
@@ -110,21 +102,20 @@ class H2O(KVPolicy):
         if S is not None and S.shape[0] >= layers and S.shape[2] >= length:
             return
         cap = max(length, 2 * (S.shape[2] if S is not None else 0), 256)
-        layers = max(layers, S.shape[0] if S is not None else 0)
-        new_s = torch.zeros(layers, hkv, cap, device=device)
-        new_a = torch.zeros(layers, hkv, cap, dtype=torch.bool, device=device)
+        shape = (max(layers, S.shape[0] if S is not None else 0), hkv, cap)
+        self._S, self._A = (
+            torch.zeros(shape, device=device),
+            torch.zeros(shape, dtype=torch.bool, device=device),
+        )
         if S is not None and A is not None:
-            new_s[: S.shape[0], :, : S.shape[2]] = S
-            new_a[: A.shape[0], :, : A.shape[2]] = A
-        self._S, self._A = new_s, new_a
+            self._S[: S.shape[0], :, : S.shape[2]], self._A[: A.shape[0], :, : A.shape[2]] = S, A
 
     def _state(self, layer: int, hkv: int, length: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s scores and alive flags `[n_kv_heads, capacity]` (views of the stacked state)."""
         layers = self.engine.cache.n_layers if self.engine is not None else layer + 1
         self._grow(max(layers, layer + 1), hkv, length, device)
         self._layers.add(layer)
-        assert self._S is not None and self._A is not None
-        return self._S[layer], self._A[layer]
+        return self._S[layer], self._A[layer]  # type: ignore[index]
 
     # --- accumulation --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -140,8 +131,9 @@ class H2O(KVPolicy):
     @torch.inference_mode()
     def after_prefill(self, engine: Any) -> None:
         self._P_valid = False
-        for layer in sorted(self._layers):
-            self._evict(layer, engine.length)
+        for layer in sorted(self._layers):  # the prompt scored: its first eviction
+            self._commit(slice(layer, layer + 1), None, engine.length, 0, self._count[layer], False)
+        self._cap_counts()
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """Keep layer `layer`'s restricted queries `[n_heads, r, d]` for `after_commit`, copied into one
@@ -156,9 +148,7 @@ class H2O(KVPolicy):
         self._stacked = None  # the stack holds this step's queries only where `observe_layers` wrote them
 
     def observe_layers(self, queries: torch.Tensor) -> None:
-        """Every layer's queries in one copy (`observe`'s buffer, whole), kept whole: the steady update
-        reads the stack, and only the plain one takes it apart per layer (a view per layer is host work
-        a fixed-shape step would pay on its critical path)."""
+        """Every layer's queries in one copy, kept whole (a view per layer is host work)."""
         buf = self._qbuf
         if buf is None or buf.shape != queries.shape or buf.dtype != queries.dtype:
             buf = self._qbuf = torch.empty_like(queries, memory_format=torch.contiguous_format)
@@ -167,167 +157,75 @@ class H2O(KVPolicy):
 
     @torch.inference_mode()
     def after_commit(self, engine: Any, n_new: int) -> None:
+        """Score and evict by `h2o_commit` (`kv_policies.h2o_rule`), the one update: every layer at once
+        where they observed the same rows and keep as many entries in the plain layout (at fixed shapes,
+        `FixedCommit`, once evicting at every step on an engine with fixed-shape forwards), else layer
+        by layer."""
         length, cache = engine.length, engine.cache
-        layers = cache.n_layers
+        layers, start = cache.n_layers, length - n_new
         self._grow(layers, cache.n_kv_heads, length, cache.device)  # every layer's state, as `_state` has it
         self._layers.update(range(layers))
-        count = self._count
+        before = [self._count.get(layer, 0) for layer in range(layers)]
         for layer in range(layers):
-            count[layer] = count.get(layer, 0) + n_new
-        counts = {count[layer] for layer in range(layers)}
-        stacked, self._stacked = self._stacked, None
-        # `observe`'s views collected into the stack: only the steady update (fixed-shape forwards) reads it
-        if stacked is None and getattr(self.engine, "graphs", None) is not None:
-            stacked = self._observed_stack(layers)
-        if stacked is not None and self._steady_applies(stacked, layers, counts, n_new):
-            self._update_steady(length, n_new, layers)
+            self._count[layer] = before[layer] + n_new
+        stacked, self._stacked, buf = self._stacked, None, self._qbuf
+        qs = [self._q.get(layer) for layer in range(layers)]
+        self._q = {}
+        if stacked is None and all(q is not None and q.shape == qs[0].shape for q in qs):
+            # `observe` filled every layer of its buffer (the stack itself), else a stack of its views
+            whole = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
+            stacked = buf[:layers] if whole else torch.stack(qs)  # type: ignore[index]
+        rows = stacked is not None and stacked.shape[2] > 0
+        if stacked is not None and self.region is None and len(set(before)) == 1:
+            in_buf = buf is not None and stacked.data_ptr() == buf.data_ptr()
+            if rows and in_buf and self._evicted and before[0] == self.budget and self._fixed_shape():
+                self._fixed = FixedCommit.commit(self, self._fixed, length, n_new, stacked)
+            else:
+                self._A[:, :, length:] = False  # type: ignore[index]
+                self._commit(slice(0, layers), stacked if rows else None, start, n_new, before[0], True)
+            self._cap_counts()
             return
-        if stacked is not None:
-            qs: list = list(stacked[:layers])
-        else:
-            qs = [self._q.pop(layer, None) for layer in range(layers)]
-        self._P_valid = False
-        S, A = self._S[:layers], self._A[:layers]  # type: ignore[index]
-        A[:, :, length:] = False
-        A[:, :, length - n_new : length] = True
-        S[:, :, length - n_new : length] = 0.0
-        if self._batched(qs, counts):
-            self._score_all(S, A, qs, length, counts.pop())
-        else:
-            for layer, q in enumerate(qs):
-                if q is not None and q.shape[1]:
-                    self._score_layer(layer, q, length)
-        if len(counts) <= 1 and self.region is None:
-            self._evict_all(layers, length)
-        else:
-            for layer in range(layers):
-                self._evict(layer, length)
+        if stacked is not None:  # a compressed region: layer by layer
+            qs = list(stacked[:layers])
+        self._A[:, :, length:] = False  # type: ignore[index]
+        for layer, q in enumerate(qs):
+            q = q[None] if q is not None and q.shape[1] else None
+            self._commit(slice(layer, layer + 1), q, start, n_new, before[layer], False)
+        self._cap_counts()
 
-    def _observed_stack(self, layers: int) -> torch.Tensor | None:
-        """`observe`'s buffer when `observe` filled every layer of it since the last commit (their views
-        taken off `_q`), else None."""
-        buf, qs = self._qbuf, self._q
-        if buf is None or buf.shape[0] < layers or len(qs) < layers:
+    def _commit(
+        self, layers: slice, queries: torch.Tensor | None, start: int, n_new: int, count: int, whole: bool
+    ) -> None:
+        """`h2o_commit` of `layers`, each with `count` entries alive before the commit: while most are
+        alive (`whole`: every layer, plain layout) over every committed slot, else the alive ones."""
+        cache, length, alive = self.engine.cache, start + n_new, count + n_new
+        self._P_valid = False  # `FixedCommit`'s alive positions: found again when it next applies
+        S, A = self._S[layers], self._A[layers]  # type: ignore[index]
+        new = torch.arange(start, length, device=S.device).expand(*S.shape[:2], -1)
+        scale, evict = self._scale(cache.k.shape[-1]), self._eviction(alive, length)
+        if queries is not None and whole and length <= 2 * alive and self.in_order():
+            visible = None if alive == length else A[..., :length]
+            h2o_commit(S, A, new, None, visible, queries, cache.k[layers, :, :length], scale, evict)
+            return
+        cand, keys = torch.cat([alive_positions(A, start, count), new], dim=2), None
+        if queries is not None:
+            first, hkv = layers.start, cache.n_kv_heads
+            slots = torch.stack([self.physical(first + i, c, hkv) for i, c in enumerate(cand)])
+            keys = self._keys.at(cache, slots, first)
+        h2o_commit(S, A, new, cand, None, queries, keys, scale, evict)
+
+    def _eviction(self, alive: int, length: int) -> tuple | None:
+        """`h2o_commit`'s eviction with `alive` entries after a commit to `length` (None: in budget)."""
+        if alive <= self.budget:
             return None
-        if any(layer not in qs or qs[layer].data_ptr() != buf[layer].data_ptr() for layer in range(layers)):
-            return None
-        for layer in range(layers):
-            del qs[layer]
-        return buf
-
-    def _steady_applies(self, stacked: torch.Tensor, layers: int, counts: set[int], n_new: int) -> bool:
-        """Whether the commit takes the fixed-shape update (`kv_policies.h2o_steady`): on an engine with
-        fixed-shape forwards (where it replays as a graph; run eagerly it is more operators than the
-        plain update), evicting at every step already, every layer holding `budget` entries before it
-        and observing the same rows (`stacked`: every layer's queries, as `observe_layers` keeps them),
-        in the plain layout."""
-        return (
-            getattr(self.engine, "graphs", None) is not None
-            and self._evicted
-            and n_new >= 1
-            and counts == {self.budget + n_new}
-            and self.region is None
-            and stacked.shape[0] >= layers
-            and stacked.shape[2] > 0
-            and self.in_order()
-        )
-
-    def _update_steady(self, length: int, n_new: int, layers: int) -> None:
-        cache = self.engine.cache
-        shape = (layers, cache.n_kv_heads, self.budget)
-        if self._P is None or tuple(self._P.shape) != shape:
-            self._P = torch.zeros(shape, dtype=torch.long, device=cache.device)
-            self._P_valid = False
-        if not self._P_valid:  # the alive positions, found once when the steady state begins
-            self._P.copy_(self._positions(self._A[:layers], length - n_new, self.budget))  # type: ignore[index]
-            self._P_valid = True
-        steady = self._steady
-        if steady is None or not steady.fits(n_new):
-            steady = self._steady = SteadyUpdate(self, max(padded_rows(n_new), steady.pad if steady else 1))
-        steady(length, n_new, self._qbuf[:layers])  # type: ignore[index]
-        for layer in range(layers):
-            self._count[layer] = self.budget
-
-    def _batched(self, qs: list, counts: set[int]) -> bool:
-        """Every layer observed the same rows and keeps as many entries, in the plain layout."""
-        first = qs[0]
-        return (
-            self.region is None
-            and len(counts) == 1
-            and first is not None
-            and first.shape[1] > 0
-            and all(q is not None and q.shape == first.shape for q in qs)
-        )
-
-    def _score_all(self, S: torch.Tensor, A: torch.Tensor, qs: list, length: int, count: int) -> None:
-        """Every layer's observed attention mass added to its alive entries, in one batch of operators.
-        While most committed entries are alive the queries read every committed slot, the dead ones
-        masked out of the softmax (the same mass, without finding and gathering the alive entries);
-        once evictions leave a minority alive, only the alive entries' keys are gathered."""
-        cache = self.engine.cache
-        d, n_layers = cache.k.shape[-1], S.shape[0]
-        buf = self._qbuf
-        stacked = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
-        queries = buf[:n_layers] if stacked else torch.stack(qs)  # type: ignore[index]
-        if length <= 2 * count and self.in_order():
-            # the plain layout: slot s holds position s; nothing evicted yet: every entry alive, no mask
-            alive = None if count == length else A[..., :length]
-            S[..., :length] += attention_mass_layers(
-                queries, cache.k[:n_layers, :, :length], self._scale(d), alive
-            )
-            return
-        pos = self._positions(A, length, count)  # [layers, hkv, m]
-        slots = self.physical(0, pos, cache.n_kv_heads)  # in-order slots: the positions themselves
-        S.scatter_add_(2, pos, attention_mass_layers(queries, self._keys_at(slots), self._scale(d)))
-
-    def _keys_at(self, slots: torch.Tensor) -> torch.Tensor:
-        """The cached keys `[n_layers, n_kv_heads, m, head_dim]` at `slots` `[n_layers, n_kv_heads, m]`:
-        whole key rows by one index_select over the flattened cache (a gather over an index expanded
-        along head_dim addresses each element)."""
-        cache = self.engine.cache
-        d = cache.k.shape[-1]
-        flat = (slots + self._row_starts(slots.shape[0])).view(-1)
-        return cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
-
-    def _row_starts(self, n_layers: int) -> torch.Tensor:
-        """long `[n_layers, n_kv_heads, 1]`: where each layer's and KV head's slots start in the cache
-        flattened to key rows (made once per generation and allocation)."""
-        cache = self.engine.cache
-        key = (n_layers, cache.n_kv_heads, cache.capacity, cache.k.device)
-        if self._starts is None or self._starts[0] != key:
-            rows = torch.arange(n_layers * cache.n_kv_heads, device=cache.k.device) * cache.capacity
-            self._starts = (key, rows.view(n_layers, -1, 1))
-        return self._starts[1]
-
-    def _score_layer(self, layer: int, q: torch.Tensor, length: int) -> None:
-        cache = self.engine.cache
-        score, alive = self._state(layer, cache.n_kv_heads, length, cache.device)
-        pos = self._positions(alive, length, self._count[layer])
-        k = self.gather_keys(layer, cache.k[layer, :, :length], pos)
-        score.scatter_add_(1, pos, attention_mass(q, k, self._scale(k.shape[-1]), None))
-
-    @staticmethod
-    def _positions(alive: torch.Tensor, length: int, count: int) -> torch.Tensor:
-        """long `[..., n_kv_heads, count]`: the alive logical positions in increasing order (every KV head
-        keeps `count`), found by a stable sort rather than `nonzero`, whose size the host would wait for."""
-        order = torch.sort(alive[..., :length].to(torch.uint8), dim=-1, descending=True, stable=True)
-        return order.indices[..., :count]
-
-    def _evict(self, layer: int, length: int) -> None:
-        if self._count.get(layer, 0) <= self.budget:
-            return
         self._evicted = True
-        score, alive = self._S[layer], self._A[layer]  # type: ignore[index]
-        _keep_heavy(score, alive, length - self.recent, self.heavy)
-        self._count[layer] = self.heavy + self.recent
+        return length - self.recent, torch.arange(self.recent, device=self._S.device), self.heavy  # type: ignore[union-attr]
 
-    def _evict_all(self, layers: int, length: int) -> None:
-        if self._count.get(0, 0) <= self.budget:
-            return
-        self._evicted = True
-        _keep_heavy(self._S[:layers], self._A[:layers], length - self.recent, self.heavy)  # type: ignore[index]
-        for layer in range(layers):
-            self._count[layer] = self.heavy + self.recent
+    def _cap_counts(self) -> None:
+        self._count = {layer: min(count, self.budget) for layer, count in self._count.items()}
+
+    def _fixed_shape(self) -> bool:
+        return getattr(self.engine, "graphs", None) is not None and self.in_order()
 
     # --- selection -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -350,11 +248,3 @@ class H2O(KVPolicy):
         if not self._evicted and cache_len <= self.budget:
             sel[:] = True
         return self.physical_stack(sel)
-
-
-def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int) -> None:
-    """Among the entries before `older` keep the `heavy` alive ones with the largest scores (last dim)."""
-    cand = score[..., :older].masked_fill(~alive[..., :older], float("-inf"))
-    keep = cand.topk(heavy, dim=-1).indices
-    alive[..., :older] = False
-    alive[..., :older].scatter_(-1, keep, True)

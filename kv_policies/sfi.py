@@ -4,7 +4,7 @@ the last slow step.
 
 - Slow steps (chosen by `decoder=sfi`: the first decode step, after a boundary token, after `t_max`
   fast steps) attend densely; the decoder calls `begin_slow()` first, and every layer's query rows
-  then reach `observe`, which keeps their exact attention logits over the candidates
+  then reach `observe` (`kv_policies.sfi_slow`), which keeps their exact attention logits over the candidates
   J = [sinks, L - recent) (`SFISlowView` hands over the attention's own logits) and the candidates'
   key norms; `end_slow()` runs the Selector (`kv_policies.sfi_selector.sfi_select`; GQA: the group's
   query heads are its rows) once over all layers to choose `k` of them per layer and KV head.
@@ -32,8 +32,9 @@ from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
-from kv_policies.sfi_selector import PAPER, REPO, sfi_select
-from kv_policies.sfi_view import SFIFastView, SFISlowView
+from kv_policies.sfi_selector import PAPER, REPO
+from kv_policies.sfi_slow import SlowSteps
+from kv_policies.view import SFIFastView, SFISlowView
 
 PRESETS = {"paper": PAPER, "repo": REPO}
 
@@ -60,7 +61,7 @@ class SFIConfig:
     budget_frac: float | None = None  # sinks + recent + k as a fraction of the context instead
 
 
-class SFI(KVPolicy):
+class SFI(SlowSteps, KVPolicy):
     name = "sfi"
     # `layer_selections`' stack of the Selector's choice, what it keeps below each position, and the
     # (capacity, pass) it was made for
@@ -127,91 +128,6 @@ class SFI(KVPolicy):
         self._long_key = None  # `layer_selections`' stack belongs to one generation
         super().reset(prompt_len, context_len)
 
-    # --- slow steps: the Selector ------------------------------------------------------------------
-    def begin_slow(self) -> None:
-        """The next forward is a slow (dense) step: its query rows choose the selection again."""
-        self.slow = True
-
-    def end_slow(self) -> None:
-        """The slow step is over: select for every layer it showed (one batched Selector pass)."""
-        self.slow = False
-        self._select_pending()
-
-    def candidates(self, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Logical positions J the Selector chooses from in a cache of `length` committed entries."""
-        return torch.arange(self.sinks, max(length - self.recent, self.sinks), device=device)
-
-    @torch.inference_mode()
-    def gather_evidence(
-        self, layer: int, q: torch.Tensor, length: int, logits: torch.Tensor | None = None
-    ) -> None:
-        """Keep the Selector's inputs for layer `layer`: the exact logits of query rows `q [H, n, d]` over
-        the candidates of a cache of `length` entries, and the candidates' key norms. `logits`, when the
-        caller has them (`SFISlowView`: the slow step's own attention logits), are the scaled logits
-        `[hkv, R, >= length]` of those rows over the cache slots. The selection is made for all layers at
-        once by `_select_pending`."""
-        eng = self.engine
-        j = self.candidates(length, eng.device)  # made there: no copy to wait for
-        self._pending_j = j
-        if j.numel() == 0:
-            self._pending[layer] = None
-            return
-        hkv = eng.cache.n_kv_heads
-        if logits is None:
-            # logits over the cache as it lies (slot order), then read in candidate order: cheaper than
-            # gathering the candidates' keys first, and the same numbers
-            keys = eng.cache.k[layer, :, :length].float()  # [hkv, length, d], physical slots
-            h, n, d = q.shape
-            rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
-            logits = (keys @ rows.transpose(1, 2)).transpose(1, 2) * eng.scale  # [hkv, R, length]
-        slots = self.physical(layer, j, hkv)  # [hkv, M]
-        picked = logits.float().gather(2, slots[:, None, :].expand(-1, logits.shape[1], -1))
-        self._pending[layer] = (picked, self._key_norms(layer, hkv, length)[:, j])
-
-    def _key_norms(self, layer: int, hkv: int, length: int) -> torch.Tensor:
-        """`[hkv, >= length]` the key norm of every committed logical position of layer `layer`; each
-        entry's norm is computed once per generation (a committed key never changes)."""
-        cache = self.engine.cache
-        self._grown_norms(hkv, length)
-        done = self._normed.get(layer, 0)
-        if done < length:
-            fresh = torch.arange(done, length, device=cache.k.device)
-            keys = self.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
-            self._norms[layer, :, done:length] = keys.float().norm(dim=-1)
-            self._normed[layer] = length
-        return self._norms[layer]
-
-    def _grown_norms(self, hkv: int, length: int) -> torch.Tensor:
-        """The key norms of every layer, `[n_layers, hkv, >= length]`, grown to hold `length` entries."""
-        cache = self.engine.cache
-        if self._norms is None or self._norms.shape[2] < length:
-            grown = torch.zeros(cache.n_layers, hkv, max(length, cache.k.shape[2]), device=cache.k.device)
-            if self._norms is not None:
-                grown[:, :, : self._norms.shape[2]] = self._norms
-            self._norms = grown
-        return self._norms
-
-    @torch.inference_mode()
-    def _select_pending(self) -> None:
-        """One Selector pass over every layer gathered since the last pass (all share the candidates)."""
-        if not self._pending:
-            return
-        layers, j = sorted(self._pending), self._pending_j
-        if j.numel() == 0:
-            chosen = {layer: j.new_empty(self.engine.cache.n_kv_heads, 0) for layer in layers}
-        else:
-            logits = torch.stack([self._pending[layer][0] for layer in layers])
-            norms = torch.stack([self._pending[layer][1] for layer in layers])
-            picked = j[sfi_select(logits, norms, j, self.k, self.selector).selected]  # [layers, hkv, k]
-            chosen = dict(zip(layers, picked.unbind(0)))
-            self.selector_calls += 1
-        for layer, sel in chosen.items():
-            self._sel[layer] = sel
-            self._chosen[layer] = self._chosen.get(layer, 0) + 1
-        self._passes += 1
-        self._pending = {}
-        self._pack_all_layers(len(layers))
-
     def _pack_all_layers(self, chosen_layers: int) -> None:
         """On the sliced backend, once the region exists and every layer has chosen: pack every layer's
         sinks + chosen entries in one placement (otherwise each layer packs on its next fast step)."""
@@ -224,79 +140,18 @@ class SFI(KVPolicy):
         self._packed = dict(self._chosen)
         self.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
 
-    def observe(self, layer: int, q: torch.Tensor) -> None:
-        if self.slow:
-            self.gather_evidence(layer, q, self.engine.cache.length)
-
-    def observe_layers(self, queries: torch.Tensor) -> None:
-        """A slow step's queries of every layer at once (the fixed-shape forward keeps them stacked):
-        the evidence of all layers in one batch of operators where every layer keeps its entries in
-        place (no compressed region, slot == position), `observe` layer by layer otherwise."""
-        if not self.slow:
-            return
-        if self.region is not None or not self.in_order():
-            super().observe_layers(queries)
-            return
-        self.gather_evidence_layers(queries, self.engine.cache.length)
-
-    @torch.inference_mode()
-    def gather_evidence_layers(self, queries: torch.Tensor, length: int) -> None:
-        """`gather_evidence` of layers `0..L-1` from their queries `[L, H, n, d]`, as one batch: the same
-        products per layer and KV head (so the same numbers), with no operator per layer."""
-        eng = self.engine
-        n_layers, h, n, d = queries.shape
-        j = self.candidates(length, eng.device)
-        self._pending_j = j
-        if j.numel() == 0:
-            self._pending.update(dict.fromkeys(range(n_layers)))
-            return
-        hkv = eng.cache.n_kv_heads
-        keys = eng.cache.k[:n_layers, :, :length].float()  # [L, hkv, length, d]; slot == position
-        rows = queries.float().reshape(n_layers, hkv, (h // hkv) * n, d)
-        logits = (keys @ rows.transpose(-1, -2)).transpose(-1, -2) * eng.scale  # [L, hkv, R, length]
-        picked = logits.gather(3, j.view(1, 1, 1, -1).expand(n_layers, hkv, logits.shape[2], -1))
-        norms = self._key_norms_layers(n_layers, hkv, length)[:, :, j]
-        self._pending.update(enumerate(zip(picked.unbind(0), norms.unbind(0), strict=True)))
-
-    def _key_norms_layers(self, n_layers: int, hkv: int, length: int) -> torch.Tensor:
-        """`_key_norms` of layers `0..n_layers-1` in one operator where they are all computed up to the
-        same position (layer by layer otherwise): `[n_layers, hkv, >= length]`. Slot == position."""
-        done = {self._normed.get(layer, 0) for layer in range(n_layers)}
-        if len(done) != 1:
-            return torch.stack([self._key_norms(layer, hkv, length) for layer in range(n_layers)])
-        first = done.pop()
-        norms = self._grown_norms(hkv, length)
-        if first < length:
-            norms[:n_layers, :, first:length] = (
-                self.engine.cache.k[:n_layers, :, first:length].float().norm(dim=-1)
-            )
-            self._normed.update(dict.fromkeys(range(n_layers), length))
-        return norms[:n_layers]
-
-    def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
-        first = self.prompt_len - self.window  # the first window query's position
-        lo = max(first - cache_len, 0)
-        if self.window and lo < q.shape[1]:
-            self._q.setdefault(layer, []).append(q[:, lo:].clone())
-
-    def after_prefill(self, engine: Any) -> None:
-        for layer, parts in self._q.items():
-            self.gather_evidence(layer, torch.cat(parts, dim=1), engine.length)
-        self._q = {}
-        self._select_pending()
-
     # --- fast steps ----------------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         return cache_len <= self.budget
 
     def slow_view(self, engine: Any) -> Any:
         """The view of a slow step: dense attention whose query rows (and, where the split decode
-        attention computes them anyway, its logits) reach the Selector (`kv_policies.sfi_view`)."""
+        attention computes them anyway, its logits) reach the Selector (`kv_policies.view`)."""
         return SFISlowView(engine.scale, self)
 
     def fast_view(self, engine: Any) -> Any:
         """The view of a fast step (one query row): with `backend=sliced` the packed long-range set
-        plus the recent window read in place (`kv_policies.sfi_view`), otherwise `decode_view` (on an
+        plus the recent window read in place (`kv_policies.view`), otherwise `decode_view` (on an
         engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""
         graphed = getattr(engine, "graphs", None) is not None  # then decode_view's reads by gather
         if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):

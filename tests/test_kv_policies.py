@@ -267,8 +267,8 @@ class BruteH2O:
 
 @pytest.mark.parametrize("fixed_shape", [False, True], ids=["plain", "steady"])
 def test_h2o_selection_equals_brute_force(fixed_shape):
-    """`steady`: on an engine with fixed-shape forwards, whose eager twin runs H2O's fixed-shape update
-    once it evicts at every step (`kv_policies/h2o_steady.py`)."""
+    """`steady`: on an engine with fixed-shape forwards, whose eager twin runs H2O's update at fixed
+    shapes once it evicts at every step (`FixedCommit`, `kv_policies/h2o_rule.py`)."""
     torch.manual_seed(0)
     eng = FakeEngine(layers=1, hkv=2, d=8, capacity=128)
     if fixed_shape:
@@ -299,14 +299,14 @@ def test_h2o_selection_equals_brute_force(fixed_shape):
         ref.alive = [a | {n} for a in ref.alive]
         ref.add(q, k[0], None)
         ref.evict(n + 1)
-    assert (pol._steady is not None) == fixed_shape
+    assert (pol._fixed is not None) == fixed_shape
 
 
 def test_h2o_mass_softmax_pads_short_rows_and_equals_the_plain_softmax():
     """Under 16 keys the CPU softmax is padded with -inf columns (PyTorch's kernel is scalar there): the
     probabilities, masked keys included, and H2O's attention mass equal the plain softmax's."""
     from core.attention import SOFTMAX_MIN_CPU, softmax_lastdim
-    from kv_policies.h2o import attention_mass_layers
+    from kv_policies.attention_mass import attention_mass_layers
 
     g = torch.Generator().manual_seed(0)
     for m in (1, 5, 11, SOFTMAX_MIN_CPU - 1, SOFTMAX_MIN_CPU, 23):
@@ -329,12 +329,10 @@ def test_h2o_updates_every_layer_at_once_as_it_does_layer_by_layer(engine_and_pr
     eng, prompt = engine_and_prompt
 
     class LayerByLayer(H2O):
-        def _batched(self, qs, counts):
-            return False
-
-        def _evict_all(self, layers, length):
-            for layer in range(layers):
-                self._evict(layer, length)
+        def _commit(self, layers, queries, start, n_new, count, whole):
+            for li in range(layers.start, layers.stop):
+                q = None if queries is None else queries[li - layers.start][None]
+                super()._commit(slice(li, li + 1), q, start, n_new, count, False)
 
     outs, alive, scores = [], [], []
     for cls in (H2O, LayerByLayer):

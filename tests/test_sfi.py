@@ -138,7 +138,13 @@ def test_slow_steps_of_every_layer_at_once_select_what_layer_by_layer_does(setup
     eng.prefill(prompt, hooks=batched.prefill_hooks() + by_layer.prefill_hooks())
     for kv in (batched, by_layer):
         kv.after_prefill(eng)
-    batched.gather_evidence = None  # the batch, not a layer at a time
+    calls, rule = [], batched.gather_evidence
+
+    def counted(first, q, length, logits=None):
+        calls.append((first, q.shape[0]))
+        rule(first, q, length, logits)
+
+    batched.gather_evidence = counted  # the batch, not a layer at a time
     gen = torch.Generator().manual_seed(5)
     for step in range(4):
         queries = torch.randn(n_layers, heads, 2, d, generator=gen)
@@ -149,6 +155,7 @@ def test_slow_steps_of_every_layer_at_once_select_what_layer_by_layer_does(setup
         for layer in range(n_layers):
             by_layer.observe(layer, queries[layer])
         by_layer.end_slow()
+        assert calls == [(0, n_layers)] * (step + 1)
         assert batched._sel.keys() == by_layer._sel.keys() == set(range(n_layers))
         for layer in range(n_layers):
             assert torch.equal(batched._sel[layer], by_layer._sel[layer]), (step, layer)
@@ -175,7 +182,7 @@ def test_sliced_fast_steps_move_nothing_and_read_the_recent_window_in_place(setu
     """Fast steps on the sliced backend: the long-range set is packed once per slow step (no entry
     moves between slow steps), the recent window and new token stay at slot == position, and each fast
     step reads sinks + chosen + recent entries per KV head."""
-    from kv_policies.sfi_view import SFIFastView
+    from kv_policies.view import SFIFastView
 
     eng, cases = setup
     prompt = cases[0][0]
@@ -254,8 +261,7 @@ def test_slow_view_reuses_its_attention_logits_and_selects_as_the_generic_path(t
     """On a cache long enough for the split decode attention, `SFISlowView` hands the attention's own
     logits to the Selector: same attention output and same selection as computing them again."""
     from core.attention import CausalView
-    from kv_policies.sfi_view import SFISlowView
-    from kv_policies.view import ObservedCausalView
+    from kv_policies.view import ObservedCausalView, SFISlowView
 
     eng = Engine(tiny_lm.model)
     gen = torch.Generator().manual_seed(3)
@@ -285,11 +291,11 @@ def test_key_norms_follow_logical_positions_when_the_region_moves_entries(setup)
     dec = SlowFast(eng, kv=kv, t_max=3, trigger_token_ids=frozenset({10**6}))
     dec.generate(cases[0][0], N_NEW, set(), Counts())
     assert kv.region.swaps > 0
-    n, hkv = eng.cache.length, eng.cache.n_kv_heads
+    n = eng.cache.length
     for layer in range(eng.cache.n_layers):
         keys = kv.gather_keys(layer, eng.cache.k[layer, :, :n], torch.arange(n))
         done = kv._normed[layer]
-        torch.testing.assert_close(kv._key_norms(layer, hkv, done)[:, :done], keys[:, :done].norm(dim=-1))
+        torch.testing.assert_close(kv._key_norms(layer, 1, done)[0, :, :done], keys[:, :done].norm(dim=-1))
 
 
 def test_sliced_fast_steps_read_nothing_back_but_the_token(setup):

@@ -1,7 +1,7 @@
-"""H2O's fixed-shape update once it evicts at every step (`kv_policies/h2o_steady.py`), on an engine
-with fixed-shape forwards: the same selections, scores and tokens as the plain update (which eager
-forwards keep), one launch per step with graphs on, and buffers kept across generations so that a
-captured update is replayed, not captured again."""
+"""H2O's update at fixed shapes once it evicts at every step (`FixedCommit`, `kv_policies/h2o_rule.py`),
+on an engine with fixed-shape forwards: the same selections, scores and tokens as the eager commit
+(which eager forwards keep; both run the one rule `h2o_commit`), one launch per step with graphs on,
+and buffers kept across generations so that a captured update is replayed, not captured again."""
 
 from __future__ import annotations
 
@@ -20,16 +20,17 @@ from runners.host_syncs import HostSyncs, graph_bodies_apart
 class PlainH2O(H2O):
     """H2O with the steady update turned off: every commit takes the plain update."""
 
-    def _steady_applies(self, stacked, layers, counts, n_new):
+    def _fixed_shape(self):
         return False
 
 
 class CountedH2O(H2O):
     steady_calls = 0
 
-    def _update_steady(self, length, n_new, layers):
-        self.steady_calls += 1
-        super()._update_steady(length, n_new, layers)
+    def _fixed_shape(self):  # asked only where the fixed-shape commit would otherwise apply
+        taken = super()._fixed_shape()
+        self.steady_calls += taken
+        return taken
 
 
 def _engine(tiny_lm, fixed_shape: bool) -> Engine:
@@ -90,10 +91,10 @@ def test_buffers_and_update_are_kept_across_generations(tiny_lm):
     pol = H2O(budget=16, recent=4)
     dec = FAFO(eng, pol, k=2, n=4)
     first = dec.generate(PROMPT, 40, set(), Counts())
-    kept = (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._steady)
+    kept = (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._fixed)
     assert dec.generate(PROMPT, 40, set(), Counts()) == first
-    assert (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._steady) == kept
-    assert pol._steady.replay.captures == 0  # eager here: nothing was captured
+    assert (pol._S.data_ptr(), pol._A.data_ptr(), pol._P.data_ptr(), pol._fixed) == kept
+    assert pol._fixed.replay.captures == 0  # eager here: nothing was captured
 
 
 class SelectCounter(TorchDispatchMode):
@@ -111,16 +112,22 @@ class WatchedH2O(H2O):
     """H2O whose commits taking the steady update count the `aten.select`s made outside the update."""
 
     counter: SelectCounter | None = None
-    inside = 0
+    inside = at = 0
 
-    def _update_steady(self, length, n_new, layers):
-        assert self.counter is not None
-        before = self.counter.selects
-        super()._update_steady(length, n_new, layers)
-        self.inside = self.counter.selects - before
+    def _fixed_shape(self):
+        taken = super()._fixed_shape()
+        if taken:  # the selects from here on are the fixed-shape update's
+            assert self.counter is not None
+            self.at = self.counter.selects
+        return taken
+
+    def _cap_counts(self):
+        if self.at >= 0 and self.counter is not None:
+            self.inside = self.counter.selects - self.at
+        super()._cap_counts()
 
     def after_commit(self, engine, n_new):
-        self.inside = -1
+        self.inside = self.at = -1
         with SelectCounter() as self.counter:
             super().after_commit(engine, n_new)
         if self.inside >= 0:  # the steady update ran
