@@ -197,7 +197,7 @@ class H2O(KVPolicy):
             for layer, q in enumerate(qs):
                 if q is not None and q.shape[1]:
                     self._score_layer(layer, q, length)
-        if len(counts) <= 1 and self.region is None:
+        if len(counts) <= 1 and self.slots.region is None:
             self._evict_all(layers, length)
         else:
             for layer in range(layers):
@@ -226,10 +226,10 @@ class H2O(KVPolicy):
             and self._evicted
             and n_new >= 1
             and counts == {self.budget + n_new}
-            and self.region is None
+            and self.slots.region is None
             and stacked.shape[0] >= layers
             and stacked.shape[2] > 0
-            and self.in_order()
+            and self.slots.in_order()
         )
 
     def _update_steady(self, length: int, n_new: int, layers: int) -> None:
@@ -252,7 +252,7 @@ class H2O(KVPolicy):
         """Every layer observed the same rows and keeps as many entries, in the plain layout."""
         first = qs[0]
         return (
-            self.region is None
+            self.slots.region is None
             and len(counts) == 1
             and first is not None
             and first.shape[1] > 0
@@ -269,7 +269,7 @@ class H2O(KVPolicy):
         buf = self._qbuf
         stacked = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
         queries = buf[:n_layers] if stacked else torch.stack(qs)  # type: ignore[index]
-        if length <= 2 * count and self.in_order():
+        if length <= 2 * count and self.slots.in_order():
             # the plain layout: slot s holds position s; nothing evicted yet: every entry alive, no mask
             alive = None if count == length else A[..., :length]
             S[..., :length] += attention_mass_layers(
@@ -277,7 +277,7 @@ class H2O(KVPolicy):
             )
             return
         pos = self._positions(A, length, count)  # [layers, hkv, m]
-        slots = self.physical(0, pos, cache.n_kv_heads)  # in-order slots: the positions themselves
+        slots = self.slots.physical(0, pos, cache.n_kv_heads)  # in-order slots: the positions themselves
         S.scatter_add_(2, pos, attention_mass_layers(queries, self._keys_at(slots), self._scale(d)))
 
     def _keys_at(self, slots: torch.Tensor) -> torch.Tensor:
@@ -303,7 +303,7 @@ class H2O(KVPolicy):
         cache = self.engine.cache
         score, alive = self._state(layer, cache.n_kv_heads, length, cache.device)
         pos = self._positions(alive, length, self._count[layer])
-        k = self.gather_keys(layer, cache.k[layer, :, :length], pos)
+        k = self.slots.gather_keys(layer, cache.k[layer, :, :length], pos)
         score.scatter_add_(1, pos, attention_mass(q, k, self._scale(k.shape[-1]), None))
 
     @staticmethod
@@ -338,7 +338,7 @@ class H2O(KVPolicy):
         _, alive = self._state(layer, hkv, cache_len, k_cache.device)
         return alive[:, :cache_len].clone()
 
-    def layer_selections(self, cache_len: int) -> torch.Tensor:
+    def layer_selections(self, cache_len: int) -> torch.Tensor | None:
         """Every layer's alive entries at once (dense layers: all), mapped to physical slots."""
         cache = self.engine.cache
         layers = cache.n_layers
@@ -349,7 +349,7 @@ class H2O(KVPolicy):
             sel[: self.dense_layers] = True
         if not self._evicted and cache_len <= self.budget:
             sel[:] = True
-        return self.physical_stack(sel)
+        return self.slots.physical_stack(sel)
 
 
 def _keep_heavy(score: torch.Tensor, alive: torch.Tensor, older: int, heavy: int) -> None:

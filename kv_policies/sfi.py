@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from core.policy_views import decode_view, region_for
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
@@ -166,7 +167,7 @@ class SFI(KVPolicy):
             h, n, d = q.shape
             rows = q.float().reshape(hkv, (h // hkv) * n, d)  # the group's query heads as extra rows
             logits = (keys @ rows.transpose(1, 2)).transpose(1, 2) * eng.scale  # [hkv, R, length]
-        slots = self.physical(layer, j, hkv)  # [hkv, M]
+        slots = self.slots.physical(layer, j, hkv)  # [hkv, M]
         picked = logits.float().gather(2, slots[:, None, :].expand(-1, logits.shape[1], -1))
         self._pending[layer] = (picked, self._key_norms(layer, hkv, length)[:, j])
 
@@ -178,7 +179,7 @@ class SFI(KVPolicy):
         done = self._normed.get(layer, 0)
         if done < length:
             fresh = torch.arange(done, length, device=cache.k.device)
-            keys = self.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
+            keys = self.slots.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
             self._norms[layer, :, done:length] = keys.float().norm(dim=-1)
             self._normed[layer] = length
         return self._norms[layer]
@@ -218,13 +219,13 @@ class SFI(KVPolicy):
         """On the sliced backend, once the region exists and every layer has chosen: pack every layer's
         sinks + chosen entries in one placement (otherwise each layer packs on its next fast step)."""
         eng = self.engine
-        if self.region is None or chosen_layers != eng.cache.n_layers or self.keeps_all(0, eng.length):
+        if self.slots.region is None or chosen_layers != eng.cache.n_layers or self.keeps_all(0, eng.length):
             return
         sel = torch.stack([self._long_range(layer, eng.cache.n_kv_heads, eng.length, eng.device)
                            for layer in range(chosen_layers)])  # fmt: skip
-        self.region.place_layers(sel)
+        self.slots.region.place_layers(sel)
         self._packed = dict(self._chosen)
-        self.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
+        self.slots.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         if self.slow:
@@ -236,7 +237,7 @@ class SFI(KVPolicy):
         place (no compressed region, slot == position), `observe` layer by layer otherwise."""
         if not self.slow:
             return
-        if self.region is not None or not self.in_order():
+        if self.slots.region is not None or not self.slots.in_order():
             super().observe_layers(queries)
             return
         self.gather_evidence_layers(queries, self.engine.cache.length)
@@ -306,8 +307,8 @@ class SFI(KVPolicy):
         if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):
             from kv_policies.sfi_view import SFIFastView
 
-            return SFIFastView(self, self.region_for(engine, "sliced"))
-        return self.decode_view(engine, 1)
+            return SFIFastView(self, region_for(self, engine, "sliced"))
+        return decode_view(self, engine, 1)
 
     @torch.inference_mode()
     def pack_long_range(self, layer: int, cache_len: int) -> None:
@@ -315,10 +316,10 @@ class SFI(KVPolicy):
         if self._packed.get(layer, -1) == self._chosen.get(layer, 0):
             return
         sel = self._long_range(layer, self.engine.cache.n_kv_heads, cache_len, self.engine.device)
-        self.region.place(layer, sel)
+        self.slots.region.place(layer, sel)
         self._packed[layer] = self._chosen.get(layer, 0)
 
-    def layer_selections(self, cache_len: int) -> torch.Tensor:
+    def layer_selections(self, cache_len: int) -> torch.Tensor | None:
         """Every layer's sinks and chosen entries, stacked once per choice (a slow step), with the
         recent window added each step: a few operators per fast step instead of a few per layer.
         The same selection as `select`: a chosen entry lies below the cache length it was chosen at,
@@ -347,7 +348,7 @@ class SFI(KVPolicy):
         window = max(cache_len - self.recent, 0)
         logical = self._long_stack[:, :, :cache_len].clone()
         logical[:, :, window:] = True
-        chosen = self.physical_stack(logical)
+        chosen = self.slots.physical_stack(logical)
         below = self._long_below
         if window:  # (stack, per layer, plus), as `LayerSelectionView.build` reads it
             self.view_memo.kept_of = (chosen, below[:, window - 1], cache_len - window)

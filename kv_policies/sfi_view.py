@@ -25,7 +25,7 @@ from core.attention import (
     one_row_two_slices,
     split_applies,
 )
-from kv_policies.view import ObservedCausalView
+from kv_policies.layer_view import ObservedCausalView
 
 
 class SFISlowView(ObservedCausalView):
