@@ -1,4 +1,4 @@
-"""Every layer's selection at once, for the fixed-shape forward (`kv_policies.selection_view`).
+"""Every layer's selection at once, for the fixed-shape forward (`kv_policies.layer_view`).
 
 A `query_free` policy's selections can be read before the forward into one `[n_layers, n_kv_heads, L]`
 tensor over physical slots, which the fixed-shape forward (and its CUDA graph) stages. `every_layer`
