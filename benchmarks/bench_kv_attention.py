@@ -33,6 +33,7 @@ from core.attention import sdpa
 from core.engine import Engine
 from core.kv_cache import KVCache
 from core.models import load_model
+from core.policy_views import region_for
 from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
 from kv_policies.view import RestrictedView
@@ -119,16 +120,16 @@ def attention_case(
         pol = build_policy(pol_name, backend="flex", **params)
         pol.attach(eng)
         one = torch.ones(1, dtype=torch.bool)
-        view = pol.region_for(eng, "flex").view(one[None], one)
+        view = region_for(pol, eng, "flex").view(one[None], one)
         err = float((view.attend(0, q, k, v).float() - ref.float()).abs().max())  # compiles on first use
         t_region = timed(lambda: view.attend(0, q, k, v), repeats)
         kf, vf = eng.cache.k[0].unsqueeze(0), eng.cache.v[0].unsqueeze(0)
         t_kernel = timed(lambda: view._mask.attend(q, kf, vf, scale), repeats)
         blocks = view._mask.blocks_read()
-        pol.region.restore()  # back to slot == position before laying out a second region
+        pol.slots.region.restore()  # back to slot == position before laying out a second region
         pol = build_policy(pol_name, backend="sliced", **params)
         pol.attach(eng)
-        sliced = pol.region_for(eng, "sliced").view(one[None], one)
+        sliced = region_for(pol, eng, "sliced").view(one[None], one)
         err = max(err, float((sliced.attend(0, q, k, v).float() - ref.float()).abs().max()))
         t_sliced = timed(lambda: sliced.attend(0, q, k, v), repeats)
     return {

@@ -41,8 +41,9 @@ from core.models import load_model
 from core.types import Counts
 from decoders.sfi import SlowFast
 from decoders.vanilla import Vanilla
+from kv_policies.layer_selection import ObservedCausalView
 from kv_policies.registry import build_policy
-from kv_policies.view import ObservedCausalView, SFIFastView
+from kv_policies.sfi_slow import SFIFastView
 from tasks.pg19 import PG19
 
 

@@ -12,7 +12,7 @@ attention; causality only matters inside the new block, which always sits right 
   `engine.cache.swap_slots` once per step, keeping `cache.slot_pos` right for everyone.
 - Per-layer / per-head selections (Quest, SnapKV, H2O) are moved per (layer, KV head) with one indexed
   swap per layer; the region's `pos` table (logical position of each slot) is then the truth and the
-  policy finds entries through it (`policy.physical`). `cache.slot_pos` is not updated in that case.
+  policy finds entries through it (`policy.slots.physical`). `cache.slot_pos` is not updated in that case.
 - Placement only moves entries that must move: the selected entries found at slots >= region_len trade
   places with the unselected ones inside `[0, region_len)` ("holes"), pairwise, per head.
 
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from core.attention import ViewKind, one_row_attention, sdpa
+from core.policy_views import gathers
 from core.sparse_attention import (
     KV_BLOCK,
     RegionBlockMask,
@@ -103,7 +104,7 @@ class CompressedRegion:
         self.placed: dict[int, Any] = {}  # layer -> the policy's `selection_key` of what is in place
         self._lengths: dict[int, tuple[int, int, int]] = {}  # layer -> region_len's (max, min, sum)
         self.swaps = 0  # entries moved so far (a cost measure)
-        policy.region = self
+        policy.slots.follow(self)  # the policy finds its entries through this region from now on
 
     # --- bookkeeping ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -307,7 +308,7 @@ class RegionView:
         self._read: list[int] = []
         self._mask: RegionBlockMask | None = None
         # with graphs on, the step reads the selection by gather instead and keeps one shape
-        self.kind = ViewKind.REGION_GATHERABLE if region.policy.gathers(rows) else ViewKind.REGULAR
+        self.kind = ViewKind.REGION_GATHERABLE if gathers(region.policy, rows) else ViewKind.REGULAR
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         reg, policy = self.region, self.region.policy

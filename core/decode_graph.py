@@ -24,11 +24,11 @@ the forward: SnapKV, H2O, retrieval, kvpress presses, SFI's fast steps) and `SEL
 with a self-drafting decoder's tail too). A draft model's engine has fixed-shape forwards of its own
 (`Engine.use_graphs`), LongSpec's draft too (`decoders/longspec/static_draft.py`). A per-layer
 selection view with a `gather_budget` (a compressed-region backend's all-restricted block, built by
-`KVPolicy.gathered_view` instead of moving entries) reads each layer's selected slots by gather from a
-fixed number per KV head. The prefill, the hybrid tree backend, the steps a compressed region lays out
-(`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks take the
-regular forward. The queries a policy observes
-are kept per layer by the forward and handed to it after the forward, before the commit.
+`core.policy_views.gathered_view` instead of moving entries) reads each layer's selected slots by
+gather from a fixed number per KV head. The prefill, the hybrid tree backend, the steps a compressed
+region lays out (`kv.backend=sliced|flex|flash`: entries move between steps), per-head masks and hooks
+take the regular forward. The queries a policy observes are kept per layer by the forward and handed
+to it after the forward, before the commit.
 
 `StaticForwards(engine, capture=False)` runs the same fixed-shape forwards eagerly: the CPU tests check
 them against `Engine.step`, and `make test-gpu` checks the captured graphs.

@@ -163,7 +163,7 @@ class Engine:
                 return self.graphs(tokens, position_ids, view, logits_rows, argmax, with_logits)
         elif replay and not hooks and view.kind is ViewKind.REGION_GATHERABLE:
             # a compressed region's step that, with graphs on, reads its selection by gather instead
-            # (`KVPolicy.gathered_view`): counted as the fixed-shape step it would be
+            # (`core.policy_views.gathered_view`): counted as the fixed-shape step it would be
             self.fixed_shape_steps += has_room(self.cache, tokens.numel())
         cache = self.cache
         # `.to` is a no-op for tensors already on the device

@@ -115,7 +115,7 @@ class BaseDecoder:
             self._decode(list(prompt_ids), out, max_new_tokens, stop_ids, counts)
         counts.decode_done()
         counts.resolve()
-        counts.kv_activity = self.kv.activity_summary(counts.forwards)
+        counts.kv_activity = self.kv.activity.summary(counts.forwards)
         return out
 
     def step_and_pick(self, tokens: torch.Tensor, positions: torch.Tensor, view) -> int:

@@ -60,6 +60,7 @@ from core.attention import BlockView
 from core.checks import flag, integer, number
 from core.decode_graph import padded_rows
 from core.options import options, recorded_without
+from core.policy_views import restricted_view
 from core.positions import RelativePositions
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
@@ -242,7 +243,7 @@ class Lookahead(BaseDecoder):
         if isinstance(self.kv, FullKV):
             return BlockView(block_mask, eng.scale)
         restricted = torch.ones(block_mask.shape[0], dtype=torch.bool, device=eng.device)
-        return self.kv.restricted_view(eng, block_mask, restricted, "dense", rows=slice(None))
+        return restricted_view(self.kv, eng, block_mask, restricted, "dense", rows=slice(None))
 
     def _decode(
         self, prompt: list[int], out: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts

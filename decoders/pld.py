@@ -26,6 +26,7 @@ import torch
 
 from core.checks import integer
 from core.options import options, recorded_without
+from core.policy_views import decode_view
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.block_size import AcceptanceStats, CostFn, best_option, check_block_mode
@@ -133,7 +134,7 @@ class PromptLookup(BaseDecoder):
                 draft = draft[: self._auto_length(n_match, len(draft), cost, cache_len)]
             k = len(draft)
             tokens, positions = eng.chain([seq[-1], *draft], p)
-            view = self.kv.decode_view(eng, k + 1)
+            view = decode_view(self.kv, eng, k + 1)
             logits, preds = step_for(self.sampler, eng, tokens, positions, view)
             verdict = verify_flat(self.sampler, eng, logits, [draft] if k else [], 1, preds)
             n_new, done = extend_output(out, verdict.tokens, max_new_tokens, stop_ids)

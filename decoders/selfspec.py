@@ -5,7 +5,7 @@ baseline, with kv=streaming).
 One step, with the committed prefix of length P in the cache and the root r = the last output token:
 1. Draft: up to γ one-row forwards of the target. Row i feeds the previous token at position P + i
    and sees only the policy's selection of `[0, P)` plus the draft's own fresh tail `[P, P + i)`
-   (`KVPolicy.draft_view`); its KV is committed so the next draft row sees it.
+   (`core.policy_views.draft_view`); its KV is committed so the next draft row sees it.
 2. Roll back: `engine.crop(P)` forgets every drafted entry (their KV came from a restricted forward).
 3. Verify: one forward of `[r, d1..dγ]` over the full cache; greedy: accept while each draft equals
    the target's argmax; sampling: speculative sampling with the draft's real distributions
@@ -25,6 +25,7 @@ import torch
 from core.attention import CausalView
 from core.checks import integer, number
 from core.options import options
+from core.policy_views import draft_view
 from core.types import Counts, HarnessError
 from decoders.base import BaseDecoder, extend_output
 from decoders.sampled_verify import ChainCheck
@@ -109,7 +110,7 @@ class SelfSpeculative(BaseDecoder):
         positions = eng.positions(length, n)
         probs = []
         for i in range(n):
-            view = kv.draft_view(eng, length)
+            view = draft_view(kv, eng, length)
             logits = eng.step(chain[-1], positions[i : i + 1], view)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))
@@ -125,7 +126,7 @@ class SelfSpeculative(BaseDecoder):
         chain = [eng.stage([root])]
         positions = eng.positions(length, n)
         for i in range(n):
-            view = kv.draft_view(eng, length)
+            view = draft_view(kv, eng, length)
             _, ids = eng.step(chain[-1], positions[i : i + 1], view, argmax=True, with_logits=False)
             eng.commit([0])
             counts.draft_step(view.kv_read(length + i))

@@ -34,6 +34,7 @@ import torch
 
 from core.checks import integer
 from core.options import options
+from core.policy_views import draft_view
 from core.types import Counts
 from decoders.draft_model import DraftModel
 from decoders.sampled_verify import ChainCheck
@@ -103,7 +104,7 @@ class TriForce(SelfSpeculative):
         else:
             tokens, q = draft.propose_sampled(seq, committed, k, self.sampler, counts, lead=lead)
         cache_len = eng.length
-        view = kv.draft_view(eng, length, k + 1)
+        view = draft_view(kv, eng, length, k + 1)
         positions = eng.positions(cache_len, k + 1)
         logits, preds = step_for(self.sampler, eng, tokens, positions, view)
         probs: list[torch.Tensor] = []

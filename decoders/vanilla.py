@@ -6,6 +6,7 @@ attend only to what the policy selects.
 
 from __future__ import annotations
 
+from core.policy_views import decode_view
 from core.types import Counts
 from decoders.base import BaseDecoder, extend_output
 from decoders.verify import step_for
@@ -26,7 +27,7 @@ class Vanilla(BaseDecoder):
         position = len(prompt)
         done = False
         while not done:
-            view = self.kv.decode_view(eng, 1)
+            view = decode_view(self.kv, eng, 1)
             logits, ids = step_for(self.sampler, eng, tok, eng.positions(position, 1), view)
             if ids is not None:  # greedy: the step's own argmax is the next step's token, on the device
                 token, tok = int(ids[0]), ids

@@ -176,7 +176,7 @@ class H2O(KVPolicy):
             whole = buf is not None and all(q.data_ptr() == buf[li].data_ptr() for li, q in enumerate(qs))
             stacked = buf[:layers] if whole else torch.stack(qs)  # type: ignore[index]
         rows = stacked is not None and stacked.shape[2] > 0
-        if stacked is not None and self.region is None and len(set(before)) == 1:
+        if stacked is not None and self.slots.region is None and len(set(before)) == 1:
             in_buf = buf is not None and stacked.data_ptr() == buf.data_ptr()
             if rows and in_buf and self._evicted and before[0] == self.budget and self._fixed_shape():
                 self._fixed = FixedCommit.commit(self, self._fixed, length, n_new, stacked)
@@ -203,14 +203,14 @@ class H2O(KVPolicy):
         S, A = self._S[layers], self._A[layers]  # type: ignore[index]
         new = torch.arange(start, length, device=S.device).expand(*S.shape[:2], -1)
         scale, evict = self._scale(cache.k.shape[-1]), self._eviction(alive, length)
-        if queries is not None and whole and length <= 2 * alive and self.in_order():
+        if queries is not None and whole and length <= 2 * alive and self.slots.in_order():
             visible = None if alive == length else A[..., :length]
             h2o_commit(S, A, new, None, visible, queries, cache.k[layers, :, :length], scale, evict)
             return
         cand, keys = torch.cat([alive_positions(A, start, count), new], dim=2), None
         if queries is not None:
             first, hkv = layers.start, cache.n_kv_heads
-            slots = torch.stack([self.physical(first + i, c, hkv) for i, c in enumerate(cand)])
+            slots = torch.stack([self.slots.physical(first + i, c, hkv) for i, c in enumerate(cand)])
             keys = self._keys.at(cache, slots, first)
         h2o_commit(S, A, new, cand, None, queries, keys, scale, evict)
 
@@ -225,7 +225,7 @@ class H2O(KVPolicy):
         self._count = {layer: min(count, self.budget) for layer, count in self._count.items()}
 
     def _fixed_shape(self) -> bool:
-        return getattr(self.engine, "graphs", None) is not None and self.in_order()
+        return getattr(self.engine, "graphs", None) is not None and self.slots.in_order()
 
     # --- selection -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -247,4 +247,4 @@ class H2O(KVPolicy):
             sel[: self.dense_layers] = True
         if not self._evicted and cache_len <= self.budget:
             sel[:] = True
-        return self.physical_stack(sel)
+        return self.slots.physical_stack(sel)

@@ -196,7 +196,7 @@ class KVPress(KVPolicy):
         return layer not in self._keep
 
     def layer_selections(self, cache_len: int) -> torch.Tensor:
-        return self.stacked_keep(self._keep, cache_len)
+        return self.keep_stack.select(self._keep, cache_len)
 
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         sel = torch.ones(k_cache.shape[0], cache_len, dtype=torch.bool, device=k_cache.device)

@@ -51,7 +51,7 @@ class PageExtremes:
         seen = self._forget_cut(slice(layer, layer + 1), self._seen.get(layer, 0), cache_len)
         if cache_len > seen:
             pos = torch.arange(seen, cache_len, device=k_cache.device)
-            keys = self.gather_keys(layer, k_cache, pos).float()  # [hkv, m, d]
+            keys = self.slots.gather_keys(layer, k_cache, pos).float()  # [hkv, m, d]
             self._extend(self._kmin[layer], self._kmax[layer], keys, pos)
         self._seen[layer] = cache_len
 
@@ -63,7 +63,7 @@ class PageExtremes:
         cache = self.engine.cache
         layers = range(first, cache.n_layers)
         seen = {self._seen.get(li, 0) for li in layers}
-        if len(seen) != 1 or self.region is not None:
+        if len(seen) != 1 or self.slots.region is not None:
             for li in layers:
                 self.sync(li, cache.k[li, :, :cache_len], cache_len)
             return
@@ -71,10 +71,10 @@ class PageExtremes:
         done = self._forget_cut(slice(first, None), seen.pop(), cache_len)
         if cache_len > done:
             pos = torch.arange(done, cache_len, device=cache.k.device)
-            if self.in_order():
+            if self.slots.in_order():
                 keys = cache.k[first:, :, done:cache_len]
             else:  # one slot map for every layer and head
-                keys = cache.k[first:].index_select(2, self.physical(first, pos, 1)[0])
+                keys = cache.k[first:].index_select(2, self.slots.physical(first, pos, 1)[0])
             self._extend(self._kmin[first:], self._kmax[first:], keys.float(), pos)
         self._seen.update(dict.fromkeys(layers, cache_len))
 

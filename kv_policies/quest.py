@@ -31,7 +31,7 @@ from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
 from kv_policies.pages import PageExtremes, page_bounds
-from kv_policies.view import InForwardSelector, InForwardView
+from kv_policies.view import InForwardSelector
 
 REGION_BLOCK = 128
 
@@ -168,19 +168,6 @@ class Quest(PageExtremes, KVPolicy):
 
     def max_selected(self, capacity: int) -> int:
         return min(self.n_pages * self.page_size, capacity)
-
-    def forward_view(
-        self,
-        engine: Any,
-        block_mask: torch.Tensor,
-        restricted: torch.Tensor,
-        tail_from: int | None,
-        rows: slice | None,
-    ) -> Any:
-        """The page choice also runs inside the fixed-shape forward (`QuestSelector`; no draft tail)."""
-        if tail_from is not None or self.region is not None:
-            return None
-        return InForwardView(self, engine.scale, block_mask, restricted, tail_from, rows)
 
     def selector_key(self) -> tuple:
         """The settings a fixed-shape forward's selector is built for (policies alike share it)."""

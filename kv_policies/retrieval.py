@@ -123,11 +123,11 @@ class Retrieval(KVPolicy):
     def max_selected(self, capacity: int) -> int:
         return min(capacity, self.budget + max(capacity - self.prompt_len, 0))
 
-    def layer_selections(self, cache_len: int) -> torch.Tensor:
+    def layer_selections(self, cache_len: int) -> torch.Tensor | None:
         """The keep masks change only at a rebuild: stacked once, not re-staged layer by layer."""
         if not self._keep:
             return super().layer_selections(cache_len)
-        return self.stacked_keep(self._keep, cache_len)
+        return self.keep_stack.select(self._keep, cache_len)
 
     # --- queries ---------------------------------------------------------------------------------
     def on_prefill(self, layer: int, q: torch.Tensor, k_all: torch.Tensor, cache_len: int) -> None:
@@ -157,14 +157,14 @@ class Retrieval(KVPolicy):
             if kbar is None:
                 pos = torch.arange(length, device=engine.device)
                 k_all = engine.cache.k[layer, :, : engine.length]
-                kbar = chunk_means(self.gather_keys(layer, k_all, pos), self.chunk)
+                kbar = chunk_means(self.slots.gather_keys(layer, k_all, pos), self.chunk)
                 self._means[layer] = kbar
                 keys_read += length
             keys_read += kbar.shape[1]
             self._keep[layer] = self.choose_from_means(q, kbar, length)
         self.built_len = length
         self._builds += 1
-        self.forget_stack()
+        self.keep_stack.forget()
         return keys_read / 2 / engine.cache.n_layers
 
     def choose(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from core.options import options
+from core.policy_views import decode_view, region_for
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
 from kv_policies.sfi_selector import PAPER, REPO
-from kv_policies.sfi_slow import SlowSteps
-from kv_policies.view import SFIFastView, SFISlowView
+from kv_policies.sfi_slow import SFIFastView, SFISlowView, SlowSteps
 
 PRESETS = {"paper": PAPER, "repo": REPO}
 
@@ -132,13 +132,13 @@ class SFI(SlowSteps, KVPolicy):
         """On the sliced backend, once the region exists and every layer has chosen: pack every layer's
         sinks + chosen entries in one placement (otherwise each layer packs on its next fast step)."""
         eng = self.engine
-        if self.region is None or chosen_layers != eng.cache.n_layers or self.keeps_all(0, eng.length):
+        if self.slots.region is None or chosen_layers != eng.cache.n_layers or self.keeps_all(0, eng.length):
             return
         sel = torch.stack([self._long_range(layer, eng.cache.n_kv_heads, eng.length, eng.device)
                            for layer in range(chosen_layers)])  # fmt: skip
-        self.region.place_layers(sel)
+        self.slots.region.place_layers(sel)
         self._packed = dict(self._chosen)
-        self.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
+        self.slots.region.read_lengths()  # every layer's, in one read: the fast steps read nothing back
 
     # --- fast steps ----------------------------------------------------------------------------------
     def keeps_all(self, layer: int, cache_len: int) -> bool:
@@ -155,8 +155,8 @@ class SFI(SlowSteps, KVPolicy):
         engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""
         graphed = getattr(engine, "graphs", None) is not None  # then decode_view's reads by gather
         if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):
-            return SFIFastView(self, self.region_for(engine, "sliced"))
-        return self.decode_view(engine, 1)
+            return SFIFastView(self, region_for(self, engine, "sliced"))
+        return decode_view(self, engine, 1)
 
     @torch.inference_mode()
     def pack_long_range(self, layer: int, cache_len: int) -> None:
@@ -164,7 +164,7 @@ class SFI(SlowSteps, KVPolicy):
         if self._packed.get(layer, -1) == self._chosen.get(layer, 0):
             return
         sel = self._long_range(layer, self.engine.cache.n_kv_heads, cache_len, self.engine.device)
-        self.region.place(layer, sel)
+        self.slots.region.place(layer, sel)
         self._packed[layer] = self._chosen.get(layer, 0)
 
     def layer_selections(self, cache_len: int) -> torch.Tensor:
@@ -196,7 +196,7 @@ class SFI(SlowSteps, KVPolicy):
         window = max(cache_len - self.recent, 0)
         logical = self._long_stack[:, :, :cache_len].clone()
         logical[:, :, window:] = True
-        chosen = self.physical_stack(logical)
+        chosen = self.slots.physical_stack(logical)
         below = self._long_below
         if window:  # (stack, per layer, plus), as `LayerSelectionView.build` reads it
             self.view_memo.kept_of = (chosen, below[:, window - 1], cache_len - window)

@@ -5,14 +5,27 @@ KV head, the exact logits over the candidates J = [sinks, L - recent) and the ca
 `end_slow` runs the Selector (`kv_policies.sfi_selector.sfi_select`) once over every layer. One rule,
 `gather_evidence`, serves a layer's rows (`observe`, eager forwards), every layer's at once
 (`observe_layers`, the fixed-shape forward) and the slow view's own logits (`SFISlowView`).
+
+The views of its steps: `SFISlowView` (a slow step: dense attention whose queries, and where the split
+decode attention computes them anyway its logits, reach the Selector) and `SFIFastView` (a fast step on
+`backend=sliced`: the packed long-range set and the recent window read as two slices).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from core.attention import (
+    ViewKind,
+    decode_logits,
+    decode_weighted_values,
+    one_row_attention,
+    one_row_two_slices,
+    split_applies,
+)
+from kv_policies.layer_selection import ObservedCausalView
 from kv_policies.sfi_selector import sfi_select
 
 
@@ -73,10 +86,10 @@ class SlowSteps:
             h, n, d = q.shape[1:]
             rows = q.float().reshape(n_layers, hkv, (h // hkv) * n, d)  # the group's query heads as rows
             logits = (keys @ rows.transpose(-1, -2)).transpose(-1, -2) * eng.scale  # [L, hkv, R, length]
-        if self.in_order():  # slot == position
+        if self.slots.in_order():  # slot == position
             slots = j.expand(n_layers, hkv, -1)
         else:
-            slots = torch.stack([self.physical(layer, j, hkv) for layer in layers])  # [L, hkv, M]
+            slots = torch.stack([self.slots.physical(layer, j, hkv) for layer in layers])  # [L, hkv, M]
         picked = logits.float().gather(3, slots[:, :, None, :].expand(-1, -1, logits.shape[2], -1))
         norms = self._key_norms(first, n_layers, length)[:, :, j]
         self._pending.update(zip(layers, zip(picked.unbind(0), norms.unbind(0), strict=True)))
@@ -96,7 +109,7 @@ class SlowSteps:
         done = [self._normed.get(layer, 0) for layer in layers]
         if min(done) >= length:
             pass  # every norm known
-        elif len(set(done)) == 1 and self.in_order():
+        elif len(set(done)) == 1 and self.slots.in_order():
             keys = cache.k[first : first + n_layers, :, done[0] : length]
             self._norms[first : first + n_layers, :, done[0] : length] = keys.float().norm(dim=-1)
         else:
@@ -104,7 +117,7 @@ class SlowSteps:
                 if lo >= length:
                     continue
                 fresh = torch.arange(lo, length, device=cache.k.device)
-                keys = self.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
+                keys = self.slots.gather_keys(layer, cache.k[layer, :, :length], fresh)  # [hkv, m, d]
                 self._norms[layer, :, lo:length] = keys.float().norm(dim=-1)
         self._normed.update({layer: max(lo, length) for layer, lo in zip(layers, done, strict=True)})
         return self._norms[first : first + n_layers]
@@ -141,3 +154,54 @@ class SlowSteps:
             self.gather_evidence(layer, torch.cat(parts, dim=1)[None], engine.length)
         self._q = {}
         self._select_pending()
+
+
+class SFISlowView(ObservedCausalView):
+    """Attention view of a slow step of `decoder=sfi`: dense attention over the whole cache whose query
+    rows reach the Selector (`SFI.observe`). Where the split decode attention serves the step (one row,
+    float32, CPU, a long cache) it computes the logits of every cached key anyway; the Selector gets
+    those instead of computing them a second time (same numbers: the same product, in slot order)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pol = self.policy
+        if not (pol.slow and split_applies(q, k)):
+            return super().attend(layer, q, k, v)
+        logits = decode_logits(q, k, self.scale)  # [hkv, G, cache_len + 1]: the new token last
+        pol.gather_evidence(layer, q, pol.engine.cache.length, logits[None])
+        return decode_weighted_values(torch.softmax(logits, dim=-1), v, q.shape[1])
+
+
+class SFIFastView:
+    """Attention view of one fast step (one query row) of `decoder=sfi` with `kv=sfi backend=sliced`."""
+
+    kind: ClassVar[ViewKind] = ViewKind.REGION_GATHERABLE  # with graphs on, read by gather (one shape)
+
+    def __init__(self, policy: Any, region: Any) -> None:
+        self.policy, self.region = policy, region
+        self.scale = region.engine.scale
+        self._read: list[int] = []
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pol, reg = self.policy, self.region
+        cache_len = k.shape[2] - 1
+        if pol.keeps_all(layer, cache_len):
+            self._read.append(cache_len)
+            pol.activity.note(layer, cache_len, cache_len)
+            return one_row_attention(q, k, v, self.scale)
+        pol.pack_long_range(layer, cache_len)
+        rl = reg.region_len[layer]
+        start = cache_len - min(pol.recent, cache_len)
+        m, low, total = reg.lengths(layer)  # read once per packing, not per step
+        if m > start:
+            raise RuntimeError(f"kv=sfi: the packed set ({m} slots) reaches the recent window (slot {start})")
+        out = one_row_two_slices(
+            q, k[:, :, :m], v[:, :, :m], rl, k[:, :, start:], v[:, :, start:], self.scale, low < m
+        )
+        read = total // rl.numel() + cache_len - start
+        self._read.append(read)
+        pol.activity.note(layer, read, cache_len)
+        return out
+
+    def kv_read(self, cache_len: int) -> int:
+        """Mean over layers of cached entries read per KV head."""
+        return round(sum(self._read) / len(self._read)) if self._read else cache_len

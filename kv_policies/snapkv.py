@@ -136,10 +136,10 @@ class SnapKV(KVPolicy):
         keep.scatter_(1, scores.topk(self.budget - w, dim=1).indices, True)
         return keep
 
-    def layer_selections(self, cache_len: int) -> torch.Tensor:
+    def layer_selections(self, cache_len: int) -> torch.Tensor | None:
         if not self._keep or self.keeps_all(0, cache_len):  # layer-independent
             return super().layer_selections(cache_len)
-        return self.stacked_keep(self._keep, cache_len)
+        return self.keep_stack.select(self._keep, cache_len)
 
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:

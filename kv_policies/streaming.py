@@ -64,8 +64,8 @@ class StreamingLLM(KVPolicy):
     def fixed_selection(self, cache_len: int) -> tuple[torch.Tensor, int] | None:
         """The window over physical slots from the cache's slot positions (a device tensor, read on the
         device); None with dense layers or a compressed region (they take `visible`)."""
-        eng = self.engine
-        if self.dense_layers or self.region is not None or eng is None or eng.cache.capacity < cache_len:
+        eng, region = self.engine, self.slots.region
+        if self.dense_layers or region is not None or eng is None or eng.cache.capacity < cache_len:
             return None
         pos = eng.cache.slot_pos
         key = (cache_len, self.sinks, self.recent, pos.data_ptr())
@@ -78,7 +78,7 @@ class StreamingLLM(KVPolicy):
     def fixed_hole(self, cache_len: int) -> tuple[int, int, int] | None:
         """Over slots that hold their positions the window leaves out `[sinks, cache_len - recent)`."""
         eng = self.engine
-        if self.dense_layers or eng is None or not self.in_order() or eng.cache.capacity < cache_len:
+        if self.dense_layers or eng is None or not self.slots.in_order() or eng.cache.capacity < cache_len:
             return None
         return self.sinks, max(cache_len - self.recent, self.sinks), min(cache_len, self.budget)
 

@@ -19,7 +19,7 @@ import torch
 from core.options import options
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
-from kv_policies.view import InForwardSelector, InForwardView
+from kv_policies.view import InForwardSelector
 
 
 def top_attended(
@@ -95,19 +95,6 @@ class TopK(KVPolicy):
         self.budget_frac = check_budget_frac(self.name, budget_frac)
         self.backend = check_backend(self.name, backend)
 
-    def forward_view(
-        self,
-        engine: Any,
-        block_mask: torch.Tensor,
-        restricted: torch.Tensor,
-        tail_from: int | None,
-        rows: slice | None,
-    ) -> Any:
-        """The choice also runs inside the fixed-shape forward (`TopKSelector`, draft tail included)."""
-        if self.region is not None:
-            return None
-        return InForwardView(self, engine.scale, block_mask, restricted, tail_from, rows)
-
     def selector_key(self) -> tuple:
         """The settings a fixed-shape forward's selector is built for (policies alike share it)."""
         return ("topk", self.budget, self.dense_layers)
@@ -115,6 +102,6 @@ class TopK(KVPolicy):
     @torch.inference_mode()
     def select(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, cache_len: int) -> torch.Tensor:
         d = k_cache.shape[2]
-        k = self.gather_keys(layer, k_cache, torch.arange(cache_len, device=k_cache.device))
+        k = self.slots.gather_keys(layer, k_cache, torch.arange(cache_len, device=k_cache.device))
         scale = self.engine.scale if self.engine is not None else d**-0.5
         return top_attended(q, k, scale, min(self.budget, cache_len))

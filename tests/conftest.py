@@ -70,7 +70,7 @@ def prefill_under(eng, policy, prompt: list[int], new_tokens: int) -> None:
 def committed_slots_hold_their_positions(monkeypatch):
     """Every generation of every test ends with committed slot s holding logical position s while the
     cache says so (`KVCache.in_order`: no compressed region has swapped entries): the KV policies then
-    read slots as positions (`KVPolicy.in_order`), so a decoder that commits its tokens out of sequence
+    read slots as positions (`SlotMap.in_order`), so a decoder that commits its tokens out of sequence
     order, or at other positions, fails here."""
     from decoders.base import BaseDecoder
 

@@ -80,7 +80,7 @@ def _report(dec: Any, prompts: list[list[int]], new: int, stop: set[int] = froze
         counts = Counts()
         out = dec.generate(prompt, new, stop, counts)
         reads = [s.kv_attended for s in counts.steps]
-        summary = dec.kv.activity_summary(counts.forwards)
+        summary = dec.kv.activity.summary(counts.forwards)
         c = counts
         reports.append((out, c.forwards, c.draft_forwards, c.accepted, c.slow_steps, reads, summary))
     return reports

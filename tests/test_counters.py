@@ -333,10 +333,12 @@ def test_a_drafts_rounds_reuse_the_policys_selection(tiny_lm):
     retrieval = build_policy("retrieval", budget=24, chunk=4)
     retrieval.attach(eng)
     keep = {0: torch.ones(eng.cache.n_kv_heads, 40, dtype=torch.bool, device=eng.device)}
-    first = retrieval.stacked_keep(keep, 50)
-    assert retrieval.stacked_keep(keep, 50) is first and retrieval.stacked_keep(keep, 51) is not first
-    retrieval.forget_stack()
-    assert retrieval.stacked_keep(keep, 51) is not first
+    first = retrieval.keep_stack.select(keep, 50)
+    assert (
+        retrieval.keep_stack.select(keep, 50) is first and retrieval.keep_stack.select(keep, 51) is not first
+    )
+    retrieval.keep_stack.forget()
+    assert retrieval.keep_stack.select(keep, 51) is not first
     window = StreamingLLM(budget=16, sinks=4)
     window.attach(eng)
     sel, kept = window.fixed_selection(50)
@@ -349,7 +351,7 @@ def test_keep_masks_stack_in_one_copy_and_as_layer_by_layer(layers):
     """`stack_masks`: each layer's mask over its first positions and True elsewhere, whether the masks
     are copied in one operator (one width on consecutive layers) or layer by layer (widths 5 and 7, or
     gaps between the layers)."""
-    from kv_policies.view import stack_masks
+    from kv_policies.stacking import stack_masks
 
     gen = torch.Generator().manual_seed(len(layers))
     widths = {layer: 7 if layers == (1, 3) and layer == 3 else 5 for layer in layers}

@@ -239,12 +239,12 @@ def test_a_region_backend_under_graphs_says_it_takes_the_regular_forward(tiny_lm
     """The compressed-region backends move entries between steps: on an engine with fixed-shape forwards
     the user is told once that the steps a region lays out (here Quest's, chosen from each forward's
     queries) take the regular forward."""
-    import kv_policies.base as base
+    import core.policy_views as views
     from core.types import Counts
     from decoders.vanilla import Vanilla
     from kv_policies.registry import build_policy
 
-    base._WARNED_UNGRAPHED.discard("sliced")
+    views._WARNED_UNGRAPHED.discard("sliced")
     prompt = list(range(3, 60))
     for _ in range(2):
         kv = build_policy("quest", budget=24, page_size=8, dense_layers=0, backend="sliced")

@@ -10,7 +10,8 @@ import torch
 
 from core.attention import BlockView, CausalView
 from core.engine import Engine
-from kv_policies.base import KVPolicy
+from core.policy_views import restricted_view
+from kv_policies.stacking import every_layer
 from tests.helpers import _static
 
 FIXED_POLICIES = {  # at budgets below the 60-token prompt
@@ -44,8 +45,7 @@ def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
         def fixed_selection(self, cache_len):
             return None
 
-        def forward_view(self, *args):
-            return None
+        Selector = None  # no in-forward choice
 
     prompt = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     for make in (lambda e, kv: Vanilla(e, kv), lambda e, kv: FAFO(e, kv, k=2, n=4)):
@@ -56,8 +56,8 @@ def test_restricted_blocks_take_the_fixed_shape_forward(tiny_lm, name):
         assert make(static, kv).generate(prompt, 24, set(), counts) == ref
         assert static.fixed_shape_steps == counts.forwards > 0
         assert [s.kv_attended for s in counts.steps] == [s.kv_attended for s in ref_counts.steps]
-        activity = kv.activity_summary(counts.forwards)
-        assert activity == ref_kv.activity_summary(ref_counts.forwards) and activity.restricted_frac > 0.5
+        activity = kv.activity.summary(counts.forwards)
+        assert activity == ref_kv.activity.summary(ref_counts.forwards) and activity.restricted_frac > 0.5
 
 
 def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny_lm):
@@ -77,7 +77,7 @@ def test_triforce_middle_level_over_retrieval_takes_the_fixed_shape_forward(tiny
         counts = Counts()
         dec = TriForce(eng, kv=kv, gamma1=2, gamma2=4, draft=draft, rebuild_every=1)  # from the last queries
         out = dec.generate(prompt, 24, set(), counts)
-        results.append((out, counts.draft_forwards, counts.accepted_l1, kv.activity_summary(counts.forwards)))
+        results.append((out, counts.draft_forwards, counts.accepted_l1, kv.activity.summary(counts.forwards)))
     assert results[0] == results[1]
 
 
@@ -121,7 +121,7 @@ def test_self_speculation_over_top_k_takes_the_fixed_shape_forward(tiny_lm):
         out = SelfSpeculative(eng, kv=kv, gamma=4).generate(prompt, 24, set(), counts)
         reads = [s.kv_attended for s in counts.steps]
         results.append(
-            (out, counts.draft_forwards, counts.accepted, reads, kv.activity_summary(counts.forwards))
+            (out, counts.draft_forwards, counts.accepted, reads, kv.activity.summary(counts.forwards))
         )
         forwards = counts.forwards + counts.draft_forwards  # verifications and draft steps
     assert results[0] == results[1] and results[0][4].restricted_frac > 0.5
@@ -148,7 +148,7 @@ def test_self_speculation_drafts_stage_their_selection_once_per_draft(tiny_lm, n
         copies.append(copied.at("_stage_selection") + copied.at("_stage_visibility"))
         reads = [s.kv_attended for s in counts.steps]
         results.append(
-            (out, counts.draft_forwards, counts.accepted, reads, kv.activity_summary(counts.forwards))
+            (out, counts.draft_forwards, counts.accepted, reads, kv.activity.summary(counts.forwards))
         )
     assert results[0] == results[1] and results[0][4].restricted_frac > 0.5
     assert eng.fixed_shape_steps == counts.forwards + counts.draft_forwards
@@ -196,7 +196,8 @@ def test_sfi_slow_and_fast_steps_take_the_fixed_shape_forward(tiny_lm):
 
         def checked(cache_len, pol=pol, stacked=stacked):  # the stack is every layer's `visible`
             got = stacked(cache_len)
-            staged.append(torch.equal(got, KVPolicy.layer_selections(pol, cache_len)))
+            if got is not None:  # None: the view asks layer by layer itself
+                staged.append(torch.equal(got, every_layer(pol, cache_len)))
             return got
 
         pol.layer_selections = checked
@@ -213,8 +214,8 @@ def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(t
     the fixed-shape forward stages the whole cache and writes the hole into its own visibility, which
     equals the view's mask, without building that mask, and gives the regular step's logits (restricted
     rows as a range and as flags)."""
+    from kv_policies.shared_selection import HoleView
     from kv_policies.streaming import StreamingLLM
-    from kv_policies.view import HoleView
 
     prompt = list(range(3, 43))
     n = 5
@@ -228,7 +229,7 @@ def test_a_streaming_hole_is_written_into_the_staged_visibility_without_a_mask(t
             pol = StreamingLLM(budget=12, sinks=4)
             pol.attach(eng)
             dev = eng.device
-            view = pol.restricted_view(eng, block.to(dev), restricted.to(dev), "dense", rows=rows)
+            view = restricted_view(pol, eng, block.to(dev), restricted.to(dev), "dense", rows=rows)
             assert isinstance(view, HoleView) and view.cache_hole == (4, 32)
             tokens, pos = torch.arange(5, 5 + n, device=dev), torch.arange(40, 40 + n, device=dev)
             logits.append(eng.step(tokens, pos, view))
@@ -243,7 +244,7 @@ def test_the_visibility_built_in_the_forward_follows_a_mask_written_in_place_and
     """The fixed-shape forward builds its visibility from what was staged last: the same block mask
     object comes back step after step unstaged, one written in place since is staged again (its
     version), and each step's hole, block or causal triangle is the one that step's logits see."""
-    from kv_policies.view import HoleView
+    from kv_policies.shared_selection import HoleView
 
     prompt = list(range(3, 43))
     n = 5

@@ -1,7 +1,8 @@
 """A compressed-region backend (`kv.backend=sliced`) on an engine with fixed-shape forwards: a block whose
 rows are all restricted by a policy that chooses before the forward reads the selection by gather
-(`core.decode_graph.StaticForward`, `KVPolicy.gathered_view`) instead of moving entries, so every such
-step keeps one shape. Eager here (`Engine.use_graphs(capture=False)`); the regular path is the reference."""
+(`core.decode_graph.StaticForward`, `core.policy_views.gathered_view`) instead of moving entries, so
+every such step keeps one shape. Eager here (`Engine.use_graphs(capture=False)`); the regular path is
+the reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from core.engine import Engine
+from core.policy_views import decode_view, restricted_view
 from core.types import Counts
 from kv_policies.registry import build_policy
 from tests.conftest import prefill_under
@@ -44,7 +46,7 @@ def _record(counts: Counts, kv) -> tuple:
         counts.accepted,
         counts.slow_steps,
         reads,
-        kv.activity_summary(counts.forwards),
+        kv.activity.summary(counts.forwards),
     )
 
 
@@ -63,7 +65,7 @@ def test_region_backend_blocks_take_the_fixed_shape_forward_by_gather(tiny_lm, c
         results.append((out, *_record(counts, kv)))
         static.append(eng.fixed_shape_steps == counts.forwards + counts.draft_forwards)
     assert results[0] == results[1] and results[0][-1].restricted_frac > 0.3
-    assert kv.region is None and static == [True, True]  # the region's run counts what it would take
+    assert kv.slots.region is None and static == [True, True]  # the region's run counts what it would take
     gathered = [key for key in eng.graphs.by_rows_selected if key[1] is not None]
     assert gathered and all(size < eng.cache.capacity for _, size, *_ in gathered)
 
@@ -79,10 +81,10 @@ def test_gathered_forward_reads_exactly_the_selection_tail_and_block(tiny_lm):
     eng = _static(tiny_lm)
     prefill_under(eng, kv, prompt, 16)
     tail_from = eng.length
-    eng.step(torch.tensor([5, 6]), torch.arange(tail_from, tail_from + 2), kv.decode_view(eng, 2))
+    eng.step(torch.tensor([5, 6]), torch.arange(tail_from, tail_from + 2), decode_view(kv, eng, 2))
     eng.commit([0, 1])  # a draft's tail of two
     tril, rows = causal_block(3, eng.device)
-    view = kv.restricted_view(eng, tril, rows, tail_from=tail_from, rows=slice(None))
+    view = restricted_view(kv, eng, tril, rows, tail_from=tail_from, rows=slice(None))
     assert view.gather_budget is not None and view.whole_layers == frozenset()
     tokens, positions = torch.tensor([7, 8, 9]), torch.arange(eng.length, eng.length + 3)
     ref = eng.step(tokens, positions, view, None, replay=False)
@@ -109,4 +111,4 @@ def test_cuda_graph_gathered_blocks_equal_the_region(tiny_lm, case):
         kv, counts = policy(), Counts()
         out = make(eng, kv).generate(prompt, 24, set(), counts)
         results.append((out, *_record(counts, kv)[:3]))
-    assert results[0] == results[1] and eng.graphs.captures >= 1 and kv.region is None
+    assert results[0] == results[1] and eng.graphs.captures >= 1 and kv.slots.region is None

@@ -130,7 +130,7 @@ def test_streaming_window_written_as_a_hole_equals_its_selection_mask(tiny_lm, t
     """Over slots that hold their positions StreamingLLM's visibility is written as a hole in the cached
     slots (`fixed_hole`): the same mask and reads as the selection tensor's (restricted rows as a range
     or as flags); once entries moved, the selection tensor is used."""
-    from kv_policies.view import SelectionView
+    from kv_policies.shared_selection import SelectionView
 
     eng = Engine(tiny_lm.model)
     eng.reset(128)

@@ -279,7 +279,7 @@ def test_flex_compressed_region_is_lossless(references):
         counts = Counts()
         got = dec.generate(prompt, N_NEW, set(), counts)
         check_lossless(eng, prompt, ref, got)
-        assert kv.region is not None and kv.region.backend == "flex" and kv.region.swaps > 0
+        assert kv.slots.region is not None and kv.slots.region.backend == "flex" and kv.slots.region.swaps > 0
         assert {s.block_tokens for s in counts.steps} == {dec.max_block()}  # one static block shape
 
 

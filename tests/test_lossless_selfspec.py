@@ -15,9 +15,9 @@ from core.types import Counts, HarnessError
 from decoders.sampled_verify import ChainCheck
 from decoders.selfspec import SelfSpeculative
 from decoders.vanilla import Vanilla
-from kv_policies.base import KVPolicy
 from kv_policies.registry import build_policy
 from kv_policies.retrieval import Retrieval, chunk_means, chunk_scores
+from kv_policies.stacking import every_layer
 from tests.conftest import needs_smollm, prefill_under
 from tests.helpers import POLICIES, varied_prompts
 from tests.lossless_check import (
@@ -199,7 +199,7 @@ def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_
     assert pol.built_len == p and 0 not in pol._means and set(pol._means) == set(range(1, eng.w.n_layers))
     pos = torch.arange(p, device=eng.device)
     for layer, kbar in pol._means.items():
-        keys = pol.gather_keys(layer, eng.cache.k[layer], pos)
+        keys = pol.slots.gather_keys(layer, eng.cache.k[layer], pos)
         torch.testing.assert_close(kbar, chunk_means(keys, 4))
         assert torch.equal(pol._keep[layer], pol.choose(pol._q[layer], keys))
         sel = pol.select(layer, pol._q[layer], eng.cache.k[layer], p + 5)
@@ -208,7 +208,7 @@ def test_rebuild_every_verification_rechooses_prompt_chunks_and_keeps_generated_
     assert pol.rebuild(eng) == pytest.approx((p // 4) * (n_layers - 1) / 2 / n_layers)  # the kept means
     # the stacked selections the fixed-shape forward stages follow a rebuild (not the stack of before)
     length = eng.length
-    per_layer = KVPolicy.layer_selections  # every layer's `visible`, one by one
+    per_layer = every_layer  # every layer's `visible`, one by one
     assert torch.equal(pol.layer_selections(length), per_layer(pol, length))
     for layer in pol._q:
         pol._q[layer] = -pol._q[layer]  # another query chooses other chunks

@@ -64,9 +64,9 @@ def test_quest_metadata_of_every_layer_in_one_pass_equals_scratch():
     n = eng.length
     eng.append(keys[:, :, n : n + 20])
     eng.cache.swap_slots(torch.tensor([n + 1, n + 2]), torch.tensor([n + 18, n + 3]))
-    assert not pol.in_order()
+    assert not pol.slots.in_order()
     pol.sync_layers(1, eng.length)
-    order = pol.physical(1, torch.arange(eng.length), 1)[0]  # the slot of each position
+    order = pol.slots.physical(1, torch.arange(eng.length), 1)[0]  # the slot of each position
     for layer in (1, 2):  # the extremes of the keys each position holds
         kmin, kmax = page_minmax(eng.cache.k[layer].index_select(1, order), 16)
         assert torch.equal(pol._kmin[layer, :, : kmin.shape[1]], kmin)

@@ -182,7 +182,7 @@ def test_sliced_fast_steps_move_nothing_and_read_the_recent_window_in_place(setu
     """Fast steps on the sliced backend: the long-range set is packed once per slow step (no entry
     moves between slow steps), the recent window and new token stay at slot == position, and each fast
     step reads sinks + chosen + recent entries per KV head."""
-    from kv_policies.view import SFIFastView
+    from kv_policies.sfi_slow import SFIFastView
 
     eng, cases = setup
     prompt = cases[0][0]
@@ -191,10 +191,10 @@ def test_sliced_fast_steps_move_nothing_and_read_the_recent_window_in_place(setu
     fast, real_step = [], eng.step
 
     def spy(tokens, positions, view, *args, **kwargs):
-        before = kv.region.swaps if kv.region is not None else 0
+        before = kv.slots.region.swaps if kv.slots.region is not None else 0
         out = real_step(tokens, positions, view, *args, **kwargs)
         if isinstance(view, SFIFastView):
-            length, reg = eng.length, kv.region
+            length, reg = eng.length, kv.slots.region
             reg.sync(length + 1)
             tail = torch.arange(length - kv.recent, length + 1)
             assert torch.equal(reg.pos[:, :, tail], tail.expand_as(reg.pos[:, :, tail]))
@@ -261,7 +261,8 @@ def test_slow_view_reuses_its_attention_logits_and_selects_as_the_generic_path(t
     """On a cache long enough for the split decode attention, `SFISlowView` hands the attention's own
     logits to the Selector: same attention output and same selection as computing them again."""
     from core.attention import CausalView
-    from kv_policies.view import ObservedCausalView, SFISlowView
+    from kv_policies.layer_selection import ObservedCausalView
+    from kv_policies.sfi_slow import SFISlowView
 
     eng = Engine(tiny_lm.model)
     gen = torch.Generator().manual_seed(3)
@@ -290,10 +291,10 @@ def test_key_norms_follow_logical_positions_when_the_region_moves_entries(setup)
     kv = SFI(k=6, sinks=2, recent=6, backend="sliced")
     dec = SlowFast(eng, kv=kv, t_max=3, trigger_token_ids=frozenset({10**6}))
     dec.generate(cases[0][0], N_NEW, set(), Counts())
-    assert kv.region.swaps > 0
+    assert kv.slots.region.swaps > 0
     n = eng.cache.length
     for layer in range(eng.cache.n_layers):
-        keys = kv.gather_keys(layer, eng.cache.k[layer, :, :n], torch.arange(n))
+        keys = kv.slots.gather_keys(layer, eng.cache.k[layer, :, :n], torch.arange(n))
         done = kv._normed[layer]
         torch.testing.assert_close(kv._key_norms(layer, 1, done)[0, :, :done], keys[:, :done].norm(dim=-1))
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from core.attention import CausalView
 from core.compressed_region import CompressedRegion
 from core.engine import Engine
+from core.policy_views import draft_view, restricted_view
 from core.sparse_attention import (
     KV_BLOCK,
     RegionBlockMask,
@@ -29,8 +30,10 @@ from core.sparse_attention import (
 )
 from core.types import Counts, HarnessError
 from decoders.vanilla import Vanilla
+from kv_policies.layer_selection import LayerSelectionView
 from kv_policies.registry import build_policy
-from kv_policies.view import LayerSelectionView, RestrictedView, SelectionView
+from kv_policies.shared_selection import SelectionView
+from kv_policies.view import RestrictedView
 
 
 def case(
@@ -218,7 +221,7 @@ def test_region_view_equals_restricted_view_on_a_mixed_block(tiny_lm, name, back
             base = eng.length
             toks = torch.tensor([7 + step, 8, 9, 10, 11, 12], device=eng.device)
             pos = torch.tensor([base, base + 1, base + 1, base + 2, base + 3, base + 4], device=eng.device)
-            view = pol.restricted_view(eng, block, restricted)
+            view = restricted_view(pol, eng, block, restricted)
             dense_view = {"streaming": SelectionView, "quest": RestrictedView}.get(name, LayerSelectionView)
             assert isinstance(view, dense_view) == (be == "dense")
             logits.append(eng.step(toks, pos, view))
@@ -237,7 +240,7 @@ def test_vanilla_with_compiled_flex_region_equals_dense(tiny_lm):
         pol = build_policy("streaming", budget=100, sinks=4, backend=be)
         outs[be] = Vanilla(eng, pol).generate(prompt, 30, set(), Counts())
     assert outs["dense"] == outs["flex"]
-    assert pol.region is not None and pol.region.swaps >= 29
+    assert pol.slots.region is not None and pol.slots.region.swaps >= 29
 
 
 def test_flash_backend_needs_cuda_and_flash_attn(tiny_lm):
@@ -276,7 +279,8 @@ def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks
     scratch, and a new selection (the next draft, after a commit) writes a new buffer. StreamingLLM's
     window is written as a hole over slots that hold their positions (`hole`), else from its selection
     tensor."""
-    from kv_policies.view import _selection_mask, causal_block
+    from kv_policies.shared_selection import _selection_mask
+    from kv_policies.view import causal_block
     from tests.conftest import prefill_under
 
     eng = Engine(tiny_lm.model)
@@ -289,7 +293,7 @@ def test_one_row_draft_masks_are_prefixes_of_one_buffer_equal_to_the_built_masks
     for _draft in range(2):
         length = eng.length
         for i in range(4):  # draft rows: each commits its entry, the next sees it in the tail
-            view = pol.draft_view(eng, length)
+            view = draft_view(pol, eng, length)
             assert isinstance(view, SelectionView)
             assert (pol.fixed_hole(length) is not None) == hole
             selection, _ = pol.fixed_selection(length)

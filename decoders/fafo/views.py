@@ -18,6 +18,7 @@ from typing import Any
 
 from core.attention import BlockView
 from core.checks import choice
+from core.policy_views import restricted_view
 from decoders.fafo.layout import FafoLayout
 from kv_policies.checks import BACKENDS
 from kv_policies.full import FullKV
@@ -49,11 +50,13 @@ class ViewFactory:
         if lay.n == 0 or self._unrestricted(cache_len):
             return self._full(lay)
         streams = slice(lay.stream_row, lay.size)  # the restricted rows: the streams (and their padding)
-        return self.kv.restricted_view(self.engine, lay.block_mask, lay.is_stream, self.backend, rows=streams)
+        return restricted_view(
+            self.kv, self.engine, lay.block_mask, lay.is_stream, self.backend, rows=streams
+        )
 
     def compressed(self, lay: FafoLayout, cache_len: int) -> Any:
         """Every row restricted (FAFO-2forward's compressed forward)."""
         if self._unrestricted(cache_len):
             return self._full(lay)
         every = causal_block(lay.size, self.engine.device)[1]  # shared, made once per size
-        return self.kv.restricted_view(self.engine, lay.block_mask, every, self.backend, rows=slice(None))
+        return restricted_view(self.kv, self.engine, lay.block_mask, every, self.backend, rows=slice(None))
