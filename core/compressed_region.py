@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from core.attention import ViewKind, one_row_attention, sdpa
-from core.policy_views import gathers
 from core.sparse_attention import (
     KV_BLOCK,
     RegionBlockMask,
@@ -65,6 +64,13 @@ def _mask_for(
         _MASKS.move_to_end(key)
         mask.set_layout(restricted, block_vis)
     return mask
+
+
+def gathers(policy: Any, rows: slice | None) -> bool:
+    """Whether a compressed-region backend's block with restricted `rows` reads its selection by
+    gather on an engine with fixed-shape forwards (`gathered_view`): every row restricted, by a
+    policy that chooses before the forward. Otherwise the region lays the step out."""
+    return rows == slice(None) and policy.query_free
 
 
 class CompressedRegion:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView, ViewKind
-from core.decode_graph import StaticForwards, fits, has_room
+from core.decode_graph import StaticForwards, fits, has_room, padded_rows
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 from core.positions import RelativePositions, absolute
@@ -89,6 +89,11 @@ class Engine:
         graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs);
         `compiled`: each compiled by inductor first (`run.compile`)."""
         self.graphs = StaticForwards(self, capture=capture, compiled=compiled)
+
+    def rows_run(self, n: int) -> int:
+        """The rows a block of `n` rows runs in, so costs: `n`, or on fixed-shape forwards its padded
+        size (`core.decode_graph.padded_rows`). A decoder may fill the difference for free."""
+        return n if self.graphs is None else padded_rows(n)
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from core.attention import CausalView
+from core.compressed_region import CompressedRegion, gathers
 from kv_policies.layer_selection import LayerSelectionView, ObservedCausalView
 from kv_policies.shared_selection import SelectionView
 from kv_policies.view import InForwardView, RestrictedView, causal_block
@@ -103,13 +104,6 @@ def in_forward_view(
     return InForwardView(policy, engine.scale, block_mask, restricted, tail_from, rows)
 
 
-def gathers(policy: Any, rows: slice | None) -> bool:
-    """Whether a compressed-region backend's block with restricted `rows` reads its selection by
-    gather on an engine with fixed-shape forwards (`gathered_view`): every row restricted, by a
-    policy that chooses before the forward. Otherwise the region lays the step out."""
-    return rows == slice(None) and policy.query_free
-
-
 def gathered_view(
     policy: Any, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None
 ) -> LayerSelectionView:
@@ -127,7 +121,6 @@ def gathered_view(
 def region_for(policy: Any, engine: Any, backend: str) -> Any:
     """The compressed region laying out the policy's selection in `engine`'s cache (created once per
     generation: the policy's `reset` gives it a new slot map, without one)."""
-    from core.compressed_region import CompressedRegion  # it asks `gathers`: imported when first used
 
     reg = policy.slots.region
     if reg is None or reg.cache is not engine.cache or reg.backend != backend:

@@ -58,7 +58,6 @@ import torch
 
 from core.attention import BlockView
 from core.checks import flag, integer, number
-from core.decode_graph import padded_rows
 from core.options import options, recorded_without
 from core.policy_views import restricted_view
 from core.positions import RelativePositions
@@ -229,14 +228,13 @@ class Lookahead(BaseDecoder):
         return lay
 
     def _guess_slots(self, lens: list[int], n_guess: int) -> int:
-        """How many guesses the step's layout holds: `n_guess`, or with fixed-shape forwards (which run a
-        block in the next power of two of rows) the most of the G that fit in the same rows, the extra
-        ones padding. A step then takes one of a few layouts, and the forward's staged mask, positions
-        and logits rows stay those of the step before, whatever the pool returned."""
-        if self.engine.graphs is None:
-            return n_guess
+        """How many guesses the step's layout holds: `n_guess`, or where the engine runs the block in more
+        rows (`Engine.rows_run`: fixed-shape forwards pad it) the most of the G that fit in those rows,
+        the extra ones padding. A step then takes one of a few layouts, and the forward's staged mask,
+        positions and logits rows stay those of the step before, whatever the pool returned."""
         k, base = self.N - 1, 1 + sum(lens)
-        return min(self.G, (padded_rows(base + n_guess * k) - base) // k)
+        room = (self.engine.rows_run(base + n_guess * k) - base) // k  # n_guess unless padded
+        return max(n_guess, min(self.G, room))
 
     def _view(self, block_mask: torch.Tensor):
         eng = self.engine

@@ -70,7 +70,7 @@ def _cache_is_vanillas(eng: Engine, kv, k_ref: torch.Tensor, v_ref: torch.Tensor
     vanilla's, which the next generation overwrites."""
     n = k_ref.shape[2]
     assert eng.length >= n, f"the cache holds {eng.length} entries, vanilla's {n}"
-    region = getattr(kv, "region", None)
+    region = kv.slots.region
     if region is None:
         assert torch.equal(eng.cache.slot_pos[:n].cpu(), torch.arange(n))
         where = torch.arange(n, device=eng.device).expand(*k_ref.shape[:2], n)
