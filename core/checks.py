@@ -7,6 +7,7 @@ so that every bad value reads the same way: `decoder.k must be an integer >= 1, 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Collection
 from typing import Any
 
@@ -68,3 +69,12 @@ def flag(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise HarnessError(f"{field} must be true or false, got {value!r}")
     return value
+
+
+def registered_class(kind: str, registry: dict[str, str], name: str) -> type:
+    """The class `registry` (name -> "module:Class") holds under `name`, imported when asked for; an
+    unknown name is one `HarnessError` naming the known ones (`unknown decoder 'x'; known: ...`)."""
+    if name not in registry:
+        raise HarnessError(f"unknown {kind} {name!r}; known: {', '.join(sorted(registry))}")
+    module, cls = registry[name].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -3,10 +3,9 @@ and the parametrized test suite read. A new decoder adds its line here."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from core.types import HarnessError
+from core.checks import registered_class
 
 # method name -> "module:Class"
 DECODERS = {
@@ -42,10 +41,7 @@ RECORDED_AS = {
 
 def decoder_class(name: str) -> type:
     """The class registered under `name` (one `HarnessError` line for an unknown name)."""
-    if name not in DECODERS:
-        raise HarnessError(f"unknown decoder {name!r}; known: {', '.join(sorted(DECODERS))}")
-    module, cls = DECODERS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return registered_class("decoder", DECODERS, name)
 
 
 def build_decoder(name: str, engine: Any, **params: Any) -> Any:

@@ -3,10 +3,9 @@ test suite read. A new policy adds its line here."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from core.types import HarnessError
+from core.checks import registered_class
 
 # name -> "module:Class"; `build_policy` gives the one-line error for anything else
 REGISTRY = {
@@ -39,10 +38,7 @@ RECORDED_AS = {
 
 def policy_class(name: str) -> type:
     """The class registered under `name` (one `HarnessError` line for an unknown name)."""
-    if name not in REGISTRY:
-        raise HarnessError(f"unknown KV policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return registered_class("KV policy", REGISTRY, name)
 
 
 def build_policy(name: str, **params: Any) -> Any:
