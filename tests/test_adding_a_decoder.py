@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -65,6 +66,18 @@ def overlay(tmp: Path, extra: frozenset[str] = frozenset()) -> Path:
     return root
 
 
+def runner(root: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """`run(*args)`: Python run in the repository copy `root`, as a user would (its own imports first)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
+        )
+
+    return run
+
+
 def test_the_doc_names_exactly_three_places_its_module_config_and_registry_entry():
     text = DOC.read_text()
     assert set(doc_files(text)) == {"decoders/bigram.py", "conf/decoder/bigram.yaml"}
@@ -76,12 +89,7 @@ def test_the_doc_names_exactly_three_places_its_module_config_and_registry_entry
 def test_the_doc_decoder_is_registered_tested_and_runs_losslessly(tmp_path):
     root = overlay(tmp_path)
     follow(DOC, root)
-    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
-        )
+    run = runner(root)
 
     # the tests that read the registry and the presets pick it up
     k = "bigram or registered"

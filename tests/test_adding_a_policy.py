@@ -6,15 +6,12 @@ under FAFO. Nothing else in the repository has to change."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from decoders.registry import DECODERS
-from tests.test_adding_a_decoder import doc_files, doc_lines, follow, overlay
+from tests.test_adding_a_decoder import doc_files, doc_lines, follow, overlay, runner
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "adding-a-policy.md"
@@ -31,12 +28,7 @@ def test_the_doc_names_exactly_three_places_its_module_config_and_registry_entry
 def test_the_doc_policy_is_registered_tested_and_runs(tmp_path):
     root = overlay(tmp_path, extra={"kv_policies"})
     follow(DOC, root)
-    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
-        )
+    run = runner(root)
 
     # the tests that read the registry and the presets pick it up
     k = "recent or registered"
