@@ -1,5 +1,5 @@
 """Bad input ends in one `error:` line, no traceback, and nothing written anywhere: every case of
-tests/bad_inputs.py, those the pre-flight check can see in process (fast) and those only the runner
+tests/bad_inputs/, those the pre-flight check can see in process (fast) and those only the runner
 can refuse through run.py; a few end to end through run.py started from an empty folder (which must
 stay empty); a model folder without a model; and the same for the summary's figure."""
 
