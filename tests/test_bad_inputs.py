@@ -17,7 +17,7 @@ import pytest
 
 import run as entry
 from tests.bad_inputs import CASES, Case, expand, expand_env, run_case
-from tests.test_analysis import write_synthetic_runs
+from tests.synthetic_runs import write_synthetic_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PREFLIGHT = [c for c in CASES if not c.model]
