@@ -11,12 +11,12 @@ included).
 A run is identified by everything that changes its numbers (model, dtype, device name, threads,
 linear, prefill_chunk, decoder, kv, task, limits, seed, sampling). A resumed run must also have been
 started by the same code and package versions, or it is refused instead of mixing samples.
+
+The rows each (sample, turn) and the run record become are built in `runners.rows` (`RunRows`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,12 +46,11 @@ from runners.config import (
     stop_ids_for,
 )
 from runners.emulated_graphs import emulate_graphs
-from runners.host_syncs import syncs_per_step
 from runners.identity import Environment, command_key, group_params, method_params, run_identity
 from runners.lock import CommandLock, RunLock
-from runners.records import RunDir, host_counters, measurements, run_id_for
+from runners.records import RunDir, run_id_for
 from runners.report import print_summary
-from runners.timing import DecodeClocks, peak_memory_mb, timed_generate
+from runners.rows import PROVENANCE, RunRows
 from runners.wandb_sink import WandbSink
 from tasks.base import Task
 
@@ -60,17 +59,7 @@ WARMUP_TOKENS = 16  # untimed warm-up length when nothing compiles per shape
 GPU_WARMUP_S = 20.0  # default seconds of untimed warm-up generations on CUDA (Runner._warmup)
 
 
-# run-record columns that must not change within one run (a resume by anything else is refused), with
-# the words the refusal uses for them
-PROVENANCE = {
-    "git_sha": "code version",
-    "versions": "package versions",
-    "device_name": "device",
-    "threads": "threads",
-}
-
-
-class Runner:
+class Runner(RunRows):
     def __init__(self, cfg: DictConfig) -> None:
         """Compose the run: every `run.*` setting is read from the typed `RunSettings` (`check_config`,
         which also validates the decoder's and the policy's options), the identity from `runners.identity`."""
@@ -313,15 +302,6 @@ class Runner:
             "the same command retries the failed samples"
         )
 
-    def _provenance(self) -> dict[str, Any]:
-        """What must not change within one run, keyed by its run-record column (`PROVENANCE`)."""
-        return {
-            "git_sha": self.code_version,
-            "versions": json.dumps(self.versions),
-            "device_name": self.device_name,
-            "threads": self.threads,
-        }
-
     def _check_resume(self) -> None:
         """Refuse to add samples to a run started by other code, packages, hardware or threads. The
         samples already written say who wrote them (`parts/provenance.json`); runs recorded before
@@ -415,130 +395,6 @@ class Runner:
             self.decoder.generate(ids, n, self.stop_ids, Counts(keep_steps=False))
             runs += 1
         return runs
-
-    def _seed_for(self, sample_id: str, turn: int) -> int:
-        h = hashlib.sha1(f"{self.settings.seed}-{sample_id}-{turn}".encode()).hexdigest()
-        return int(h[:8], 16)
-
-    def _run_sample(self, sample: Sample, bar: Any) -> tuple[list[dict], list[dict], list[dict]]:
-        rows: list[dict] = []
-        steps: list[dict] = []
-        history: list[str] = []
-        tok = self.lm.tokenizer
-        error = None
-        for turn in range(self.task.n_turns(sample)):
-            base = {
-                "run_id": self.run_id,
-                "sample_id": sample.sample_id,
-                "turn": turn,
-                "category": sample.category,
-            }
-            try:
-                prompt = self.task.prompt_ids(sample, turn, history, tok)
-                self._fits(sample.sample_id, turn, len(prompt))
-                row, counts, out = self._generate(prompt)
-            except (HarnessError, RuntimeError, ValueError, IndexError) as exc:
-                error = f"{exc.__class__.__name__}: {exc}"
-                rows.append({**base, "error": error})
-                bar.update(self.task.n_turns(sample) - turn)
-                break
-            rows.append({**base, **row})
-            key = {k: base[k] for k in ("run_id", "sample_id", "turn")}
-            steps += [{**key, "step": i, **vars(st)} for i, st in enumerate(counts.steps)]
-            history.append(tok.decode(out, skip_special_tokens=True))
-            bar.update(1)
-        scores = []
-        if error is None:
-            try:
-                metrics = self.task.score(sample, history)
-            except Exception as exc:  # noqa: BLE001 - a scorer bug must not lose the timed sample
-                metrics = {}
-                rows[-1]["error"] = f"scoring failed: {exc.__class__.__name__}: {exc}"
-            scores = [
-                {"run_id": self.run_id, "sample_id": sample.sample_id, "metric": k, "value": float(v)}
-                for k, v in metrics.items()
-            ]
-        return rows, steps, scores
-
-    def _generate(self, prompt: list[int]) -> tuple[dict, Counts, list[int]]:
-        eng = self.engine
-        self.sampler.reseed(self._seed_for(digest(prompt), 0))
-        max_new = self.task.max_new_tokens
-        keep_steps = self.settings.keep_steps
-        # the target's and the draft model's forwards and the device reads, to tell the decoder's time
-        with DecodeClocks(self.decoder) as clocks:
-            timed = timed_generate(
-                self.decoder,
-                prompt,
-                max_new,
-                self.stop_ids,
-                keep_steps=keep_steps,
-                on_prefill_done=clocks.mark,
-            )
-        peak = peak_memory_mb(eng.device)
-        syncs = float("nan")
-        if self.count_syncs:  # the same generation again, untimed, its first tokens only
-            self.sampler.reseed(self._seed_for(digest(prompt), 0))
-            syncs = syncs_per_step(self.decoder, prompt, min(max_new, self.count_syncs), self.stop_ids)
-        out = timed.output
-        matches = first_div = gap = None
-        if self.audit is not None:
-            if self.is_reference:
-                self.audit.record(prompt, max_new, self.stop_ids, out)
-                matches = True
-            else:
-                matches, first_div, gap = self.audit.compare(prompt, out, max_new, self.stop_ids)
-        cache, forward_s = eng.cache, clocks.forwards.seconds_since_mark
-        row = {
-            **measurements(len(prompt), timed, forward_s, cache.bytes_per_entry(), cache.capacity, peak),
-            **host_counters(timed, clocks, syncs),
-            "output_digest": digest(out),
-            "output_text": self.lm.tokenizer.decode(out, skip_special_tokens=True),
-            "output_ids": out,
-            "matches_vanilla": matches,
-            "first_divergence": first_div,
-            "divergence_gap": gap,
-            "error": None,
-        }
-        return row, timed.counts, out
-
-    def _run_row(self, status: str, started: str) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "status": status,
-            "started": started,
-            "finished": datetime.now(timezone.utc).isoformat() if status != "running" else None,
-            **self._provenance(),
-            "prefill_chunk": self.identity["prefill_chunk"],
-            "model": self.names["model"],
-            "model_name": self.lm.name,
-            "dtype": self.identity["dtype"],
-            "linear": self.engine.linear,
-            "cuda_graphs": self.graphed,
-            "compile": bool(self.identity.get("compile")),
-            # seconds the warm-up spent compiling (first calls per shape), apart from any decode time
-            "compile_s": self.compile_s,
-            "warmup_s": self.warmup_s,
-            "decoder": self.names["decoder"],
-            "decoder_params": json.dumps(self.identity["decoder_params"]),
-            "lossless": bool(self.decoder.lossless),
-            "kv": self.names["kv"],
-            "kv_params": json.dumps(self.identity["kv_params"]),
-            "draft": self.names["draft"],
-            "draft_params": json.dumps(self.identity["draft_params"]),
-            "task": self.names["task"],
-            "task_version": self.task.version,
-            "task_params": json.dumps(self.identity["task_params"]),
-            "limit": self.task.limit,
-            "sample_set": self.sample_set,
-            "experiment": str((self.cfg.get("choices") or {}).get("experiment") or ""),
-            "scale": str(OmegaConf.select(self.cfg, "scale.name", default="paper")),
-            "max_new_tokens": self.task.max_new_tokens,
-            "seed": self.settings.seed,
-            "sampling": json.dumps(self.identity["sampling"]),
-            "cost_curve": self.cost_curve,
-            "time": time.time(),
-        }
 
 
 def run(cfg: DictConfig) -> Path:

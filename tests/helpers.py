@@ -51,6 +51,12 @@ def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
+def compose_config(*overrides: str):
+    """The composed config of `overrides` (Hydra's own `hydra` section included)."""
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
 def make_cfg(tmp_path: Path, *overrides: str):
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from decoders.registry import DECODERS
-from tests.test_adding_a_decoder import doc_files, doc_lines, follow, overlay, runner
+from tests.repo_copy import doc_files, doc_lines, follow, overlay, runner
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "adding-a-policy.md"

@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from analysis.metrics import bootstrap_ratio, summarize
 from analysis.summary import main as summary_main
-from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
-
-
-def _synthetic(n: int = 10) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    rows = []
-    for run_id, decoder, slow in (("r-van", "vanilla", 2.0), ("r-fast", "lookahead", 1.0)):
-        for i in range(n):
-            wall = slow * (1 + rng.random())
-            rows.append(
-                {
-                    "run_id": run_id,
-                    "sample_id": str(i),
-                    "turn": 0,
-                    "wall_s": wall,
-                    "decode_s": wall * 0.9,
-                    "prefill_s": wall * 0.1,
-                    "new_tokens": 50,
-                    "forwards": 50 if slow == 2.0 else 25,
-                    "committed": 49,
-                    "peak_mem_mb": 100.0,
-                    "matches_vanilla": True,
-                    "error": None,
-                    "model": "m",
-                    "dtype": "float32",
-                    "device_name": "cpu",
-                    "task": "t",
-                    "max_new_tokens": 50,
-                    "decoder": decoder,
-                    "kv": "full",
-                }
-            )
-    return pd.DataFrame(rows)
+from tests.synthetic_runs import synthetic_frame, write_synthetic_runs
 
 
 def test_speedup_is_ratio_of_paired_totals():
-    df = _synthetic()
+    df = synthetic_frame()
     table = summarize(df).set_index("decoder")
     paired = df
     expect = (
@@ -70,44 +35,6 @@ def test_bootstrap_interval_narrows_with_more_samples():
     assert width(400) < width(10)
 
 
-def write_synthetic_runs(root: Path, n: int = 4) -> None:
-    """`_synthetic(n)` written as complete runs under `root/runs/` (what the summary CLI reads)."""
-    df = _synthetic(n)
-    for run_id, run in df.groupby("run_id"):
-        rd = RunDir(root / "runs", run_id)
-        rd.path.mkdir(parents=True)
-        rd.write_run(
-            {
-                "run_id": run_id,
-                "status": "complete",
-                "decoder": run["decoder"].iloc[0],
-                "kv": "full",
-                "task": "t",
-                "model": "m",
-                "model_name": "m",
-                "dtype": "float32",
-                "device_name": "cpu",
-                "max_new_tokens": 50,
-                "seed": 0,
-                "lossless": True,
-                "git_sha": "x",
-                "decoder_params": json.dumps({"_target_": "x", "k": 3}),
-                "kv_params": "{}",
-            }
-        )
-        cols = [c for c in SAMPLE_COLUMNS if c in run.columns]
-        rd.write_sample(
-            "all",
-            typed_frame(run[cols].to_dict("records"), {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict(
-                "records"
-            ),
-            [],
-            [],
-        )
-        rd.consolidate()
-        rd.mark_complete()
-
-
 def test_summary_cli_on_written_records(tmp_path):
     write_synthetic_runs(tmp_path)
     table = summary_main(["--root", str(tmp_path)])
@@ -116,7 +43,7 @@ def test_summary_cli_on_written_records(tmp_path):
 
 
 def test_a_turn_the_baseline_lacks_gives_no_speedup():
-    df = _synthetic()
+    df = synthetic_frame()
     df = pd.concat([df, df.tail(1).assign(sample_id="extra")], ignore_index=True)  # lookahead only
     row = summarize(df).set_index("decoder").loc["lookahead"]
     assert np.isnan(row["speedup"]) and "baseline lacks 1" in row["note"]

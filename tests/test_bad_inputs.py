@@ -1,5 +1,5 @@
 """Bad input ends in one `error:` line, no traceback, and nothing written anywhere: every case of
-tests/bad_inputs.py, those the pre-flight check can see in process (fast) and those only the runner
+tests/bad_inputs/, those the pre-flight check can see in process (fast) and those only the runner
 can refuse through run.py; a few end to end through run.py started from an empty folder (which must
 stay empty); a model folder without a model; and the same for the summary's figure."""
 
@@ -17,7 +17,7 @@ import pytest
 
 import run as entry
 from tests.bad_inputs import CASES, Case, expand, expand_env, run_case
-from tests.test_analysis import write_synthetic_runs
+from tests.synthetic_runs import write_synthetic_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PREFLIGHT = [c for c in CASES if not c.model]

@@ -18,91 +18,8 @@ import torch
 
 from core import decode_graph
 from core.engine import Engine
-from core.types import Counts
-from decoders.registry import DECODERS as REGISTERED
-from kv_policies.registry import build_policy
 from tests.emulated_graphs import captured, emulated_capture
-from tests.helpers import DECODERS, POLICIES, tiny_policy
-from tests.helpers import tiny as tiny_of
-
-PROMPT_LEN, NEW = 60, 24
-
-
-def _policy(name: str, **kw: Any) -> Callable:
-    return lambda: build_policy(name, **kw)
-
-
-RETRIEVAL = {"budget": 24, "chunk": 4}
-# name -> (decoder maker, policy maker): every registered decoder under its own policy at its tiny
-# settings (tests/helpers.py), then the experiments' other decoder x policy pairs; budgets below the
-# prompt so that every restricting policy restricts
-CASES: dict[str, tuple[Callable, Callable]] = {
-    (name if tiny.policy == "full" else f"{name}+{tiny.policy}"): (
-        tiny.make,
-        _policy(tiny.policy, **tiny_policy(tiny.policy)),
-    )
-    for name, tiny in ((n, tiny_of(n)) for n in sorted(REGISTERED))
-}
-CASES.update(
-    {
-        "fafo": (DECODERS["fafo"].make, _policy("full")),
-        "fafo+quest": (DECODERS["fafo"].make, _policy("quest", budget=24, page_size=8, dense_layers=0)),
-        "fafo+snapkv": (DECODERS["fafo"].make, _policy("snapkv", budget=24, window=8)),
-        "fafo+h2o": (DECODERS["fafo"].make, _policy("h2o", budget=24, recent=8)),
-        "selfspec+retrieval": (DECODERS["selfspec"].make, _policy("retrieval", **RETRIEVAL)),
-        "selfspec+topk": (DECODERS["selfspec"].make, _policy("topk", budget=24, dense_layers=1)),
-        "vanilla+kvpress": (
-            DECODERS["vanilla"].make,
-            _policy("kvpress", press="StreamingLLMPress", compression_ratio=0.6),
-        ),
-        # the long-context experiments' compressed-region backend: read by gather on graphed engines
-        "selfspec+retrieval/sliced": (
-            DECODERS["selfspec"].make,
-            _policy("retrieval", backend="sliced", **RETRIEVAL),
-        ),
-        "triforce+retrieval/sliced": (
-            DECODERS["triforce"].make,
-            _policy("retrieval", backend="sliced", **RETRIEVAL),
-        ),
-        "sfi+sfi/sliced": (DECODERS["sfi"].make, _policy("sfi", backend="sliced", **POLICIES["sfi"])),
-    }
-)
-
-
-def _prompt(seed: int = 3) -> list[int]:
-    return torch.randint(0, 256, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _report(dec: Any, prompts: list[list[int]], new: int, stop: set[int] = frozenset()) -> list[tuple]:
-    """What each generation reports: tokens, forwards, acceptance, slow steps, KV reads, policy activity."""
-    reports = []
-    for prompt in prompts:
-        counts = Counts()
-        out = dec.generate(prompt, new, stop, counts)
-        reads = [s.kv_attended for s in counts.steps]
-        summary = dec.kv.activity.summary(counts.forwards)
-        c = counts
-        reports.append((out, c.forwards, c.draft_forwards, c.accepted, c.slow_steps, reads, summary))
-    return reports
-
-
-def _generate(model, case: str, capture: bool | None) -> tuple[list[tuple], Engine, Any]:
-    """Two generations of one decoder on the regular path (`capture=None`) or the fixed-shape one, the
-    second on the allocation and the forwards of the first: (their reports, the engine, the decoder)."""
-    make, policy = CASES[case]
-    eng = Engine(model)
-    if capture is not None:
-        eng.use_graphs(capture=capture)
-    dec = make(eng, policy())
-    return _report(dec, [_prompt(3), _prompt(5)], NEW), eng, dec
-
-
-def _same_cache(a: Engine, b: Engine) -> bool:
-    n = a.length
-    if b.length != n:
-        return False
-    k, v = (a.cache.k[:, :, :n], b.cache.k[:, :, :n]), (a.cache.v[:, :, :n], b.cache.v[:, :, :n])
-    return all(torch.allclose(x, y, atol=1e-5, rtol=1e-5) for x, y in (k, v))
+from tests.graph_cases import CASES, generate, report, same_cache
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -111,12 +28,12 @@ def test_replayed_forwards_give_the_regular_path(tiny_lm, case):
     the generation reports what the regular path reports and leaves the twin's cache."""
     if "kvpress" in case:
         pytest.importorskip("kvpress")
-    want, _, plain = _generate(tiny_lm.model, case, None)
-    _, twin, _ = _generate(tiny_lm.model, case, False)
+    want, _, plain = generate(tiny_lm.model, case, None)
+    _, twin, _ = generate(tiny_lm.model, case, False)
     with captured(tiny_lm.device):
-        got, eng, dec = _generate(tiny_lm.model, case, True)
+        got, eng, dec = generate(tiny_lm.model, case, True)
     assert got == want
-    assert _same_cache(eng, twin)  # a compressed region's regular path moves entries: the twin's do not
+    assert same_cache(eng, twin)  # a compressed region's regular path moves entries: the twin's do not
     assert eng.fixed_shape_steps == twin.fixed_shape_steps > 0 and eng.graphs.captures > 0
     draft = getattr(dec, "draft", None)
     if draft is not None and getattr(draft, "engine", None) is not None:  # TriForce's draft model
@@ -141,14 +58,14 @@ def _baking_forward() -> Callable:
 @pytest.mark.parametrize("case", ["vanilla", "lookahead"])
 def test_a_host_value_in_a_captured_run_fails_here_not_in_the_eager_twin(tiny_lm, case, monkeypatch):
     """The emulation is what catches it: the eager twin still matches the regular path."""
-    want, plain, _ = _generate(tiny_lm.model, case, None)
+    want, plain, _ = generate(tiny_lm.model, case, None)
     monkeypatch.setattr(decode_graph.StaticForward, "forward", _baking_forward())
-    twin_report, twin, _ = _generate(tiny_lm.model, case, False)
-    assert twin_report == want and _same_cache(twin, plain)
+    twin_report, twin, _ = generate(tiny_lm.model, case, False)
+    assert twin_report == want and same_cache(twin, plain)
     # the block's entries and positions land where the first step's did: the slots' positions, checked
     # after every generation (tests/conftest.py), are out of order
     with emulated_capture(), pytest.raises(AssertionError, match="out of position order"):
-        _generate(tiny_lm.model, case, True)
+        generate(tiny_lm.model, case, True)
 
 
 def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):
@@ -161,7 +78,7 @@ def test_a_captured_run_may_not_wait_for_the_device(tiny_lm, monkeypatch):
 
     monkeypatch.setattr(decode_graph.StaticForward, "forward", reads_the_length)
     with emulated_capture(), pytest.raises(AssertionError, match="waits for the device.*item"):
-        _generate(tiny_lm.model, "vanilla", True)
+        generate(tiny_lm.model, "vanilla", True)
 
 
 def _experiments() -> list[Any]:
@@ -194,7 +111,7 @@ def test_the_experiments_replay_on_smollm2(smollm, combo, long):
         if capture:
             eng.use_graphs(capture=True)
         with captured(smollm.device):
-            reports.append(_report(make_decoder(decoder, kv, extra, smollm, eng), prompts, 16, stop))
+            reports.append(report(make_decoder(decoder, kv, extra, smollm, eng), prompts, 16, stop))
         engines.append(eng)
     assert reports[0] == reports[1]
     assert engines[1].fixed_shape_steps > 0 and engines[1].graphs.captures > 0
@@ -214,7 +131,7 @@ def test_a_captured_run_may_not_take_host_tensors(tiny_lm, monkeypatch):
     if tiny_lm.device.type == "cuda":
         refusal, says = RuntimeError, "same device"
     with emulated_capture(), pytest.raises(refusal, match=says):
-        _generate(tiny_lm.model, "vanilla", True)
+        generate(tiny_lm.model, "vanilla", True)
 
 
 def test_a_run_on_replayed_forwards_records_what_an_eager_run_does(tmp_path):

@@ -8,7 +8,7 @@ import pandas as pd
 from analysis.claims import Claim, ledger
 from analysis.claims_report import counts, findings, verdict_line
 from analysis.claims_table import CLAIMS
-from tests.test_fafo_paper import rows
+from tests.synthetic_runs import rows
 
 STREAM = {"decoder": "fafo", "kv": "streaming"}
 

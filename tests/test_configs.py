@@ -6,8 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+
+from tests.helpers import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -20,23 +21,18 @@ HUB_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: hub" i
 SHAPE_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: config" in p.read_text()}
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=True)
-
-
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes(group, option):
     extra = ["model.name=some/model"] if (group, option) == ("model", "hf") else []
     extra += ["draft.name=some/model"] if (group, option) == ("draft", "hf") else []
-    cfg = _compose(f"{group}={option}", *extra)
+    cfg = compose_config(f"{group}={option}", *extra)
     if group in ("model", "decoder", "kv", "task"):
         assert "_target_" in cfg[group], f"{group}/{option}.yaml needs a _target_"
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "kv").glob("*.yaml")))
 def test_kv_option_instantiates(option):
-    cfg = _compose(f"kv={option}")
+    cfg = compose_config(f"kv={option}")
     assert instantiate(cfg.kv).name
 
 
@@ -48,14 +44,14 @@ def test_decoder_option_instantiates(option, tiny_lm):
     if option.startswith("longspec"):  # checkpoint: auto has no shipped draft for a tiny model
         needs[option] = (["decoder.checkpoint=random"], {})
     overrides, extra = needs.get(option, ([], {}))
-    cfg = _compose(f"decoder={option}", *overrides)
+    cfg = compose_config(f"decoder={option}", *overrides)
     decoder = instantiate(cfg.decoder)(engine=Engine(tiny_lm.model), kv=instantiate(cfg.kv), **extra)
     assert isinstance(decoder.lossless, bool)
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "task").glob("*.yaml")))
 def test_task_option_instantiates(option):
-    cfg = _compose(f"task={option}")
+    cfg = compose_config(f"task={option}")
     task = instantiate(cfg.task, limit=1)
     assert task.max_new_tokens > 0 and task.version
 
@@ -66,7 +62,7 @@ def test_task_option_instantiates(option):
 def test_offline_model_option_instantiates(option):
     from core.models import packaged_available
 
-    cfg = _compose(f"model={option}")
+    cfg = compose_config(f"model={option}")
     if cfg.model.source == "packaged" and not packaged_available(cfg.model.name):
         pytest.skip(f"packaged model {cfg.model.name} not installed (qwen: scripts/install.sh --qwen)")
     lm = instantiate(cfg.model)
@@ -79,14 +75,14 @@ def test_shape_model_options_name_a_config_of_a_paper_model(option):
 
     from transformers import AutoConfig
 
-    cfg = _compose(f"model={option}")
+    cfg = compose_config(f"model={option}")
     fields = json.loads((CONF.parent / cfg.model.name).read_text())
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     assert config.num_hidden_layers == 32 and config.hidden_size == 4096 and cfg.model.dtype == "bfloat16"
 
 
 def test_slurm_launcher_resolves():
-    cfg = _compose("launcher=slurm")
+    cfg = compose_config("launcher=slurm")
     assert "SlurmLauncher" in cfg.hydra.launcher._target_
 
 
@@ -95,7 +91,7 @@ def test_fafo_cpu_preset_is_the_tested_one():
     from benchmarks.bench_fafo import CPU
     from tests.helpers import CPU_PRESET
 
-    cfg = _compose("decoder=fafo_cpu").decoder
+    cfg = compose_config("decoder=fafo_cpu").decoder
     assert {key: cfg[key] for key in CPU_PRESET} == CPU_PRESET == CPU
 
 
@@ -107,7 +103,7 @@ def test_draft_option_builds(option, tiny_lm):
     from decoders.draft_model import build_draft
 
     extra = ["draft.name=some/model"] if option == "hf" else []
-    cfg = _compose("decoder=triforce", f"draft={option}", *extra)
+    cfg = compose_config("decoder=triforce", f"draft={option}", *extra)
     assert cfg.draft.kind in ("none", "self_layers", "hub", "packaged", "tiny")
     if cfg.draft.kind in ("hub", "packaged"):  # a real model (packaged: built in the TriForce tests)
         assert cfg.draft.name
@@ -125,17 +121,17 @@ def test_scale_cpu_slices_any_experiment_and_says_so():
     name, and leaves the paper protocol untouched by default; explicit budget fractions still win."""
     from omegaconf import OmegaConf
 
-    paper = _compose("experiment=fafo_table11")
-    cpu = _compose("experiment=fafo_table11", "scale=cpu")
+    paper = compose_config("experiment=fafo_table11")
+    cpu = compose_config("experiment=fafo_table11", "scale=cpu")
     assert paper.scale.name == "paper" and paper.run.limit is None and paper.run.max_new_tokens is None
     assert OmegaConf.to_container(paper.kv, resolve=True)["budget_frac"] is None
     assert cpu.scale.name == "cpu" and cpu.run.limit == 8 and cpu.run.stratify
     assert cpu.run.max_new_tokens == 64
     assert cpu.model.dtype == "float32" and OmegaConf.to_container(cpu.kv, resolve=True)["budget_frac"] == 0.1
     assert cpu.hydra.sweeper.params["decoder.k"] == "4,5,6,7,8,9"
-    explicit = _compose("experiment=triforce_table8a_cpu", "scale=cpu")
+    explicit = compose_config("experiment=triforce_table8a_cpu", "scale=cpu")
     assert OmegaConf.to_container(explicit.kv, resolve=True)["budget_frac"] == 0.034
-    assert _compose("scale=cpu", "run.limit=2").run.limit == 2  # the command line wins
+    assert compose_config("scale=cpu", "run.limit=2").run.limit == 2  # the command line wins
 
 
 def test_scale_paper_slice8_keeps_the_paper_settings_on_fewer_samples_and_says_so():
@@ -145,8 +141,8 @@ def test_scale_paper_slice8_keeps_the_paper_settings_on_fewer_samples_and_says_s
 
     from analysis.fafo_paper import scale_label
 
-    paper = _compose("experiment=fafo_table1")
-    sliced = _compose("experiment=fafo_table1", "scale=paper_slice8")
+    paper = compose_config("experiment=fafo_table1")
+    sliced = compose_config("experiment=fafo_table1", "scale=paper_slice8")
     assert sliced.scale.name == "paper_slice8" and sliced.run.limit == 8 and sliced.run.stratify
     assert sliced.run.max_new_tokens is None and sliced.model.dtype == paper.model.dtype
     assert OmegaConf.to_container(sliced.kv, resolve=True) == OmegaConf.to_container(paper.kv, resolve=True)
@@ -183,7 +179,7 @@ def test_gpu_checks_run_stages_compose_as_configs(tmp_path, stage, decoders):
     assert done.returncode == 0, done.stdout + done.stderr
     runs = [line.split() for line in calls.read_text().splitlines()]
     assert len(runs) == decoders
-    configs = [_compose(*(o for o in args if not o.startswith("run.out_dir"))) for args in runs]
+    configs = [compose_config(*(o for o in args if not o.startswith("run.out_dir"))) for args in runs]
     assert configs[0].decoder._target_.endswith("Vanilla") and configs[0].kv._target_.endswith("FullKV")
     assert all(c.run.cuda_graphs is True for c in configs)
     assert len({c.decoder._target_ for c in configs}) == decoders
@@ -196,9 +192,9 @@ def test_experiments_with_their_own_cpu_setting_are_not_labelled_paper():
     assert any(n.endswith("_cpu") for n in names)
     for name in names:
         want = "cpu_experiment" if name.endswith("_cpu") else "paper"
-        assert _compose(f"experiment={name}").scale.name == want, name
-    assert _compose().scale.name == "paper"
-    assert _compose("experiment=longspec_table1_cpu", "scale=cpu").scale.name == "cpu"
+        assert compose_config(f"experiment={name}").scale.name == want, name
+    assert compose_config().scale.name == "paper"
+    assert compose_config("experiment=longspec_table1_cpu", "scale=cpu").scale.name == "cpu"
 
 
 @pytest.mark.parametrize("group", ["decoder", "kv"])
@@ -216,7 +212,7 @@ def test_every_registered_method_has_its_config_and_preset(group):
         cls = getattr(__import__(module, fromlist=[cls_name]), cls_name)
         assert cls.name == name and dataclasses.is_dataclass(cls.Config), where
         preset = CONF / group / f"{name}.yaml"
-        assert get_class(_compose(f"{group}={name}")[group]._target_) is cls, preset
+        assert get_class(compose_config(f"{group}={name}")[group]._target_) is cls, preset
 
 
 @pytest.mark.parametrize(("group", "option"), [o for o in OPTIONS if o[0] in ("decoder", "kv")])
@@ -224,6 +220,6 @@ def test_every_preset_validates_against_its_config(group, option):
     """A preset names only options its class's `Config` declares, each of the declared type."""
     from runners.identity import options_of
 
-    cfg = _compose(f"{group}={option}")
+    cfg = compose_config(f"{group}={option}")
     values = options_of(cfg[group], group)
     assert set(values) >= {k for k in cfg[group] if not str(k).startswith("_")}

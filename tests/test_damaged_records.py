@@ -1,4 +1,4 @@
-"""Damaged records are named, never trusted and never a traceback: each RECORD_CASE of tests/bad_inputs.py
+"""Damaged records are named, never trusted and never a traceback: each RECORD_CASE of tests/bad_inputs/
 damages a copy of a real small run. A run with finished parts stops a rerun with one error naming the
 damaged file and writes nothing; a complete run whose files no longer back its COMPLETE is resumed
 (its rows neither lost nor doubled), skipped by `analysis.summary` with one warning, and refused by

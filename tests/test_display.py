@@ -18,7 +18,7 @@ from analysis.summary import BLOCK, report_lines, with_run_details
 from analysis.summary import main as summary_main
 from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
 from runners.report import print_summary
-from tests.test_trustworthy_analysis import BASE, run_rows
+from tests.synthetic_runs import BASE, run_rows
 
 COUNTER_COLUMNS = ("static_frac", "syncs_per_step", "host_ms_per_forward")
 

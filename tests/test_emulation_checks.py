@@ -17,7 +17,7 @@ import torch
 from core import decode_graph
 from runners.emulated_graphs import emulated_capture, one_device
 from tests.conftest import TEST_DEVICE
-from tests.test_captured_graphs import _generate, _same_cache
+from tests.graph_cases import generate, same_cache
 
 # one case in `make test`, the others in `make test-long` (each generates three times under the emulation)
 BF16_CASES = [
@@ -43,10 +43,10 @@ def tiny_bf16():
 
 @pytest.mark.parametrize("case", BF16_CASES)
 def test_replayed_bf16_forwards_give_the_eager_twin(tiny_bf16, case):
-    want, twin, _ = _generate(tiny_bf16.model, case, False)
+    want, twin, _ = generate(tiny_bf16.model, case, False)
     with emulated_capture():
-        got, eng, _ = _generate(tiny_bf16.model, case, True)
-    assert got == want and _same_cache(eng, twin) and eng.graphs.captures > 0
+        got, eng, _ = generate(tiny_bf16.model, case, True)
+    assert got == want and same_cache(eng, twin) and eng.graphs.captures > 0
 
 
 def test_a_capture_time_temporary_read_outside_the_graph_is_poisoned():
@@ -106,9 +106,9 @@ def test_a_bf16_cast_inside_the_run_is_the_runs_own():
 def test_the_experiments_keep_host_tensors_out_of_device_operators(tiny_lm, case):
     """The eager twin and the replayed forwards of the experiments' pairs under `one_device`."""
     with one_device(tiny_lm.device):
-        _generate(tiny_lm.model, case, False)
+        generate(tiny_lm.model, case, False)
         with emulated_capture():
-            _generate(tiny_lm.model, case, True)
+            generate(tiny_lm.model, case, True)
 
 
 def test_a_host_tensor_mixed_into_a_device_operator_fails_on_a_cpu_too(tiny_lm, monkeypatch):
@@ -125,7 +125,7 @@ def test_a_host_tensor_mixed_into_a_device_operator_fails_on_a_cpu_too(tiny_lm, 
     if tiny_lm.device.type == "cuda":
         refusal, says = RuntimeError, "same device"
     with pytest.raises(refusal, match=says), one_device(tiny_lm.device):
-        _generate(tiny_lm.model, "vanilla", False)
+        generate(tiny_lm.model, "vanilla", False)
 
 
 def test_poisoning_passes_over_tensors_without_a_storage():

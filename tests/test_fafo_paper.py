@@ -11,40 +11,7 @@ import pytest
 from analysis import fafo_paper as fp
 from analysis.fafo_figure1 import figure1 as fafo_figure1
 from analysis.fafo_orderings import orderings as fafo_orderings
-
-ENV = {"model": "smollm2-135m", "dtype": "bfloat16", "device_name": "cpu: test x2"}
-
-
-def rows(
-    decoder: str,
-    kv: str,
-    wall: float,
-    tau: float,
-    task: str = "mtbench",
-    n_samples: int = 3,
-    **params: object,
-) -> list[dict]:
-    out = []
-    for s in range(n_samples):
-        for turn in (0, 1):
-            out.append(
-                {
-                    **ENV,
-                    "decoder": decoder,
-                    "kv": kv,
-                    "task": task,
-                    "sample_id": f"q{s}",
-                    "turn": turn,
-                    "new_tokens": 100,
-                    "decode_s": wall * 0.9,
-                    "wall_s": wall,
-                    "forwards": 50,
-                    "tau": tau,
-                    "peak_mem_mb": 500.0 + wall,
-                    **params,
-                }
-            )
-    return out
+from tests.synthetic_runs import rows
 
 
 @pytest.fixture()

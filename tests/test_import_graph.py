@@ -4,7 +4,10 @@ an import inside a function only where it keeps a heavy or optional dependency o
 module's load, or where a `# deferred: <why>` comment on its line or the line above says why.
 
 Product code: every .py file under the repository root outside tests/, research/ (the probes and their
-own tests), hidden folders (.venv, .git) and the output/build folders below."""
+own tests), hidden folders (.venv, .git) and the output/build folders below.
+
+The tests' own graph: no module under tests/ imports a test module (`tests/test_*.py`) other than itself;
+what two test modules share lives in a helper module (tests/helpers.py, tests/synthetic_runs.py, ...)."""
 
 from __future__ import annotations
 
@@ -250,6 +253,24 @@ def unjustified(mods: dict[str, Path], root: Path = ROOT) -> list[str]:
     return out
 
 
+def imports_of_test_modules(root: Path = ROOT) -> list[str]:
+    """The imports (top-level or in a function) by which a module under tests/ loads a test module
+    (`test_*.py`) other than itself: importing one runs its module-level setup and ties the two files'
+    edits together, so what test modules share belongs in a helper module."""
+    folder = root / "tests"
+    mods = {
+        ".".join(("tests", *p.relative_to(folder).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in sorted(folder.rglob("*.py"))
+    }
+    out = []
+    for module, path in mods.items():
+        for imp in imports_of(module, path, mods):
+            bad = [t for t in imp.targets if t in mods and t != module and mods[t].name.startswith("test_")]
+            if bad:
+                out.append(f"{path.relative_to(root)}:{imp.line} imports {', '.join(bad)}")
+    return out
+
+
 def test_product_modules_found() -> None:
     mods = product_files()
     for name in ("run", "core.engine", "analysis.paper", "benchmarks.block_cost", "training.longspec.train"):
@@ -290,4 +311,33 @@ def test_checker_sees_circles_and_needless_deferrals(tmp_path: Path) -> None:
     assert unjustified(mods, tmp_path) == [
         f"{Path('pkg/b.py')}:2 imports pkg.a in a function",
         f"{Path('pkg/b.py')}:3 imports os in a function",
+    ]
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = imports_of_test_modules()
+    assert not bad, (
+        "test modules imported by other modules under tests/: move what they share into a helper module "
+        "(tests/helpers.py or a themed one such as tests/synthetic_runs.py):\n" + "\n".join(bad)
+    )
+
+
+def test_checker_sees_a_test_module_imported(tmp_path: Path) -> None:
+    """Every form of import of another test module is found, in a function too; a helper module and a
+    test module's own name are not."""
+    tests = tmp_path / "tests"
+    (tests / "sub").mkdir(parents=True)
+    (tests / "__init__.py").write_text("")
+    (tests / "helpers.py").write_text("X = 1\n")
+    (tests / "test_b.py").write_text("Y = 2\n")
+    (tests / "test_a.py").write_text(
+        "from tests.helpers import X\nfrom tests.test_b import Y\n"
+        "def f():\n    import tests.test_b\n    from tests import test_b\n    from tests import test_a\n"
+    )
+    (tests / "sub" / "cases.py").write_text("from tests.test_b import Y\n")
+    assert imports_of_test_modules(tmp_path) == [
+        f"{Path('tests/sub/cases.py')}:1 imports tests.test_b",
+        f"{Path('tests/test_a.py')}:2 imports tests.test_b",
+        f"{Path('tests/test_a.py')}:4 imports tests.test_b",
+        f"{Path('tests/test_a.py')}:5 imports tests.test_b",
     ]

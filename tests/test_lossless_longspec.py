@@ -20,7 +20,7 @@ from decoders.longspec.draft import LongSpecDraft, weights_digest
 from decoders.vanilla import Vanilla
 from kv_policies.registry import build_policy
 from tests.conftest import needs_smollm
-from tests.helpers import TREES, TargetDraft, varied_prompts
+from tests.helpers import TREES, TargetDraft, compose_config, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -328,8 +328,6 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
     (the default) stops with the one-line message for a model without a shipped draft."""
     from hydra.utils import instantiate
 
-    from tests.test_configs import _compose
-
     shapes = {
         "longspec": (5, [4, 16, 16, 16, 16]),
         "longspec_chain": TREES["chain"],
@@ -338,11 +336,13 @@ def test_presets_and_missing_checkpoint_through_the_config(tiny_lm):
     }
     eng = Engine(tiny_lm.model)
     for option, (depth, widths) in shapes.items():
-        cfg = _compose(f"decoder={option}").decoder
+        cfg = compose_config(f"decoder={option}").decoder
         assert cfg.depth == depth and list(cfg.widths) == widths and cfg.checkpoint == "auto"
         with pytest.raises(HarnessError, match="no shipped LongSpec draft for '"):
             instantiate(cfg)(engine=eng)
-        dec = instantiate(_compose(f"decoder={option}", "decoder.checkpoint=random").decoder)(engine=eng)
+        dec = instantiate(compose_config(f"decoder={option}", "decoder.checkpoint=random").decoder)(
+            engine=eng
+        )
         assert dec.widths == widths and dec.draft.window == 512
         # the CPU presets draft from the 8192 most frequent tokens (all of the tiny model's vocabulary)
         assert cfg.draft_vocab == (None if option == "longspec" else 8192)

@@ -4,85 +4,13 @@ harness cannot reproduce."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analysis import paper, report_parts
-from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
-
-
-def write_run(
-    root,
-    run_id: str,
-    decoder: str,
-    kv: str,
-    experiment: str,
-    wall: float,
-    steps=(),
-    device: str = "cpu: test",
-    task: str = "pg19",
-    sha: str = "abc",
-    **params,
-) -> None:
-    rd = RunDir(root / "runs", run_id)
-    rd.path.mkdir(parents=True)
-    dec = {"_target_": "x", **{k: v for k, v in params.items() if k.startswith("gamma") or k == "n"}}
-    rd.write_run(
-        {
-            "run_id": run_id,
-            "status": "complete",
-            "decoder": decoder,
-            "kv": kv,
-            "task": task,
-            "task_params": json.dumps({"context_length": 4096} if task == "pg19" else {}),
-            "model": "smollm2-135m",
-            "model_name": "smollm2-135m",
-            "dtype": "float32",
-            "device_name": device,
-            "threads": 2,
-            "max_new_tokens": 64,
-            "seed": 0,
-            "lossless": True,
-            "git_sha": sha,
-            "experiment": experiment,
-            "draft": "self_layers" if decoder == "triforce" else "none",
-            "draft_params": json.dumps(
-                {"label": "self-draft: first 4 of 30 layers"} if decoder == "triforce" else {}
-            ),
-            "decoder_params": json.dumps(dec),
-            "kv_params": "{}",
-        }
-    )
-    rows = [
-        {
-            "run_id": run_id,
-            "sample_id": f"s{i}",
-            "turn": 0,
-            "new_tokens": 64,
-            "wall_s": wall,
-            "decode_s": wall - 1,
-            "forwards": 16 if decoder != "vanilla" else 63,
-            "committed": 63,
-            "drafted": 40,
-            "accepted": 30,
-            "drafted_l1": 20,
-            "accepted_l1": 2,
-            "kv_read_mb": 100.0 if decoder == "vanilla" else 40.0,
-            "matches_vanilla": True,
-            "prompt_tokens": 100,
-        }
-        for i in range(2)
-    ]
-    cols = [c for c in SAMPLE_COLUMNS if c in rows[0]]
-    step_rows = [{"run_id": run_id, "sample_id": f"s{i}", "turn": 0, **st} for i in range(2) for st in steps]
-    rd.write_sample(
-        "all", typed_frame(rows, {c: SAMPLE_COLUMNS[c] for c in cols}).to_dict("records"), step_rows, []
-    )
-    rd.consolidate()
-    rd.mark_complete()
+from tests.synthetic_runs import write_run
 
 
 def test_report_from_records(tmp_path):

@@ -10,8 +10,7 @@ from analysis import fafo_paper as fp
 from analysis.fafo_orderings import orderings
 from analysis.metrics import AnalysisError, scale_label
 from analysis.report_parts import setup_name
-from tests.test_fafo_paper import rows
-from tests.test_paper_report import write_run
+from tests.synthetic_runs import rows, write_run
 
 FAFO = {"decoder.k": 6, "decoder.n": 40, "kv.budget": 760}
 

@@ -15,51 +15,7 @@ from analysis.metrics import AnalysisError, reference_run, summarize
 from analysis.summary import default_root, speedup_figure
 from analysis.summary import main as summary_main
 from runners.records import SAMPLE_COLUMNS, RunDir, typed_frame
-
-BASE = {
-    "model": "smollm2-135m",
-    "model_name": "smollm2-135m",
-    "dtype": "float32",
-    "linear": "onednn",
-    "device_name": "cpu: test x2 threads",
-    "threads": 2,
-    "prefill_chunk": 1024,
-    "task": "gsm8k",
-    "task_params": "{}",
-    "task_version": "1",
-    "max_new_tokens": 64,
-    "seed": 0,
-    "sampling": "{}",
-    "sample_set": "abc",
-    "git_sha": "deadbeef",
-}
-
-
-def run_rows(run_id: str, decoder: str, kv: str, wall: float, n: int = 6, **extra: object) -> list[dict]:
-    rng = np.random.default_rng(abs(hash(run_id)) % 2**32)
-    return [
-        {
-            **BASE,
-            "run_id": run_id,
-            "decoder": decoder,
-            "kv": kv,
-            "sample_id": f"s{i}",
-            "turn": 0,
-            "wall_s": wall * (1 + 0.1 * rng.random()),
-            "decode_s": wall * 0.9,
-            "prefill_s": wall * 0.1,
-            "new_tokens": 64,
-            "forwards": 40,
-            "committed": 63,
-            "tau": 63 / 40,
-            "peak_mem_mb": 100.0,
-            "matches_vanilla": True,
-            "restricted_frac": 0.0,
-            "error": None,
-            **extra,
-        }
-        for i in range(n)
-    ]
+from tests.synthetic_runs import BASE, run_rows
 
 
 def _speedup(table: pd.DataFrame, run_id: str) -> float:
