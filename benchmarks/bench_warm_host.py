@@ -8,7 +8,7 @@ Between two CPU forwards a decoder's work runs with cold caches: the forward str
 every cache level. So `bench_host_overhead`'s host ms mixes the decoder's work with cache misses that a
 GPU's host, whose forwards run elsewhere, does not pay. Here each method first generates for real on
 the fixed-shape forwards (the views a run with CUDA graphs takes) while a tape records what each forward
-returns (`core.decode_graph.Replay`: the target's and the draft model's); then it generates again
+returns (`core.replay.Replay`: the target's and the draft model's); then it generates again
 `--plays` times with every forward played back from the tape instead of run. The same steps run, with
 the same host work (the engine's staging, the decoder's bookkeeping, the policy's operators on device
 tensors), and no model. A playback must make the recording's forwards and give its tokens (checked: a
@@ -51,9 +51,9 @@ from benchmarks.bench_host_overhead import (
     pair_options,
     warm_up,
 )
-from core.decode_graph import Replay
 from core.engine import Engine
 from core.models import load_model
+from core.replay import Replay
 from decoders.base import BaseDecoder
 from runners.config import resolve_linear, stop_ids_for
 from runners.timing import DecodeClocks, timed_generate

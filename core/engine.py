@@ -32,6 +32,7 @@ from core.decode_graph import StaticForwards, fits, has_room, padded_rows
 from core.hf_compat import DecoderWeights, extract_weights, rope_cos_sin
 from core.kv_cache import KVCache
 from core.positions import RelativePositions, absolute
+from core.replay import Replay
 from core.types import LayerSkip
 
 
@@ -89,6 +90,23 @@ class Engine:
         graphs (`capture`), or the same forwards run eagerly (the CPU tests' twin of the graphs);
         `compiled`: each compiled by inductor first (`run.compile`)."""
         self.graphs = StaticForwards(self, capture=capture, compiled=compiled)
+
+    @property
+    def fixed_shape(self) -> bool:
+        """Whether this engine's decode steps take the fixed-shape forwards (`use_graphs`), captured or
+        not: a policy may then keep its own per-step work at fixed shapes too (`replayable`)."""
+        return self.graphs is not None
+
+    @property
+    def captured(self) -> bool:
+        """Whether the fixed-shape forwards are captured as CUDA graphs (`use_graphs(capture=True)`)."""
+        return self.graphs is not None and self.graphs.capture
+
+    def replayable(self, run: Callable[[], Any], state: Sequence[torch.Tensor] = ()) -> Replay:
+        """`run` (a function of device buffers at fixed shapes) as a `core.replay.Replay`: captured as a
+        CUDA graph once per key and replayed where this engine's forwards are (`captured`), else run
+        eagerly; `state`: the tensors it updates from their own values (restored after warm-ups)."""
+        return Replay(run, self.captured, self.device, state)
 
     def rows_run(self, n: int) -> int:
         """The rows a block of `n` rows runs in, so costs: `n`, or on fixed-shape forwards its padded

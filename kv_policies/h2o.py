@@ -18,6 +18,7 @@ rows every restricted row's attention is added, a stated approximation).
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from core.types import HarnessError
 from kv_policies.attention_mass import attention_mass
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
-from kv_policies.h2o_rule import FixedCommit, KeyRows, alive_positions, h2o_commit
+from kv_policies.h2o_rule import FixedCommit, KeyRows, h2o_commit
 
 PREFILL_TILE = 256
 
@@ -50,9 +51,7 @@ class H2O(KVPolicy):
 
     def __init__(self, **given: Any) -> None:
         o = options(self.Config, given)
-        budget, recent, backend, budget_frac, dense_layers = astuple(
-            o
-        )  # the options, in their declared order
+        budget, recent, backend, budget_frac, dense_layers = astuple(o)  # in their declared order
         self.dense_layers = check_dense_layers(self.name, dense_layers)
         self._recent_cfg = recent  # None: half of the budget, whatever the budget becomes
         recent = budget // 2 if recent is None and isinstance(budget, int) else recent
@@ -201,31 +200,26 @@ class H2O(KVPolicy):
         cache, length, alive = self.engine.cache, start + n_new, count + n_new
         self._P_valid = False  # `FixedCommit`'s alive positions: found again when it next applies
         S, A = self._S[layers], self._A[layers]  # type: ignore[index]
-        new = torch.arange(start, length, device=S.device).expand(*S.shape[:2], -1)
-        scale, evict = self._scale(cache.k.shape[-1]), self._eviction(alive, length)
+        new, scale = slice(start, length), self._scale(cache.k.shape[-1])
+        evict, keys = self._eviction(alive, length), partial(self._keys.by_position, self.slots, layers.start)
         if queries is not None and whole and length <= 2 * alive and self.slots.in_order():
             visible = None if alive == length else A[..., :length]
             h2o_commit(S, A, new, None, visible, queries, cache.k[layers, :, :length], scale, evict)
             return
-        cand, keys = torch.cat([alive_positions(A, start, count), new], dim=2), None
-        if queries is not None:
-            first, hkv = layers.start, cache.n_kv_heads
-            slots = torch.stack([self.slots.physical(first + i, c, hkv) for i, c in enumerate(cand)])
-            keys = self._keys.at(cache, slots, first)
-        h2o_commit(S, A, new, cand, None, queries, keys, scale, evict)
+        h2o_commit(S, A, new, alive, None, queries, keys, scale, evict)  # the alive positions' keys
 
     def _eviction(self, alive: int, length: int) -> tuple | None:
         """`h2o_commit`'s eviction with `alive` entries after a commit to `length` (None: in budget)."""
         if alive <= self.budget:
             return None
         self._evicted = True
-        return length - self.recent, torch.arange(self.recent, device=self._S.device), self.heavy  # type: ignore[union-attr]
+        return length - self.recent, self.heavy, None
 
     def _cap_counts(self) -> None:
         self._count = {layer: min(count, self.budget) for layer, count in self._count.items()}
 
     def _fixed_shape(self) -> bool:
-        return getattr(self.engine, "graphs", None) is not None and self.slots.in_order()
+        return self.engine.fixed_shape and self.slots.in_order()
 
     # --- selection -----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -5,70 +5,94 @@ runs, eagerly or replayed as a CUDA graph.
 `h2o_commit` marks the committed entries alive with a zero score, adds the attention mass the observed
 queries pay the candidates (the entries alive before the commit plus the new ones), and, over budget,
 keeps the `heavy` older candidates with the largest scores plus the recent window. Its callers differ
-only in how they lay out the candidates:
+only in how they lay out the candidates and the eviction:
 
-- eager commits: every position below the length, the dead ones masked out of the softmax, while most
-  are alive (`cand=None`); once evictions leave a minority alive, the alive positions (found by sorting
-  the alive flags) followed by the new ones;
+- eager commits (the host knows the length): the new entries marked by slices; scored over every
+  position below the length, the dead ones masked out of the softmax, while most are alive
+  (`cand=None`), and once evictions leave a minority alive over the alive positions only (found by
+  sorting the alive flags, `cand=count`); evicted over every position before the window (`older` an
+  int): the window stays alive as it is, the flags before it are rewritten from the kept ones. No
+  position list is built, sorted or kept (the fewest operators: each is a launch on a GPU);
 - `FixedCommit` (an engine with fixed-shape forwards, once H2O evicts at every step): the alive
   positions kept in a buffer of `budget` per layer and KV head, then the new entries padded to a power
-  of two (pads masked, their mass exactly zero), with the length and the count as device scalars: one
-  shape per pad, so one graph replay where the forwards are captured (`core.decode_graph.Replay`).
+  of two (pads masked, their mass exactly zero), with the length and the count as device scalars
+  (`older` one too): one shape per pad, so one graph replay where the forwards are captured
+  (`Engine.replayable`); the alive flags are rebuilt from the kept positions, which it keeps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from core.decode_graph import Replay, padded_rows
 from kv_policies.attention_mass import attention_mass_layers
 
 
 def h2o_commit(
     S: torch.Tensor,
     A: torch.Tensor,
-    new: torch.Tensor,
-    cand: torch.Tensor | None,
+    new: slice | torch.Tensor,
+    cand: torch.Tensor | int | None,
     visible: torch.Tensor | None,
     queries: torch.Tensor | None,
-    keys: torch.Tensor | None,
+    keys: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None,
     scale: float,
-    evict: tuple[Any, torch.Tensor, int] | None,
+    evict: tuple[Any, int, torch.Tensor | None] | None,
 ) -> torch.Tensor | None:
     """Score and evict for one commit, in place on `S` (scores) and `A` (alive flags), both
     `[layers, n_kv_heads, capacity]`.
 
-    new: long `[layers, n_kv_heads, n]` the committed positions (pads repeat a real one).
-    cand: long `[layers, n_kv_heads, m]` the positions scored, increasing over the visible ones, or None:
-      positions `0..m-1` (slot == position), `m = keys.shape[2]`.
+    new: the committed positions, `slice(start, length)` or long `[layers, n_kv_heads, n]` (pads repeat
+      a real one).
+    cand: the positions scored: None, positions `0..m-1` (slot == position, `m = keys.shape[2]`); an int
+      `count`, the `count` alive positions once the new ones are marked (`new` a slice); or long
+      `[layers, n_kv_heads, m]`, increasing over the visible ones.
     visible: bool `[layers, n_kv_heads, m]` the candidates the queries see (None: all; a view of `A` is
       read after the new entries are marked).
-    queries `[layers, n_heads, r, head_dim]` and keys `[layers, n_kv_heads, m, head_dim]` (the keys at
-      the candidates), or None: nothing observed, no score added.
-    evict: None (within budget), or (older, window, heavy): keep the `heavy` candidates before `older`
-      (int or device scalar) with the largest scores, and the window `older + window` (long `[recent]`).
-    Returns the alive positions after an eviction, increasing, `[layers, n_kv_heads, heavy + recent]`.
+    queries `[layers, n_heads, r, head_dim]`, or None: nothing observed, no score added. keys `[layers,
+      n_kv_heads, m, head_dim]`: the keys at the candidates, or (`cand` a count) a function of their
+      positions that gathers them.
+    evict: None (within budget), or (older, heavy, window): keep the `heavy` alive candidates before
+      `older` with the largest scores and the window from `older` on. `older` an int: over every position
+      before it (the window is alive already; `window` unused); a device scalar: over the candidates,
+      the alive flags rebuilt from the kept ones and the window's positions `older + window` (`[recent]`).
+    Returns the alive positions after an eviction over the candidates, increasing, `[layers, n_kv_heads,
+    heavy + recent]`; else None.
     """
-    S.scatter_(2, new, 0.0)
-    A.scatter_(2, new, True)
-    assert cand is not None or keys is not None, "the every-position layout reads the keys' count"
-    m = cand.shape[2] if cand is not None else keys.shape[2]  # type: ignore[union-attr]
-    if queries is not None and keys is not None:
-        mass = attention_mass_layers(queries, keys, scale, visible)
+    over_cand = evict is not None and not isinstance(evict[0], int)  # then the alive flags are rebuilt
+    if isinstance(new, slice):
+        S[..., new].fill_(0.0)
+        A[..., new].fill_(True)
+    else:
+        S.scatter_(2, new, 0.0)
+        if not over_cand:
+            A.scatter_(2, new, True)
+    if queries is not None:
+        if isinstance(cand, int):  # the alive positions, the new ones among them
+            assert isinstance(new, slice) and callable(keys), "a count of alive candidates reads the length"
+            cand = alive_positions(A, new.stop, cand)
+            keys = keys(cand)
+        mass = attention_mass_layers(queries, keys, scale, visible)  # type: ignore[arg-type]
         if cand is None:
-            S[..., :m] += mass
+            S[..., : mass.shape[2]] += mass
         else:
-            S.scatter_add_(2, cand, mass)
+            S.scatter_add_(2, cand, mass)  # type: ignore[arg-type]
     if evict is None:
         return None
-    older, window, heavy = evict
-    pos = torch.arange(m, device=S.device) if cand is None else cand
-    score = S[..., :m] if cand is None else S.gather(2, cand)
-    ok = pos < older if visible is None else visible & (pos < older)
+    older, heavy, window = evict
+    if not over_cand:  # every position before `older`: position == index
+        score, ok = S[..., :older], A[..., :older]
+    else:
+        assert isinstance(cand, torch.Tensor) and window is not None, "a device `older` evicts the candidates"
+        score, ok = S.gather(2, cand), cand < older if visible is None else visible & (cand < older)
     top = score.masked_fill(~ok, float("-inf")).topk(heavy, dim=-1).indices
-    keep = (top if cand is None else cand.gather(2, top)).sort(dim=-1).values
+    if not over_cand:
+        A[..., :older].fill_(False)
+        A[..., :older].scatter_(2, top, True)
+        return None
+    keep = cand.gather(2, top).sort(dim=-1).values
     alive = torch.cat([keep, (older + window).expand(*keep.shape[:2], -1)], dim=2)
     A.zero_()
     A.scatter_(2, alive, True)
@@ -101,8 +125,8 @@ class FixedCommit:
         self.queries: torch.Tensor | None = None
         self.n_new = 0
         self.engine = engine
-        self.capture = captures(engine)
-        self.replay = Replay(self.run, self.capture, dev)
+        self.capture = engine.captured
+        self.replay = engine.replayable(self.run)
 
     @staticmethod
     def commit(policy: Any, fixed: FixedCommit | None, length: int, n_new: int, queries: torch.Tensor) -> Any:
@@ -117,7 +141,7 @@ class FixedCommit:
             policy._P.copy_(alive_positions(policy._A[: shape[0]], length - n_new, policy.budget))
             policy._P_valid = True
         if fixed is None or not fixed.fits(n_new):
-            fixed = FixedCommit(policy, max(padded_rows(n_new), fixed.pad if fixed else 1))
+            fixed = FixedCommit(policy, max(policy.engine.rows_run(n_new), fixed.pad if fixed else 1))
         fixed(length, n_new, queries)
         return fixed
 
@@ -128,7 +152,7 @@ class FixedCommit:
         return (
             pol.engine is self.engine
             and n_new <= self.pad
-            and self.capture == captures(pol.engine)
+            and self.capture == pol.engine.captured
             and pol.budget == self.alive_cols.numel()
             and pol.recent == self.window.numel()
         )
@@ -156,7 +180,7 @@ class FixedCommit:
         cand = torch.cat([P, new], dim=2)  # [layers, hkv, budget + pad], increasing over the real ones
         visible = torch.cat([self.alive_cols, real]).expand(n_layers, hkv, -1)
         keys = pol._keys.at(pol.engine.cache, cand)
-        evict = (start + n - pol.recent, self.window, pol.heavy)
+        evict = (start + n - pol.recent, pol.heavy, self.window)
         alive = h2o_commit(pol._S[:n_layers], pol._A[:n_layers], new, cand, visible, self.queries, keys,
                            pol._scale(keys.shape[-1]), evict)  # fmt: skip
         P.copy_(alive)
@@ -181,8 +205,12 @@ class KeyRows:
         flat = (slots + self.starts[first_layer : first_layer + slots.shape[0]]).view(-1)
         return cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
 
-
-def captures(engine: Any) -> bool:
-    """Whether `engine`'s fixed-shape forwards are captured as CUDA graphs (so is the update then)."""
-    graphs = getattr(engine, "graphs", None)
-    return graphs is not None and graphs.capture
+    def by_position(self, slots: Any, first_layer: int, positions: torch.Tensor) -> torch.Tensor:
+        """The keys at logical `positions` `[n_layers, n_kv_heads, m]` of layers `first_layer...`, found
+        by `slots` (a `kv_policies.layout.SlotMap`): one map for every layer (in order: the positions
+        themselves), or a compressed region's own per layer."""
+        hkv = positions.shape[1]
+        if slots.region is None:
+            return self.at(slots.engine.cache, slots.physical(first_layer, positions, hkv), first_layer)
+        each = [slots.physical(first_layer + i, p, hkv) for i, p in enumerate(positions)]
+        return self.at(slots.engine.cache, torch.stack(each), first_layer)

@@ -1,5 +1,6 @@
-"""CUDA-graph capture emulated on a CPU, for the tests of the fixed-shape forwards (`core.decode_graph`) and
-for runs that rehearse a GPU session on a CPU (`run.cuda_graphs=emulate`, `scripts/gpu_lease.sh rehearse`).
+"""CUDA-graph capture emulated on a CPU (`core.replay.Replay`), for the tests of the fixed-shape forwards
+(`core.decode_graph`) and for runs that rehearse a GPU session on a CPU (`run.cuda_graphs=emulate`,
+`scripts/gpu_lease.sh rehearse`).
 
 A captured CUDA graph replays the kernels of one run on the same memory: every operator, every shape
 and every Python value of the run (a slice bound, a scalar operand, a length) is fixed when it is
@@ -31,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from core import decode_graph
+from core.replay import Replay
 from runners.host_syncs import HostSyncs
 
 
@@ -163,7 +164,7 @@ def mixed_precision_buffers(ops: list[tuple[Any, Any, Any, Any]]) -> list[str]:
     return sorted(set(found))
 
 
-def _capture(self: decode_graph.Replay) -> None:
+def _capture(self: Replay) -> None:
     """`Replay._capture` on any device: two warm-up runs, the state restored, one recorded run (no
     synchronisation allowed), the state restored again (a capture does not run the kernels)."""
     saved = [t.clone() for t in self.state]
@@ -207,19 +208,19 @@ def captured(device: torch.device | str) -> Iterator[None]:
 def emulate_graphs(engine) -> None:
     """`run.cuda_graphs=emulate`: `engine`'s fixed-shape forwards captured and replayed as above, for the
     rest of the process (a rehearsal runs one configuration per process; the tests use the contexts)."""
-    decode_graph.Replay._capture = _capture
+    Replay._capture = _capture
     engine.use_graphs(capture=True)
 
 
 @contextlib.contextmanager
 def emulated_capture() -> Iterator[None]:
     """`Replay(capture=True)` emulated as above while the block runs (any device)."""
-    original = decode_graph.Replay._capture
-    decode_graph.Replay._capture = _capture
+    original = Replay._capture
+    Replay._capture = _capture
     try:
         yield
     finally:
-        decode_graph.Replay._capture = original
+        Replay._capture = original
 
 
 # Operators a CUDA device runs with a host tensor among device ones: copies (a transfer), indexing with

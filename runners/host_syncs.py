@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from core.decode_graph import Replay
+from core.replay import Replay
 from core.types import Counts
 from runners.forwards import MethodPatch, model_forwards
 
@@ -237,7 +237,7 @@ def forwards_apart(probe: HostSyncs, dec: Any):
 
 @contextlib.contextmanager
 def graph_bodies_apart(probe: HostSyncs):
-    """While active, the operators of the fixed-shape forwards' bodies (`core.decode_graph.Replay`: what
+    """While active, the operators of the fixed-shape forwards' bodies (`core.replay.Replay`: what
     a CUDA graph replays, target and draft) are not counted in `probe.launches`, and each replay counts
     as one launch: what is left is what a step launches with CUDA graphs on (the graphs, their staging
     and the decoder's own device work). Run with the fixed-shape forwards eager (`capture=False`), it

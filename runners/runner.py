@@ -28,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from core.cost_curve import cache_name, cached_or_measured, curve_key
-from core.decode_graph import Replay
 from core.engine import Engine
+from core.replay import Replay
 from core.sampling import Sampler
 from core.types import Counts, HarnessError, Sample
 from decoders.draft_model import build_draft

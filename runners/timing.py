@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from core.decode_graph import Replay
+from core.replay import Replay
 from core.types import Counts
 from runners.critical_path import ReadStamps, critical_host_s
 from runners.forwards import MethodPatch, draft_forwards

@@ -75,7 +75,9 @@ def make_cfg(tmp_path: Path, *overrides: str):
 
 
 class FakeEngine:
-    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache`."""
+    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache` (eager forwards)."""
+
+    fixed_shape = captured = False
 
     def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
         self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))

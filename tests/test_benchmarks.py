@@ -363,7 +363,7 @@ def test_warm_host_playback_takes_the_recorded_steps_without_the_model(tiny_lm):
     forwards (none of them run: the tape hands back what they returned); a playback that takes other
     forwards fails; the Replay class is left as it was."""
     from benchmarks.bench_warm_host import ForwardTape, PlaybackDiverged
-    from core.decode_graph import Replay
+    from core.replay import Replay
     from core.types import Counts
     from decoders.fafo.decoder import FAFO
     from decoders.vanilla import Vanilla

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.decode_graph import Replay
 from core.engine import Engine
+from core.replay import Replay
 from core.types import Counts, HarnessError
 from decoders.pld import PromptLookup
 from decoders.vanilla import Vanilla

@@ -259,7 +259,7 @@ def test_graph_launches_count_each_replay_once_and_the_staging_around_it(tiny_lm
     replay and a handful of staging operators, far fewer than one forward's; the class is restored."""
     import contextlib
 
-    from core.decode_graph import Replay
+    from core.replay import Replay
     from core.types import Counts
     from decoders.vanilla import Vanilla
     from runners.host_syncs import HostSyncs, graph_bodies_apart

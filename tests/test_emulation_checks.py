@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core import decode_graph
+from core.replay import Replay
 from runners.emulated_graphs import emulated_capture, one_device
 from tests.conftest import TEST_DEVICE
 from tests.graph_cases import generate, same_cache
@@ -60,7 +61,7 @@ def test_a_capture_time_temporary_read_outside_the_graph_is_poisoned():
         kept["doubled"] = doubled  # the bug: a temporary escapes the graph
         return doubled + 1
 
-    replay = decode_graph.Replay(run, capture=True, device=torch.device("cpu"))
+    replay = Replay(run, capture=True, device=torch.device("cpu"))
     with emulated_capture():
         x.fill_(1.0)
         out = replay(("shape",))
@@ -78,7 +79,7 @@ def test_an_fp32_buffer_in_a_bf16_captured_run_fails():
     x = torch.randn(8, dtype=torch.bfloat16)
 
     def replay_with(bias: torch.Tensor) -> torch.Tensor:
-        replay = decode_graph.Replay(lambda: weight @ x + bias, capture=True, device=torch.device("cpu"))
+        replay = Replay(lambda: weight @ x + bias, capture=True, device=torch.device("cpu"))
         with emulated_capture():
             return replay(("shape",))
 
@@ -97,7 +98,7 @@ def test_a_bf16_cast_inside_the_run_is_the_runs_own():
         h = (weight @ x).float()
         return (h * torch.rsqrt(h.pow(2).mean() + 1e-6)).to(torch.bfloat16) * scale
 
-    replay = decode_graph.Replay(run, capture=True, device=torch.device("cpu"))
+    replay = Replay(run, capture=True, device=torch.device("cpu"))
     with emulated_capture():
         assert replay(("shape",)).dtype == torch.bfloat16
 

@@ -41,6 +41,18 @@ def test_kv_policy_is_its_rule():
     assert not [p.name for p in (REPO / "kv_policies").glob("*_steady.py")]
 
 
+def test_policies_ask_the_engine_for_fixed_shapes():
+    """A policy asks its engine whether its forwards are fixed-shape or captured and for a replayable
+    update (`Engine.fixed_shape`, `captured`, `replayable`, `rows_run`): nothing under kv_policies/
+    imports the graph machinery (`core.decode_graph`, `core.replay`) nor probes `engine.graphs`."""
+    for path in sorted((REPO / "kv_policies").glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+core\.(decode_graph|replay)\b", text, re.M), path.name
+        assert not re.search(r"from\s+core\s+import\s+[^\n]*\b(decode_graph|replay)\b", text), path.name
+    for name in ("h2o.py", "h2o_rule.py"):
+        assert '"graphs"' not in (REPO / "kv_policies" / name).read_text(), name
+
+
 def test_no_view_is_dispatched_on_by_its_attributes():
     """Views are told apart by their `kind`, never by probing them with getattr."""
     for top in ("core", "decoders", "kv_policies"):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from core.decode_graph import Replay
+from core.replay import Replay
 from decoders.longspec.tree import best_children, top_tokens
 
 
