@@ -18,6 +18,7 @@ from core.kv_cache import KVCache
 from decoders.longspec.tree import TreeDraft
 from decoders.registry import decoder_class
 from kv_policies.registry import policy_class
+from runners.schemas import register_schemas
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,7 @@ def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def make_cfg(tmp_path: Path, *overrides: str):
+    register_schemas()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

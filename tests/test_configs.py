@@ -9,6 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from runners.schemas import register_schemas
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 GROUPS = ["model", "draft", "decoder", "kv", "task", "launcher", "experiment", "scale", "debug"]
@@ -21,6 +23,7 @@ SHAPE_MODELS = {p.stem for p in (CONF / "model").glob("*.yaml") if "source: conf
 
 
 def _compose(*overrides: str):
+    register_schemas()
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=True)
 
