@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.types import HarnessError
 from runners.overrides import check_overrides, compose_checked, job_overrides
+from runners.schemas import register_schemas
 
 CONF = Path(__file__).resolve().parent / "conf"
 FAILURES_ENV = "HARNESS_SWEEP_FAILURES"  # file where sweep jobs append their one-line failures
@@ -206,6 +207,7 @@ def quiet_sacct_stderr() -> None:
 def cli(argv: list[str]) -> None:
     """run.py's command line: the pre-flight check of every job, then Hydra."""
     global NEW_OUT_DIR
+    register_schemas()  # before anything composes: each preset extends its method's Config
     configs: list[DictConfig] = []
     problem = preflight(argv, configs)
     if problem:

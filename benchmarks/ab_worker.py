@@ -45,6 +45,13 @@ class Side:
         from runners.config import build
         from runners.runner import Runner
 
+        try:  # a revision whose presets extend their method's Config (runners.schemas) registers it first
+            # deferred: imported from the tree main() put first on sys.path (absent in older revisions)
+            from runners.schemas import register_schemas
+        except ImportError:  # an older revision: its presets are whole
+            pass
+        else:
+            register_schemas()
         base = ["model.dtype=float32", "run.audit=false", f"run.threads={threads}", f"run.out_dir={out_dir}"]
         self.decoders: dict[str, Any] = {}
         with initialize_config_dir(config_dir=str(tree / "conf"), version_base=None):

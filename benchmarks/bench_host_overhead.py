@@ -54,6 +54,7 @@ from decoders.base import BaseDecoder
 from decoders.draft_model import build_draft
 from runners.config import build, resolve_linear, stop_ids_for
 from runners.host_syncs import HostSyncs, forwards_apart, graph_bodies_apart
+from runners.schemas import register_schemas
 from runners.timing import DecodeClocks, timed_generate
 from tasks.mtbench import MTBench
 from tasks.pg19 import PG19
@@ -132,6 +133,7 @@ def make_decoder(
     """The decoder the runner would build for `decoder=<decoder> kv=<kv> scale=<scale> <extra_overrides>`
     (greedy unless `sampler` samples)."""
     overrides = [f"decoder={decoder}", f"kv={kv}", f"scale={scale}", "model=smollm2-135m", *extra_overrides]
+    register_schemas()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     factory = build(cfg.decoder, "decoder")

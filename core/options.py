@@ -50,6 +50,24 @@ def _type_name(config: type, key: str) -> str:
     return hint
 
 
+def wrong_type(config: type, group: str, key: str, value: Any) -> str:
+    """The one line for `value` given to `config`'s option `key` when it has another type."""
+    return f"{group}.{key} must be {_type_name(config, key)}, got {value!r}"
+
+
+def type_problem(exc: BaseException | None) -> str | None:
+    """The one line for an omegaconf ValidationError in `exc`'s causes that a `Config` schema raised
+    (Hydra composes a preset against its `Config`, `runners.schemas`): `wrong_type`'s, or None."""
+    while exc is not None:
+        config = getattr(exc, "object_type", None)
+        key, full_key = getattr(exc, "key", None), str(getattr(exc, "full_key", ""))
+        declared = dataclasses.is_dataclass(config) and key in {f.name for f in dataclasses.fields(config)}
+        if isinstance(exc, ValidationError) and declared and "." in full_key:
+            return wrong_type(config, full_key.rpartition(".")[0], str(key), getattr(exc, "value", None))
+        exc = exc.__cause__
+    return None
+
+
 def validated(config: type, node: Any, group: str) -> dict[str, Any]:
     """The config group `node` (its `_target_`/`_partial_` left out) merged over `config`'s defaults,
     resolved, as plain values: an unknown key or a value of the wrong type is one HarnessError line."""
@@ -63,9 +81,7 @@ def validated(config: type, node: Any, group: str) -> dict[str, Any]:
         raise HarnessError(f"unknown key {group}.{exc.key}; {has}") from None
     except ValidationError as exc:
         key = str(exc.key)
-        raise HarnessError(
-            f"{group}.{key} must be {_type_name(config, key)}, got {values.get(key)!r}"
-        ) from None
+        raise HarnessError(wrong_type(config, group, key, values.get(key))) from None
     return OmegaConf.to_container(merged, resolve=True)
 
 

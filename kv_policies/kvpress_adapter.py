@@ -89,7 +89,8 @@ def observation_window(press: Any) -> int:
 class KVPressConfig:
     press: str = "SnapKVPress"  # the kvpress press class
     compression_ratio: float = 0.5  # fraction of the prompt's entries removed
-    press_kwargs: dict[str, Any] = field(default_factory=dict)  # the press's own constructor arguments
+    # the press's own constructor arguments (e.g. {window_size: 64})
+    press_kwargs: dict[str, Any] = field(default_factory=dict)
     context_rows: int = 128  # prompt rows whose attention input the press may read (its query window)
     backend: str = "dense"
 

@@ -28,7 +28,9 @@ from kv_policies.checks import check_backend, check_budget, check_budget_frac, c
 class StreamingLLMConfig:
     budget: int = 760  # cached entries per KV head (FAFO Table 13's best Init+Local budget)
     sinks: int = 4  # first entries always kept
-    backend: str = "dense"  # dense (SDPA + mask, the reference) | flex | sliced | flash (CUDA only)
+    # dense (SDPA + mask, the reference) | flex (compressed region + compiled FlexAttention) | sliced
+    # (compressed region, SDPA on the region slice) | flash (CUDA + flash-attn only)
+    backend: str = "dense"
     budget_frac: float | None = None  # a fraction of each generation's context instead (None: budget)
     dense_layers: int = 0  # the first layers see the whole cache (TriForce Table 1: 2)
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.options import type_problem
+from runners.schemas import register_schemas
+
 OWN_SECTIONS = ("run", "sampling", "wandb")
 
 
@@ -75,10 +78,14 @@ def compose_checked(args: list[str], conf: Path) -> tuple[DictConfig | None, str
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, HydraException
 
+    register_schemas()
     try:
         with initialize_config_dir(str(conf), version_base="1.3"):
             return compose("config", overrides=args), None
     except (ConfigCompositionException, HydraException) as exc:
+        problem = type_problem(exc)  # a value of the wrong type for a decoder's or a policy's option
+        if problem:
+            return None, problem
         text = f"{exc}\n{exc.__cause__ or ''}"
         bad = re.search(r"Could not override '([^']+)'", text)
         if bad and ("not in struct" in text or "Key '" in text):
@@ -115,6 +122,7 @@ def job_overrides(argv: list[str], conf: Path) -> list[list[str]] | str:
     own = [a for a in args if not a.startswith("hydra")]
     if not any(a in ("-m", "--multirun") for a in argv):
         return [own]
+    register_schemas()
     try:
         with initialize_config_dir(str(conf), version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()

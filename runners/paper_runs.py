@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from core.types import HarnessError
 from runners.records import DAMAGE, why
+from runners.schemas import register_schemas
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = REPO / "conf" / "paper_runs.yaml"
@@ -86,6 +87,7 @@ def slice_of(entry: Entry) -> Slice:
     from hydra import compose, initialize_config_dir
 
     overrides = [f"experiment={entry.experiment}"] + [a.split(",")[0] if "=" in a else a for a in entry.args]
+    register_schemas()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     return entry.experiment, str(cfg.hydra.runtime.choices.model), str(OmegaConf.select(cfg, "scale.name"))

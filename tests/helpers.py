@@ -18,6 +18,7 @@ from core.kv_cache import KVCache
 from decoders.longspec.tree import TreeDraft
 from decoders.registry import decoder_class
 from kv_policies.registry import policy_class
+from runners.schemas import register_schemas
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,11 +54,13 @@ def varied_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 def compose_config(*overrides: str):
     """The composed config of `overrides` (Hydra's own `hydra` section included)."""
+    register_schemas()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=True)
 
 
 def make_cfg(tmp_path: Path, *overrides: str):
+    register_schemas()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

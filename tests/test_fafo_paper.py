@@ -183,7 +183,9 @@ def test_experiment_sweep_points_compose_and_instantiate(experiment, tiny_lm):
     from hydra.utils import instantiate
 
     from core.engine import Engine
+    from runners.schemas import register_schemas
 
+    register_schemas()
     conf = str(fp.Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         base = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)

@@ -73,6 +73,9 @@ def project_policies() -> list[tuple[str, object]]:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from runners.schemas import register_schemas
+
+    register_schemas()
     conf = Path(__file__).resolve().parents[1] / "conf"
     out = []
     for path in sorted(conf.glob("kv/*.yaml")):

@@ -86,7 +86,8 @@ class FAFOConfig:
     pool_from_prompt: bool = False  # ablation (ours): also seed the pool with prompt/output n-grams
     pool_capacity: int | None = None  # guesses kept per pool key (None = n, App. F)
     # None = the kv policy's backend (kv.backend): dense (SDPA + boolean mask, the reference) | flex
-    # (compressed head region + static FlexAttention BlockMask, paper §4.4) | sliced | flash (CUDA only)
+    # (compressed head region + static FlexAttention BlockMask, paper §4.4) | sliced (region slice + SDPA)
+    # | flash (CUDA only)
     backend: str | None = None
     pad_candidates: bool | None = None  # None = pad to m candidates only for flex (static block shape)
     tree: bool = False  # ours: candidates as a prefix trie (shared prefixes share rows); lossless

@@ -118,11 +118,23 @@ class LongSpecConfig:
     # sail/longspec-* draft, or random (untrained: lossless, tau near 1); None: refused (one error line)
     checkpoint: str | None = None
     seed: int = 0  # init seed of checkpoint=random
-    tree_attention: str = "masked"  # masked: one SDPA over [cache | tree] | hybrid: the paper's LSE split
-    draft_vocab: int | None = None  # None: the whole vocabulary (paper) | N: its N most frequent tokens
-    block: str = recorded_without("fixed")  # fixed: verify every drafted node (paper) | auto (ours)
-    lookup: int = recorded_without(0)  # 0: the paper's tree | N (ours): N prompt-lookup tokens as a branch
-    beam_temperature: float = recorded_without(1.0)  # 1.0: the draft's own log-probs (paper) | T (ours)
+    # masked: one SDPA over [cache | tree] | hybrid: the paper's split merged through log-sum-exps (the
+    # same attention; masked is faster on CPU)
+    tree_attention: str = "masked"
+    # None: the draft proposes from the whole vocabulary (paper) | N (a CPU option): only from its
+    # training data's N most frequent tokens, which shrinks its LM-head GEMM; lossless (the target
+    # verifies); a draft without token counts (checkpoint=random) needs None
+    draft_vocab: int | None = None
+    # fixed: verify every drafted node (paper) | auto (ours, not the paper's): verify only the nodes worth
+    # their rows on this hardware's cost curve, and stop drafting when a level no longer pays
+    # (decoders/longspec/auto.py)
+    block: str = recorded_without("fixed")
+    # 0: the tree is the draft's alone (paper) | N (ours, not the paper's): up to N prompt-lookup tokens
+    # join the tree as one more branch from the root
+    lookup: int = recorded_without(0)
+    # 1.0: the beam ranks nodes by the draft's own log-probs (paper) | T (ours, not the paper's): by the
+    # log-probs of logits / T (drafting only; lossless)
+    beam_temperature: float = recorded_without(1.0)
 
 
 class LongSpec(BaseDecoder):

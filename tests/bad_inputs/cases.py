@@ -249,4 +249,21 @@ CASES = [
     _c("is a file, not a folder", "decoder=longspec", "decoder.checkpoint={file}"),
     # a later turn that may overflow the context: refused before the first token, not after turn 0
     _c("turn 1: prompt of", "run.max_new_tokens=2000", model=True),
+    # presets extend their method's Config schema (runners.schemas): a wrong type stops Hydra's own
+    # composition, an option no preset names is still typed, a preset of the global package too
+    _c(
+        "decoder.beam_temperature must be a number, got 'warm'",
+        "decoder=longspec_chain",
+        "decoder.beam_temperature=warm",
+    ),
+    _c("kv.recent must be an integer or null, got 'some'", "kv=h2o", "kv.recent=some"),
+    _c(
+        "decoder.gamma1 must be an integer, got 'two'", "decoder=triforce", "draft=tiny", "decoder.gamma1=two"
+    ),
+    _c(
+        "unknown key decoder.kk; decoder has: block, max_matching_ngram_size",
+        "decoder=pld_auto",
+        "decoder.kk=3",
+    ),
+    _c("decoder.k must be an integer, got 'abc'", "-m", "decoder=fafo,fafo_cpu", "decoder.k=abc"),
 ]
