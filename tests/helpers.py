@@ -78,14 +78,20 @@ def make_cfg(tmp_path: Path, *overrides: str):
 
 
 class FakeEngine:
-    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache` (eager forwards)."""
-
-    fixed_shape = captured = False
+    """Just the parts of `core.engine.Engine` a policy touches, over a real `KVCache`: eager forwards,
+    or fixed-shape ones where a test sets `graphs` (a stand-in with `capture`), as `Engine.use_graphs`."""
 
     def __init__(self, layers: int = 2, hkv: int = 2, d: int = 8, capacity: int = 512) -> None:
         self.cache = KVCache(layers, hkv, d, torch.float32, torch.device("cpu"))
         self.cache.reset(capacity)
         self.scale, self.device = d**-0.5, torch.device("cpu")
+        self.graphs: Any = None
+
+    # the engine's answers about its forwards, read the same way (`core.engine.Engine`)
+    fixed_shape = Engine.fixed_shape
+    captured = Engine.captured
+    rows_run = Engine.rows_run
+    replayable = Engine.replayable
 
     @property
     def length(self) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from core.engine import Engine
 from core.sampling import Sampler
@@ -19,7 +18,7 @@ from decoders.longspec.decoder import LongSpec, Tree
 from decoders.vanilla import Vanilla
 from runners.identity import method_params
 from tests.conftest import needs_smollm
-from tests.helpers import TREES, TargetDraft, flat, steep, varied_prompts
+from tests.helpers import TREES, TargetDraft, compose_config, flat, steep, varied_prompts
 from tests.lossless_check import (
     check_lossless,
     chi_square_pvalue,
@@ -162,9 +161,9 @@ def test_bad_lookup_is_one_clear_error(tiny_lm):
 
 def test_lookup_off_keeps_run_ids_and_the_preset_says_it_is_ours():
     for name in ("longspec", "longspec_small", "longspec_chain", "longspec_chain_auto"):
-        node = OmegaConf.load(DECODERS / f"{name}.yaml")
+        node = compose_config(f"decoder={name}").decoder  # the preset over its Config's defaults
         assert node.lookup == 0 and "lookup" not in method_params(node, "decoder")
-    preset = OmegaConf.load(DECODERS / "longspec_lookup_auto.yaml")
+    preset = compose_config("decoder=longspec_lookup_auto").decoder
     assert method_params(preset, "decoder")["lookup"] == 10 and preset.block == "auto"
     assert "NOT the" in (DECODERS / "longspec_lookup_auto.yaml").read_text()
 

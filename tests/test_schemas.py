@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from runners.identity import REGISTERED, method_class
 from runners.overrides import compose_checked
 from runners.schemas import SUFFIX, register_schemas
-from tests.test_configs import _compose
+from tests.helpers import compose_config as _compose
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -89,7 +89,8 @@ def test_an_option_no_preset_names_is_overridable_and_typed():
 
 def test_every_compose_path_registers_the_schemas():
     """A module that composes the config (Hydra's compose or main) registers the schemas first: without
-    them no preset composes. (tests/test_lossless_longspec.py composes through test_configs._compose.)"""
+    them no preset composes. (tests/test_lossless_longspec.py composes through
+    tests.helpers.compose_config.)"""
     composes = re.compile(r"initialize_config_dir\(|@hydra\.main\(")
     files = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts and "research" not in p.parts]
     missing = [
