@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,7 +37,10 @@ from core.sparse_attention import (
     flash_region_attend,
     sliced_attend,
 )
-from core.types import HarnessError
+from core.types import HarnessError, PolicyEngine
+
+if TYPE_CHECKING:
+    from kv_policies.base import KVPolicy
 
 REGION_BACKENDS = ("flex", "sliced", "flash")
 # one static BlockMask per (layout size, KV length, heads, ...), reused across generations
@@ -66,7 +69,7 @@ def _mask_for(
     return mask
 
 
-def gathers(policy: Any, rows: slice | None) -> bool:
+def gathers(policy: KVPolicy, rows: slice | None) -> bool:
     """Whether a compressed-region backend's block with restricted `rows` reads its selection by
     gather on an engine with fixed-shape forwards (`gathered_view`): every row restricted, by a
     policy that chooses before the forward. Otherwise the region lays the step out."""
@@ -78,8 +81,8 @@ class CompressedRegion:
 
     def __init__(
         self,
-        policy: Any,
-        engine: Any,
+        policy: KVPolicy,
+        engine: PolicyEngine,
         backend: str = "flex",
         compiled: bool = True,
         q_block: int | None = None,

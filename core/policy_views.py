@@ -21,22 +21,26 @@ keeps every entry gets the plain causal view, so its output equals `kv=full` tok
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from core.attention import CausalView
+from core.attention import CausalView, View
 from core.compressed_region import CompressedRegion, gathers
 from kv_policies.layer_selection import LayerSelectionView, ObservedCausalView
 from kv_policies.shared_selection import SelectionView
 from kv_policies.view import InForwardView, RestrictedView, causal_block
+
+if TYPE_CHECKING:
+    from core.types import PolicyEngine
+    from kv_policies.base import KVPolicy
 
 log = logging.getLogger(__name__)
 
 _WARNED_UNGRAPHED: set[str] = set()  # region backends warned about under CUDA graphs (once per process)
 
 
-def decode_view(policy: Any, engine: Any, n_block: int) -> Any:
+def decode_view(policy: KVPolicy, engine: PolicyEngine, n_block: int) -> View:
     """View for a block whose rows all see the policy's selection (plus the block causally)."""
     if policy.keeps_every_layer(engine.cache.n_layers, engine.length):
         if not policy.watches_queries:
@@ -46,7 +50,7 @@ def decode_view(policy: Any, engine: Any, n_block: int) -> Any:
     return restricted_view(policy, engine, tril, every, rows=slice(None))
 
 
-def draft_view(policy: Any, engine: Any, tail_from: int, n_block: int = 1) -> Any:
+def draft_view(policy: KVPolicy, engine: PolicyEngine, tail_from: int, n_block: int = 1) -> View:
     """A block of `n_block` restricted rows, causal among themselves (a self-speculative draft step,
     or TriForce's middle level checking a draft model's tokens) over the selection of
     `[0, tail_from)` plus the fresh tail `[tail_from, length)`; the plain causal view when nothing
@@ -58,14 +62,14 @@ def draft_view(policy: Any, engine: Any, tail_from: int, n_block: int = 1) -> An
 
 
 def restricted_view(
-    policy: Any,
-    engine: Any,
+    policy: KVPolicy,
+    engine: PolicyEngine,
     block_mask: torch.Tensor,
     restricted: torch.Tensor,
     backend: str | None = None,
     tail_from: int | None = None,
     rows: slice | None = None,
-) -> Any:
+) -> View:
     """A view where `restricted` rows see only the policy's selection of the cache (plus the block
     through `block_mask [n, n]`) and the other rows the whole cache. `tail_from`: cached entries
     from that position on (a self-drafting decoder's fresh tokens) are visible to every row and
@@ -83,8 +87,8 @@ def restricted_view(
 
 
 def in_forward_view(
-    policy: Any,
-    engine: Any,
+    policy: KVPolicy,
+    engine: PolicyEngine,
     block_mask: torch.Tensor,
     restricted: torch.Tensor,
     tail_from: int | None,
@@ -105,7 +109,11 @@ def in_forward_view(
 
 
 def gathered_view(
-    policy: Any, engine: Any, block_mask: torch.Tensor, restricted: torch.Tensor, tail_from: int | None
+    policy: KVPolicy,
+    engine: PolicyEngine,
+    block_mask: torch.Tensor,
+    restricted: torch.Tensor,
+    tail_from: int | None,
 ) -> LayerSelectionView:
     """A compressed-region backend's view for a block that `gathers`: the per-layer selection, which
     the fixed-shape forward reads by gather (the same entries the region would pack, none moved
@@ -118,7 +126,7 @@ def gathered_view(
     return view
 
 
-def region_for(policy: Any, engine: Any, backend: str) -> Any:
+def region_for(policy: KVPolicy, engine: PolicyEngine, backend: str) -> CompressedRegion:
     """The compressed region laying out the policy's selection in `engine`'s cache (created once per
     generation: the policy's `reset` gives it a new slot map, without one)."""
 

@@ -17,9 +17,12 @@ Anything else is taken as absolute positions and copied.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from core.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ def absolute(positions: torch.Tensor | RelativePositions) -> torch.Tensor:
     return positions.tensor() if isinstance(positions, RelativePositions) else positions
 
 
-def after_cache(positions: Any, engine: Any, length: int) -> tuple[tuple, torch.Tensor | None] | None:
+def after_cache(
+    positions: torch.Tensor | RelativePositions, engine: Engine, length: int
+) -> tuple[tuple, torch.Tensor | None] | None:
     """How `positions` sit after a cache of `length` entries, when they do: `((n,), None)` for a chain
     (the block's rows at `length + row`), `((n, offsets, version), offsets)` for a `RelativePositions`
     starting at `length`; None for absolute positions (a chain starting elsewhere among them). The key
@@ -70,7 +75,7 @@ class StagedPositions:
         self.relative = False  # what `from_length` holds
         self.staged: tuple | None = None  # the key of the relative values staged (None: absolute ones)
 
-    def stage(self, positions: torch.Tensor | RelativePositions, n: int, engine: Any, length: int) -> None:
+    def stage(self, positions: torch.Tensor | RelativePositions, n: int, engine: Engine, length: int) -> None:
         found = after_cache(positions, engine, length)
         if found is None:
             self.values[:n].copy_(flat_on(absolute(positions), self.values.device))

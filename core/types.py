@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from core.kv_cache import KVCache
+    from kv_policies.activity import Activity
 
 
 @dataclass
@@ -64,7 +70,7 @@ class Counts:
         self._on_prefill_done = on_prefill_done
         self._on_decode_done = on_decode_done
         self.kv_budget: int | None = None  # the KV policy's budget in this generation (None: unbounded)
-        self.kv_activity: Any = None  # kv_policies.activity.Activity: how much the policy restricted
+        self.kv_activity: Activity | None = None  # how much the policy restricted
         self._deferred: list[tuple[DeviceReads, StepRecord | None]] = []  # KV reads still on the device
 
     def prefill_done(self, n_tokens: int) -> None:
@@ -162,6 +168,26 @@ class Decoder(Protocol):
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int], counts: Counts
     ) -> list[int]: ...
+
+
+class PolicyEngine(Protocol):
+    """The parts of `core.engine.Engine` a KV policy, its slot map, its views and its compressed region
+    read: the engine itself in a run, `tests.helpers.FakeEngine` (a real cache, eager forwards) in the
+    policies' unit tests. What only a real engine has (`replayable`, `model`, ...) is read on paths a
+    stand-in never takes (fixed-shape forwards, kvpress's model hooks)."""
+
+    cache: KVCache
+    scale: float
+    device: torch.device
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def fixed_shape(self) -> bool: ...
+
+    @property
+    def captured(self) -> bool: ...
 
 
 class HarnessError(Exception):

@@ -3,9 +3,13 @@ and the parametrized test suite read. A new decoder adds its line here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.checks import registered_class
+
+if TYPE_CHECKING:
+    from core.engine import Engine
+    from core.types import Decoder
 
 # method name -> "module:Class"
 DECODERS = {
@@ -44,6 +48,6 @@ def decoder_class(name: str) -> type:
     return registered_class("decoder", DECODERS, name)
 
 
-def build_decoder(name: str, engine: Any, **params: Any) -> Any:
+def build_decoder(name: str, engine: Engine, **params: Any) -> Decoder:
     """Instantiate a decoder by method name (the Hydra configs in conf/decoder/ do the same)."""
     return decoder_class(name)(engine, **params)

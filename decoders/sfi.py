@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from core.attention import CausalView
+from core.attention import CausalView, View
 from core.checks import integer
 from core.options import options
 from core.types import Counts, HarnessError
@@ -101,7 +101,7 @@ class SlowFast(BaseDecoder):
             tok[0] = out[-1]
             if slow:
                 kv.begin_slow()
-                view: Any = kv.slow_view(eng)
+                view: View = kv.slow_view(eng)
             else:
                 view = kv.fast_view(eng)
             try:

@@ -14,10 +14,11 @@ from typing import Any, ClassVar
 import torch
 
 from core.options import NoOptions
+from core.types import PolicyEngine  # at run time: no new load (core.options imports core.types)
 from kv_policies.activity import SelectionActivity
 from kv_policies.layout import SlotMap
 from kv_policies.stacking import KeepStack
-from kv_policies.view import ViewMemo
+from kv_policies.view import InForwardSelector, ViewMemo
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ class KVPolicy:
     # is every layer's. A subclass with its own `keeps_all` is asked layer by layer unless it says True.
     keeps_alike: bool = True
 
-    engine: Any = None
+    engine: PolicyEngine | None = None  # set by `attach`
     _noted_large: bool = False
     # an `InForwardSelector` class when the choice can also run inside a fixed-shape forward (Quest, Top-K:
     # `kv_policies.view.InForwardView`); the policy then names the forwards it shares (`selector_key()`)
-    Selector: Any = None
+    Selector: type[InForwardSelector] | None = None
     # the engine side's `activity`, `view_memo`, `slots`, `keep_stack`: made on first use (below)
 
     @property
@@ -62,7 +63,7 @@ class KVPolicy:
         """Whether the policy overrides `observe`: it is shown the restricted rows' queries."""
         return type(self).observe is not KVPolicy.observe
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: PolicyEngine) -> None:
         """Bind to the engine of the generation about to start (reads it; changes nothing in it)."""
         self.engine, self.slots = engine, SlotMap(engine)
 
@@ -114,7 +115,7 @@ class KVPolicy:
     def keep_stack(self) -> KeepStack:  # keep masks fixed after the prefill, stacked for every layer
         return KeepStack(self)
 
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: PolicyEngine) -> None:
         """The prompt is cached (a static selection such as SnapKV's is made here)."""
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
@@ -125,10 +126,10 @@ class KVPolicy:
         for layer in range(queries.shape[0]):
             self.observe(layer, queries[layer])
 
-    def after_commit(self, engine: Any, n_new: int) -> None:
+    def after_commit(self, engine: PolicyEngine, n_new: int) -> None:
         """`n_new` entries were committed (sliding windows, H2O's eviction)."""
 
-    def rebuild(self, engine: Any) -> float:
+    def rebuild(self, engine: PolicyEngine) -> float:
         """Choose the selection again from what has been observed (a drafting decoder's stride).
         Returns the cached entries it read per layer and KV head (keys count half an entry)."""
         return 0.0

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from core.options import options
-from core.types import HarnessError
+from core.types import HarnessError, PolicyEngine
 from kv_policies.attention_mass import attention_mass
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
@@ -96,7 +96,7 @@ class H2O(KVPolicy):
     def _scale(self, d: int) -> float:
         return self.engine.scale if self.engine is not None else d**-0.5
 
-    def _grow(self, layers: int, hkv: int, length: int, device: Any) -> None:
+    def _grow(self, layers: int, hkv: int, length: int, device: torch.device) -> None:
         S, A = self._S, self._A
         if S is not None and S.shape[0] >= layers and S.shape[2] >= length:
             return
@@ -109,7 +109,9 @@ class H2O(KVPolicy):
         if S is not None and A is not None:
             self._S[: S.shape[0], :, : S.shape[2]], self._A[: A.shape[0], :, : A.shape[2]] = S, A
 
-    def _state(self, layer: int, hkv: int, length: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _state(
+        self, layer: int, hkv: int, length: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s scores and alive flags `[n_kv_heads, capacity]` (views of the stacked state)."""
         layers = self.engine.cache.n_layers if self.engine is not None else layer + 1
         self._grow(max(layers, layer + 1), hkv, length, device)
@@ -128,7 +130,7 @@ class H2O(KVPolicy):
         self._count[layer] = total  # nothing is evicted before the prefill ends
 
     @torch.inference_mode()
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: PolicyEngine) -> None:
         self._P_valid = False
         for layer in sorted(self._layers):  # the prompt scored: its first eviction
             self._commit(slice(layer, layer + 1), None, engine.length, 0, self._count[layer], False)
@@ -155,7 +157,7 @@ class H2O(KVPolicy):
         self._q, self._stacked = {}, buf
 
     @torch.inference_mode()
-    def after_commit(self, engine: Any, n_new: int) -> None:
+    def after_commit(self, engine: PolicyEngine, n_new: int) -> None:
         """Score and evict by `h2o_commit` (`kv_policies.h2o_rule`), the one update: every layer at once
         where they observed the same rows and keep as many entries in the plain layout (at fixed shapes,
         `FixedCommit`, once evicting at every step on an engine with fixed-shape forwards), else layer

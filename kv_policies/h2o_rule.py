@@ -23,11 +23,16 @@ only in how they lay out the candidates and the eviction:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kv_policies.attention_mass import attention_mass_layers
+
+if TYPE_CHECKING:
+    from core.kv_cache import KVCache
+    from kv_policies.h2o import H2O
+    from kv_policies.layout import SlotMap
 
 
 def h2o_commit(
@@ -114,7 +119,7 @@ class FixedCommit:
     Run eagerly (the fixed-shape forwards' CPU twin) it drops the pads, whose columns cost their
     arithmetic there."""
 
-    def __init__(self, policy: Any, pad: int) -> None:
+    def __init__(self, policy: H2O, pad: int) -> None:
         self.policy, self.pad = policy, pad
         engine = policy.engine
         dev = engine.cache.k.device
@@ -129,7 +134,9 @@ class FixedCommit:
         self.replay = engine.replayable(self.run)
 
     @staticmethod
-    def commit(policy: Any, fixed: FixedCommit | None, length: int, n_new: int, queries: torch.Tensor) -> Any:
+    def commit(
+        policy: H2O, fixed: FixedCommit | None, length: int, n_new: int, queries: torch.Tensor
+    ) -> FixedCommit:
         """Run `policy`'s commit at fixed shapes with `fixed` (or a new update where it does not fit);
         returns the update used."""
         cache = policy.engine.cache
@@ -194,7 +201,7 @@ class KeyRows:
         self.key: tuple | None = None
         self.starts = torch.empty(0, dtype=torch.long)
 
-    def at(self, cache: Any, slots: torch.Tensor, first_layer: int = 0) -> torch.Tensor:
+    def at(self, cache: KVCache, slots: torch.Tensor, first_layer: int = 0) -> torch.Tensor:
         """Keys `[n_layers, n_kv_heads, m, head_dim]` at `slots` `[n_layers, n_kv_heads, m]` of layers
         `first_layer...`."""
         d = cache.k.shape[-1]
@@ -205,7 +212,7 @@ class KeyRows:
         flat = (slots + self.starts[first_layer : first_layer + slots.shape[0]]).view(-1)
         return cache.k.view(-1, d).index_select(0, flat).view(*slots.shape, d)
 
-    def by_position(self, slots: Any, first_layer: int, positions: torch.Tensor) -> torch.Tensor:
+    def by_position(self, slots: SlotMap, first_layer: int, positions: torch.Tensor) -> torch.Tensor:
         """The keys at logical `positions` `[n_layers, n_kv_heads, m]` of layers `first_layer...`, found
         by `slots` (a `kv_policies.layout.SlotMap`): one map for every layer (in order: the positions
         themselves), or a compressed region's own per layer."""

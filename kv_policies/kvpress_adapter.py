@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import astuple, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from core.options import options
 from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend
+
+if TYPE_CHECKING:
+    from core.engine import Engine
 
 REFUSED = {"ThinKPress": "ThinK prunes key channels, not cached entries: it is not a selection of the cache"}
 VALUE_SCORERS = {"LagKVPress"}
@@ -156,7 +159,7 @@ class KVPress(KVPolicy):
         return [hook]
 
     @torch.inference_mode()
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: Engine) -> None:  # a real engine: the press runs the model's modules
         n = engine.length
         if self.compression_ratio == 0 or n < 2 or n <= self.window:
             return  # nothing to compress, or a prompt the press cannot score: kept whole

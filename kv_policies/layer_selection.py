@@ -10,7 +10,7 @@ queries to `policy.observe` (H2O accumulates attention even while the budget sti
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -18,6 +18,10 @@ from core.attention import CausalView, ViewKind
 from core.types import DeviceReads
 from kv_policies.stacking import selections
 from kv_policies.view import restricted_attention, selectable_length
+
+if TYPE_CHECKING:
+    from core.types import PolicyEngine
+    from kv_policies.base import KVPolicy
 
 
 class LayerSelectionView:
@@ -40,7 +44,7 @@ class LayerSelectionView:
 
     def __init__(
         self,
-        policy: Any,
+        policy: KVPolicy,
         scale: float,
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
@@ -71,8 +75,8 @@ class LayerSelectionView:
     @classmethod
     def build(
         cls,
-        policy: Any,
-        engine: Any,
+        policy: KVPolicy,
+        engine: PolicyEngine,
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
@@ -136,7 +140,7 @@ class ObservedCausalView(CausalView):
     # core.decode_graph keeps every layer's queries and hands them to `observe_layers`
     kind: ClassVar[ViewKind] = ViewKind.CAUSAL_SHOWN_TO_POLICY
 
-    def __init__(self, scale: float, policy: Any) -> None:
+    def __init__(self, scale: float, policy: KVPolicy) -> None:
         super().__init__(scale)
         self.policy = policy
 

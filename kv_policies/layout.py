@@ -13,9 +13,13 @@ here for every policy, not in each policy's rule.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from core.compressed_region import CompressedRegion
+    from core.types import PolicyEngine
 
 
 class SlotMap:
@@ -23,11 +27,11 @@ class SlotMap:
     is attached, slots are then positions). `region`: the `CompressedRegion` currently laying out the
     policy's selection, if any (it registers itself through `follow`)."""
 
-    def __init__(self, engine: Any = None) -> None:
+    def __init__(self, engine: PolicyEngine | None = None) -> None:
         self.engine = engine
-        self.region: Any = None
+        self.region: CompressedRegion | None = None
 
-    def follow(self, region: Any) -> None:
+    def follow(self, region: CompressedRegion) -> None:
         """From now on the policy's entries are where `region` put them."""
         self.region = region
 
@@ -36,7 +40,9 @@ class SlotMap:
         are then read as positions, without a map."""
         return self.region is None and (self.engine is None or self.engine.cache.in_order)
 
-    def logical_of_slots(self, layer: int, hkv: int, cache_len: int, device: Any = "cpu") -> torch.Tensor:
+    def logical_of_slots(
+        self, layer: int, hkv: int, cache_len: int, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """long `[n_kv_heads, cache_len]`: the logical position held by each physical slot."""
         if self.region is not None:
             return self.region.positions(layer, cache_len)

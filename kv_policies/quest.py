@@ -31,7 +31,7 @@ from core.types import HarnessError
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
 from kv_policies.pages import PageExtremes, page_bounds
-from kv_policies.view import InForwardSelector
+from kv_policies.view import FixedShapeForward, InForwardSelector, InForwardView
 
 REGION_BLOCK = 128
 
@@ -68,7 +68,7 @@ class QuestSelector(InForwardSelector):
     the page extremes of every layer in buffers of the cache's capacity, brought up to date before each
     step (outside a CUDA graph), `choose_pages` over every page inside the forward."""
 
-    def __init__(self, static: Any, policy: Any) -> None:
+    def __init__(self, static: FixedShapeForward, policy: Quest) -> None:
         super().__init__(static, policy)
         cache = self.engine.cache
         self.page, self.n_pages = policy.page_size, policy.n_pages
@@ -80,7 +80,7 @@ class QuestSelector(InForwardSelector):
         self.page_index = torch.arange(pages, device=dev)
         self.last_page = torch.zeros(1, dtype=torch.long, device=dev)  # the page of the newest entry
 
-    def stage(self, view: Any, n: int, length: int) -> None:
+    def stage(self, view: InForwardView, n: int, length: int) -> None:
         """The page extremes of the `length` cached entries, every selected layer, and the last page."""
         super().stage(view, n, length)
         pol = view.policy  # this step's policy: a later one with the same settings shares the forward

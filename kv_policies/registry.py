@@ -3,9 +3,12 @@ test suite read. A new policy adds its line here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.checks import registered_class
+
+if TYPE_CHECKING:
+    from kv_policies.base import KVPolicy
 
 # name -> "module:Class"; `build_policy` gives the one-line error for anything else
 REGISTRY = {
@@ -41,6 +44,6 @@ def policy_class(name: str) -> type:
     return registered_class("KV policy", REGISTRY, name)
 
 
-def build_policy(name: str, **params: Any) -> Any:
+def build_policy(name: str, **params: Any) -> KVPolicy:
     """Instantiate a policy by name (the Hydra configs in conf/kv/ do the same through `_target_`)."""
     return policy_class(name)(**params)

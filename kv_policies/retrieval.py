@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from core.options import options
-from core.types import HarnessError
+from core.types import HarnessError, PolicyEngine
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
 
@@ -140,12 +140,12 @@ class Retrieval(KVPolicy):
 
     # --- building --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: PolicyEngine) -> None:
         if self.prompt_len > self.budget:
             self.rebuild(engine)
 
     @torch.inference_mode()
-    def rebuild(self, engine: Any) -> float:
+    def rebuild(self, engine: PolicyEngine) -> float:
         length = self.prompt_len
         if length <= self.budget or engine.length < length or len(self._q) != engine.cache.n_layers:
             return 0.0

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import astuple, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from core.options import options
 from core.policy_views import decode_view, region_for
-from core.types import HarnessError
+from core.types import HarnessError, PolicyEngine
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget_frac
 from kv_policies.sfi_selector import PAPER, REPO
 from kv_policies.sfi_slow import SFIFastView, SFISlowView, SlowSteps
+
+if TYPE_CHECKING:
+    from core.attention import View
 
 PRESETS = {"paper": PAPER, "repo": REPO}
 
@@ -144,12 +147,12 @@ class SFI(SlowSteps, KVPolicy):
     def keeps_all(self, layer: int, cache_len: int) -> bool:
         return cache_len <= self.budget
 
-    def slow_view(self, engine: Any) -> Any:
+    def slow_view(self, engine: PolicyEngine) -> SFISlowView:
         """The view of a slow step: dense attention whose query rows (and, where the split decode
         attention computes them anyway, its logits) reach the Selector (`kv_policies.view`)."""
         return SFISlowView(engine.scale, self)
 
-    def fast_view(self, engine: Any) -> Any:
+    def fast_view(self, engine: PolicyEngine) -> View:
         """The view of a fast step (one query row): with `backend=sliced` the packed long-range set
         plus the recent window read in place (`kv_policies.view`), otherwise `decode_view` (on an
         engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""

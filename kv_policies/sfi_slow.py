@@ -13,7 +13,7 @@ decode attention computes them anyway its logits, reach the Selector) and `SFIFa
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -28,11 +28,16 @@ from core.attention import (
 from kv_policies.layer_selection import ObservedCausalView
 from kv_policies.sfi_selector import sfi_select
 
+if TYPE_CHECKING:
+    from core.compressed_region import CompressedRegion
+    from core.types import PolicyEngine
+    from kv_policies.sfi import SFI
+
 
 class SlowSteps:
     """`SFI`'s slow steps (a mixin of the policy: its sinks, recent, k, window, selector and state)."""
 
-    engine: Any
+    engine: PolicyEngine | None
     slow: bool
     sinks: int
     recent: int
@@ -149,7 +154,7 @@ class SlowSteps:
         if self.window and lo < q.shape[1]:
             self._q.setdefault(layer, []).append(q[:, lo:].clone())
 
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: PolicyEngine) -> None:
         for layer, parts in self._q.items():
             self.gather_evidence(layer, torch.cat(parts, dim=1)[None], engine.length)
         self._q = {}
@@ -176,7 +181,7 @@ class SFIFastView:
 
     kind: ClassVar[ViewKind] = ViewKind.REGION_GATHERABLE  # with graphs on, read by gather (one shape)
 
-    def __init__(self, policy: Any, region: Any) -> None:
+    def __init__(self, policy: SFI, region: CompressedRegion) -> None:
         self.policy, self.region = policy, region
         self.scale = region.engine.scale
         self._read: list[int] = []

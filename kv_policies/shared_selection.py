@@ -7,12 +7,16 @@ see the selection, the other rows the whole cache (as `kv_policies.view.Restrict
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from core.attention import MaskView, ViewKind
 from kv_policies.view import causal_block, selectable_length
+
+if TYPE_CHECKING:
+    from core.types import PolicyEngine
+    from kv_policies.base import KVPolicy
 
 
 class SelectionView(MaskView):
@@ -26,8 +30,8 @@ class SelectionView(MaskView):
     @classmethod
     def build(
         cls,
-        policy: Any,
-        engine: Any,
+        policy: KVPolicy,
+        engine: PolicyEngine,
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
         tail_from: int | None = None,
@@ -71,7 +75,7 @@ class SelectionView(MaskView):
 
 
 def _selection_mask(
-    engine: Any,
+    engine: PolicyEngine,
     block_mask: torch.Tensor,
     restricted: torch.Tensor,
     rows: slice | None,
@@ -106,7 +110,7 @@ class HoleView(SelectionView):
         rows: slice | None,
         hole: tuple[int, int],
         cache_len: int,
-        engine: Any,
+        engine: PolicyEngine,
         read: int,
     ) -> None:
         self.block_mask, self.restricted, self.rows = block_mask, restricted, rows
@@ -136,7 +140,11 @@ class HoleView(SelectionView):
 
 
 def _one_row_draft_mask(
-    policy: Any, engine: Any, selection: torch.Tensor | tuple[int, int], sel_len: int, cache_len: int
+    policy: KVPolicy,
+    engine: PolicyEngine,
+    selection: torch.Tensor | tuple[int, int],
+    sel_len: int,
+    cache_len: int,
 ) -> torch.Tensor:
     """A one-row draft step's visibility `[1, cache_len + 1]`: the selection of `[0, sel_len)` (a bool
     tensor, or the `(lo, hi)` hole of every slot but `[lo, hi)`), then the draft's fresh tail and the row

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from core.options import options
-from core.types import HarnessError
+from core.types import HarnessError, PolicyEngine
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac
 
@@ -114,7 +114,7 @@ class SnapKV(KVPolicy):
             self._q.setdefault(layer, []).append(q[:, lo:].clone())
 
     @torch.inference_mode()
-    def after_prefill(self, engine: Any) -> None:
+    def after_prefill(self, engine: PolicyEngine) -> None:
         if not self._compresses():
             return
         length = engine.length

@@ -10,12 +10,15 @@ layer fixed after the prefill (SnapKV, retrieval, kvpress) hands the masks to it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from kv_policies.base import KVPolicy
 
-def every_layer(policy: Any, cache_len: int) -> torch.Tensor:
+
+def every_layer(policy: KVPolicy, cache_len: int) -> torch.Tensor:
     """bool `[n_layers, n_kv_heads, cache_len]` over physical slots: every layer's `policy.visible`
     (a `query_free` policy's, so no queries), one layer at a time."""
     cache = policy.engine.cache
@@ -26,7 +29,7 @@ def every_layer(policy: Any, cache_len: int) -> torch.Tensor:
     return out
 
 
-def selections(policy: Any, cache_len: int) -> torch.Tensor:
+def selections(policy: KVPolicy, cache_len: int) -> torch.Tensor:
     """Every layer's selection: the policy's own stack, or `every_layer`."""
     stack = policy.layer_selections(cache_len)
     return every_layer(policy, cache_len) if stack is None else stack
@@ -37,7 +40,7 @@ class KeepStack:
     allocation, so that a step's selection is the stack's first `cache_len` slots (a view; under a
     compressed region's map: a gather). One per policy and generation (`KVPolicy.keep_stack`)."""
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: KVPolicy) -> None:
         self.policy = policy  # read for its engine, its slot map and its views' memo
         self._stack: torch.Tensor | None = None
         self._layers: int | None = None  # how many masks `_stack` was made from
@@ -79,7 +82,9 @@ class KeepStack:
         return physical
 
 
-def stack_masks(keep: dict[int, torch.Tensor], shape: tuple[int, int, int], device: Any) -> torch.Tensor:
+def stack_masks(
+    keep: dict[int, torch.Tensor], shape: tuple[int, int, int], device: torch.device | str
+) -> torch.Tensor:
     """bool `shape` (`[n_layers, n_kv_heads, length]`, longer if a mask is): `keep[layer]` over its first
     positions, True elsewhere. Masks of one width on consecutive layers (every layer past the dense ones)
     are copied in one operator."""

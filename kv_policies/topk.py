@@ -19,7 +19,7 @@ import torch
 from core.options import options
 from kv_policies.base import KVPolicy
 from kv_policies.checks import check_backend, check_budget, check_budget_frac, check_dense_layers
-from kv_policies.view import InForwardSelector
+from kv_policies.view import FixedShapeForward, InForwardSelector
 
 
 def top_attended(
@@ -54,7 +54,7 @@ class TopKSelector(InForwardSelector):
 
     takes_tail = True
 
-    def __init__(self, static: Any, policy: Any) -> None:
+    def __init__(self, static: FixedShapeForward, policy: TopK) -> None:
         super().__init__(static, policy)
         self.keep = min(policy.budget, self.capacity)
 

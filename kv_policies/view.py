@@ -17,11 +17,22 @@ gets: `core.policy_views`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from core.attention import ViewKind, sdpa
+
+if TYPE_CHECKING:
+    from core.types import PolicyEngine
+    from kv_policies.base import KVPolicy
+
+
+class FixedShapeForward(Protocol):
+    """The fixed-shape forward a selector serves (`core.decode_graph.StaticForward`), as far as the
+    selector reads it: policies do not import the graph machinery (tests/test_policy_structure.py)."""
+
+    engine: PolicyEngine
 
 
 @dataclass
@@ -85,7 +96,7 @@ class RestrictedView:
 
     def __init__(
         self,
-        policy: Any,
+        policy: KVPolicy,
         scale: float,
         block_mask: torch.Tensor,
         restricted: torch.Tensor,
@@ -101,7 +112,7 @@ class RestrictedView:
         self._read: list[torch.Tensor] = []  # per layer, on the device
 
     @classmethod
-    def all_rows(cls, policy: Any, engine: Any, n_block: int) -> RestrictedView:
+    def all_rows(cls, policy: KVPolicy, engine: PolicyEngine, n_block: int) -> RestrictedView:
         tril, every = causal_block(n_block, engine.device)
         return cls(policy, engine.scale, tril, every, rows=slice(None))
 
@@ -154,7 +165,7 @@ class InForwardView(RestrictedView):
     def selector_key(self) -> tuple:
         return self.policy.selector_key()
 
-    def selector(self, static: Any) -> InForwardSelector:
+    def selector(self, static: FixedShapeForward) -> InForwardSelector:
         return self.policy.Selector(static, self.policy)
 
     def take_reads(self, reads: torch.Tensor, cache_len: int) -> None:
@@ -175,14 +186,14 @@ class InForwardSelector:
 
     takes_tail: ClassVar[bool] = False  # whether `stage` handles a draft's fresh tail (`tail_from`)
 
-    def __init__(self, static: Any, policy: Any) -> None:
+    def __init__(self, static: FixedShapeForward, policy: KVPolicy) -> None:
         eng = static.engine
         self.engine, self.dense = eng, policy.dense_layers
         self.capacity = eng.cache.capacity
         self.length = torch.zeros(1, dtype=torch.long, device=eng.device)
         self.reads = torch.zeros(eng.cache.n_layers, dtype=torch.long, device=eng.device)
 
-    def stage(self, view: Any, n: int, length: int) -> None:
+    def stage(self, view: InForwardView, n: int, length: int) -> None:
         """Before the step (outside a CUDA graph): the selectable length of a cache of `length` entries."""
         if self.engine.cache.capacity != self.capacity:  # StaticForward's key
             raise RuntimeError(f"the cache was reallocated under a {type(self).__name__}")

@@ -314,6 +314,30 @@ def test_checker_sees_circles_and_needless_deferrals(tmp_path: Path) -> None:
     ]
 
 
+def test_type_checking_imports_do_not_count(tmp_path: Path) -> None:
+    """An import under `if TYPE_CHECKING:` (`typing.TYPE_CHECKING` too) never runs: it makes no edge, so
+    no circle, and is no function-level import; its `else:` branch runs and counts. The same import
+    outside the block makes the circle."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text(
+        "import typing\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg import a\n"
+        "if typing.TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.c\n"
+        "def f():\n    if TYPE_CHECKING:\n        import pkg.a\n"
+    )
+    (pkg / "c.py").write_text("")
+    mods = product_files(tmp_path)
+    edges, every = graph(mods)
+    assert edges["pkg.b"] == {"pkg.c"} and cycles(edges) == []
+    assert [imp.line for imp in every if imp.module == "pkg.b"] == [1, 2, 9]
+    assert unjustified(mods, tmp_path) == []
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n\nfrom pkg import a\n")
+    edges, _ = graph(product_files(tmp_path))
+    assert cycles(edges) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
 def test_no_test_module_imports_another() -> None:
     bad = imports_of_test_modules()
     assert not bad, (

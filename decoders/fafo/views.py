@@ -14,9 +14,9 @@ row sees the whole cache: one plain masked SDPA (`BlockView`), whatever the back
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from core.attention import BlockView
+from core.attention import BlockView, View
 from core.checks import choice
 from core.policy_views import restricted_view
 from decoders.fafo.layout import FafoLayout
@@ -24,9 +24,13 @@ from kv_policies.checks import BACKENDS
 from kv_policies.full import FullKV
 from kv_policies.view import causal_block
 
+if TYPE_CHECKING:
+    from core.engine import Engine
+    from kv_policies.base import KVPolicy
+
 
 class ViewFactory:
-    def __init__(self, engine: Any, kv: Any, backend: str | None = None) -> None:
+    def __init__(self, engine: Engine, kv: KVPolicy, backend: str | None = None) -> None:
         if backend is not None:  # null: the KV policy's backend
             choice("decoder.backend", backend, BACKENDS)
         self.engine, self.kv = engine, kv
@@ -45,7 +49,7 @@ class ViewFactory:
             return False
         return kv.keeps_every_layer(self.engine.cache.n_layers, cache_len)
 
-    def fused(self, lay: FafoLayout, cache_len: int) -> Any:
+    def fused(self, lay: FafoLayout, cache_len: int) -> View:
         """x_last and candidates see the full cache; stream rows only the policy's selection."""
         if lay.n == 0 or self._unrestricted(cache_len):
             return self._full(lay)
@@ -54,7 +58,7 @@ class ViewFactory:
             self.kv, self.engine, lay.block_mask, lay.is_stream, self.backend, rows=streams
         )
 
-    def compressed(self, lay: FafoLayout, cache_len: int) -> Any:
+    def compressed(self, lay: FafoLayout, cache_len: int) -> View:
         """Every row restricted (FAFO-2forward's compressed forward)."""
         if self._unrestricted(cache_len):
             return self._full(lay)
