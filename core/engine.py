@@ -111,7 +111,7 @@ class Engine:
     def rows_run(self, n: int) -> int:
         """The rows a block of `n` rows runs in, so costs: `n`, or on fixed-shape forwards its padded
         size (`core.decode_graph.padded_rows`). A decoder may fill the difference for free."""
-        return n if self.graphs is None else padded_rows(n)
+        return padded_rows(n) if self.fixed_shape else n
 
     def _pack_onednn(self) -> None:
         if not onednn_applies(self.model):

@@ -76,7 +76,7 @@ def restricted_view(
     the policy selects over the entries before it only. `rows`: the restricted rows as a range,
     when the caller knows it (the view then need not read `restricted` to find them)."""
     backend = backend or policy.backend
-    if backend != "dense" and getattr(engine, "graphs", None) is not None and gathers(policy, rows):
+    if backend != "dense" and engine.fixed_shape and gathers(policy, rows):
         return gathered_view(policy, engine, block_mask, restricted, tail_from)
     if backend == "dense":
         view = SelectionView.build(policy, engine, block_mask, restricted, tail_from, rows)
@@ -134,7 +134,7 @@ def region_for(policy: KVPolicy, engine: PolicyEngine, backend: str) -> Compress
     if reg is None or reg.cache is not engine.cache or reg.backend != backend:
         if reg is not None:
             reg.restore()
-        if getattr(engine, "graphs", None) is not None and backend not in _WARNED_UNGRAPHED:
+        if engine.fixed_shape and backend not in _WARNED_UNGRAPHED:
             _WARNED_UNGRAPHED.add(backend)
             log.warning(
                 "kv.backend=%s moves entries between steps: the restricted steps it lays out "

@@ -130,7 +130,6 @@ class FixedCommit:
         self.queries: torch.Tensor | None = None
         self.n_new = 0
         self.engine = engine
-        self.capture = engine.captured
         self.replay = engine.replayable(self.run)
 
     @staticmethod
@@ -159,7 +158,7 @@ class FixedCommit:
         return (
             pol.engine is self.engine
             and n_new <= self.pad
-            and self.capture == pol.engine.captured
+            and self.replay.capture == pol.engine.captured
             and pol.budget == self.alive_cols.numel()
             and pol.recent == self.window.numel()
         )
@@ -181,7 +180,7 @@ class FixedCommit:
         P = pol._P  # [layers, hkv, budget]: the alive positions before this commit, in increasing order
         n_layers, hkv, _ = P.shape
         start, n = self.meta[0], self.meta[1]
-        rows = self.new_rows if self.capture else self.new_rows[: self.n_new]
+        rows = self.new_rows if self.replay.capture else self.new_rows[: self.n_new]
         real = rows < n  # [pad]
         new = (start + torch.where(real, rows, 0)).expand(n_layers, hkv, -1)  # pads: the first new entry
         cand = torch.cat([P, new], dim=2)  # [layers, hkv, budget + pad], increasing over the real ones

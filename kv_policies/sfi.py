@@ -156,7 +156,7 @@ class SFI(SlowSteps, KVPolicy):
         """The view of a fast step (one query row): with `backend=sliced` the packed long-range set
         plus the recent window read in place (`kv_policies.view`), otherwise `decode_view` (on an
         engine with fixed-shape forwards, sliced too: that forward reads the same set by gather)."""
-        graphed = getattr(engine, "graphs", None) is not None  # then decode_view's reads by gather
+        graphed = engine.fixed_shape  # then decode_view's reads by gather
         if self.backend == "sliced" and not graphed and not self.keeps_all(0, engine.length):
             return SFIFastView(self, region_for(self, engine, "sliced"))
         return decode_view(self, engine, 1)

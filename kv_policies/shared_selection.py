@@ -61,7 +61,7 @@ class SelectionView(MaskView):
         # a one-row draft step's mask is a prefix of one buffer per draft (`_one_row_draft_mask`), but
         # a fixed-shape forward would copy that mask into its visibility every row; a hole it stages
         # once per draft and builds the visibility from inside the graph
-        graphed_hole = isinstance(selection, tuple) and getattr(engine, "graphs", None) is not None
+        graphed_hole = isinstance(selection, tuple) and engine.fixed_shape
         if draft_row and not graphed_hole:
             mask = _one_row_draft_mask(policy, engine, selection, sel_len, cache_len)
         elif isinstance(selection, tuple):
